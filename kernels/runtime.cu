@@ -1,0 +1,28 @@
+// CUDA runtime queries (see runtime.h).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "kernels/runtime.h"
+
+namespace strata::kernels {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_device_description(int i) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, i) != cudaSuccess) return "unknown CUDA device";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major, p.minor,
+                p.multiProcessorCount, p.totalGlobalMem / 1073741824.0);
+  return buf;
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,21 @@
+// CUDA runtime queries the rest of strata needs without including CUDA headers: whether a usable
+// GPU is present (GPU tests skip cleanly when not), and a status type every launcher returns.
+#pragma once
+#include <string>
+
+namespace strata::kernels {
+
+// Number of usable CUDA devices; 0 when there is no driver, no device, or no CUDA build.
+int cuda_device_count();
+
+// Name and memory of device `i` ("NVIDIA H200, 139.8 GiB"), for logs.
+std::string cuda_device_description(int i);
+
+// What every kernel launcher returns: ok, or the CUDA error string of the failed launch.
+struct Status {
+  int code = 0;  // cudaError_t value; 0 = success
+  const char* message = "ok";
+  bool ok() const { return code == 0; }
+};
+
+}  // namespace strata::kernels

@@ -1,0 +1,8 @@
+// Fallback for builds without CUDA (-DSTRATA_CUDA=OFF): no devices.
+#ifndef STRATA_HAVE_CUDA
+#include "kernels/runtime.h"
+namespace strata::kernels {
+int cuda_device_count() { return 0; }
+std::string cuda_device_description(int) { return "no CUDA in this build"; }
+}  // namespace strata::kernels
+#endif
