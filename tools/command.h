@@ -32,5 +32,6 @@ struct CommandRegistrar {
 
 #define STRATA_CONCAT2(a, b) a##b
 #define STRATA_CONCAT(a, b) STRATA_CONCAT2(a, b)
-#define STRATA_COMMAND(name, description, setup) \
-  static ::strata::tools::CommandRegistrar STRATA_CONCAT(strata_cmd_, __LINE__)(name, description, setup)
+#define STRATA_COMMAND(name, description, setup)                                                   \
+  static ::strata::tools::CommandRegistrar STRATA_CONCAT(strata_cmd_, __LINE__)(name, description, \
+                                                                                setup)
