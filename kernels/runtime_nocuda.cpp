@@ -2,7 +2,11 @@
 #ifndef STRATA_HAVE_CUDA
 #include "kernels/runtime.h"
 namespace strata::kernels {
-int cuda_device_count() { return 0; }
-std::string cuda_device_description(int) { return "no CUDA in this build"; }
+int cuda_device_count() {
+  return 0;
+}
+std::string cuda_device_description(int) {
+  return "no CUDA in this build";
+}
 }  // namespace strata::kernels
 #endif

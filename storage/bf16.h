@@ -28,6 +28,8 @@ STRATA_HD uint16_t f32_to_bf16(float f) {
 }
 
 // Round a float to the nearest bf16 value, returned as float.
-STRATA_HD float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+STRATA_HD float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 }  // namespace strata

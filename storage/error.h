@@ -23,7 +23,7 @@ class Error : public std::runtime_error {
 
 }  // namespace strata
 
-#define STRATA_ASSERT(x) \
-  do {                   \
+#define STRATA_ASSERT(x)                                     \
+  do {                                                       \
     if (!(x)) ::strata::assert_fail(#x, __FILE__, __LINE__); \
   } while (0)
