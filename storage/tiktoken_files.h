@@ -22,12 +22,12 @@ struct TokenizerFiles {
   // Every special id num_mergeable .. vocab_size-1 -> its text: the `added_tokens_decoder` content
   // where present, else `<|reserved_token_{id}|>` (absolute id).
   std::map<int, std::string> specials;
-  int num_mergeable = 0;   // N = ranks.size() = first special id
-  int num_specials = 0;    // kKimiNumSpecialTokens for real checkpoints; fewer for tiny stand-ins
-  int bos_id = -1;         // id of `bos_token` (-1 when the config names none)
-  int eos_id = -1;         // id of `eos_token`
-  int pad_id = -1;         // id of `pad_token`
-  int unk_id = -1;         // id of `unk_token`
+  int num_mergeable = 0;  // N = ranks.size() = first special id
+  int num_specials = 0;   // kKimiNumSpecialTokens for real checkpoints; fewer for tiny stand-ins
+  int bos_id = -1;        // id of `bos_token` (-1 when the config names none)
+  int eos_id = -1;        // id of `eos_token`
+  int pad_id = -1;        // id of `pad_token`
+  int unk_id = -1;        // id of `unk_token`
   int vocab_size() const { return num_mergeable + num_specials; }
 };
 
@@ -48,7 +48,7 @@ void write_tokenizer_files(const std::filesystem::path& dir, const TokenizerFile
 // ([BOS] [EOS] <|im_end|> ... at offsets +0.., [UNK] [PAD] at the last two ids), so every id the
 // tokenizer can produce is < vocab_size and the tokenizer's vocabulary is exactly vocab_size.
 // vocab_size >= 4096 gets the real 256 specials; smaller vocabularies get vocab_size/8 (at least
-// 32). Throws strata::Error when vocab_size < 256 + 32.
+// 32, at most vocab_size-256). Throws strata::Error when vocab_size < 256 + 32.
 void write_standin_tokenizer(const std::filesystem::path& dir, int vocab_size);
 
 }  // namespace strata
