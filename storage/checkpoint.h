@@ -124,8 +124,8 @@ class Checkpoint {
   ModelConfig config_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::vector<const TensorInfo*> tensors_;
-  std::unordered_map<std::string_view, const TensorInfo*> by_name_;
-  std::unordered_map<const TensorInfo*, bool> claimed_;
+  std::unordered_map<std::string_view, size_t> by_name_;  // → index in tensors_
+  std::vector<char> claimed_;                             // per tensors_ entry
   size_t num_claimed_ = 0;
   std::vector<std::vector<ExpertTensors>> experts_;  // [layer][expert]
 };
