@@ -1,0 +1,82 @@
+// Fast CPU routed-expert FFNs on the released MXFP4 layout (docs/numerics.md), layer level: all the
+// experts of one layer and the tokens routed to each, as one TBB-parallel job over (expert, row
+// tile) work items, weights read where they lie. Every ISA path (scalar, AVX2, AVX-512 VNNI, AMX)
+// produces the bits of the contract mode (cpu/expert_contract.h) and is tested for it.
+//
+// The kernels: activations quantized once per token (shared by all its experts) into int8 blocks;
+// E2M1 nibbles decoded by a 16-entry byte table to (doubled value + 12) as u8; u8 × s8 dot products
+// (vpdpbusd / maddubs) minus 12·Σq per block give the exact int32 block dots; block terms and the
+// fixed 32-lane fp64 reduction of the contract in four zmm (eight ymm) registers of fp64 lanes.
+//
+// What this is not: the merge of expert outputs (engine/, docs/numerics.md §5) — every (token,
+// expert) pair gets its own fp32 row y_e here.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "storage/expert_contract.h"
+
+namespace strata::cpu {
+
+enum class ExpertIsa { automatic, scalar, avx2, avx512, amx };
+
+const char* isa_name(ExpertIsa isa);
+// "auto", "scalar", "avx2", "avx512", "amx"; throws strata::Error naming `what` otherwise.
+ExpertIsa parse_isa(const std::string& s, const std::string& what = "--isa");
+// Whether this CPU (CPUID + OS state) runs the path; automatic and scalar are always supported.
+bool isa_supported(ExpertIsa isa);
+// The fastest supported path (detected once).
+ExpertIsa best_isa();
+// automatic → best_isa(); an unsupported explicit choice throws strata::Error (no silent fallback).
+ExpertIsa resolve_isa(ExpertIsa isa);
+
+// Activations of T tokens quantized per 32-block (contract §2), in the kernels' layout: per
+// group of 4 blocks, the 64 even-column bytes then the 64 odd-column bytes (zero padded), plus
+// block exponents and block sums Σq. Quantize once per token; every expert of the token uses it.
+class QuantizedActivations {
+ public:
+  // x: [T, K] fp32, K a multiple of 32.
+  void quantize(const float* x, int T, int K);
+  int tokens() const { return T_; }
+  int width() const { return K_; }
+  int blocks() const { return nb_; }
+  int padded_blocks() const { return nbp_; }  // nb rounded up to a multiple of 4
+  const int8_t* q(int t) const { return q_.data() + size_t(t) * size_t(nbp_) * 32; }
+  const int32_t* exponents(int t) const { return e_.data() + size_t(t) * size_t(nbp_); }
+  const int32_t* block_sums(int t) const { return s_.data() + size_t(t) * size_t(nbp_); }
+  bool poisoned(int t) const { return poisoned_[size_t(t)] != 0; }
+
+ private:
+  int T_ = 0, K_ = 0, nb_ = 0, nbp_ = 0;
+  std::vector<int8_t> q_;       // [T, nbp/4, 2, 64]
+  std::vector<int32_t> e_, s_;  // [T, nbp]
+  std::vector<uint8_t> poisoned_;
+};
+
+// One expert's share of a layer: the rows of x routed to it and where its outputs go.
+struct ExpertTask {
+  Mxfp4ExpertView w;
+  const int* token_rows = nullptr;  // [n_tokens] row indices into x (any order, repeats allowed)
+  int n_tokens = 0;
+  float* y = nullptr;  // [n_tokens, H] fp32: y[i] = expert(x[token_rows[i]])
+};
+
+struct CpuExpertOptions {
+  ExpertIsa isa = ExpertIsa::automatic;
+  // Run inside this arena (e.g. a hwloc-pinned one from cpu/topology.h); null: the caller's.
+  tbb::task_arena* arena = nullptr;
+};
+
+// All experts of one layer: x [T, H] fp32 (H = every task's w.hidden), quantized here once per
+// token. Results are independent of thread count and ISA (bit-identical to expert_ffn_contract).
+void run_experts_cpu(std::span<const ExpertTask> tasks, const float* x, int T, const GluParams& glu,
+                     const CpuExpertOptions& opt = {});
+// The same with activations already quantized (xq.width() == H).
+void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
+                     const GluParams& glu, const CpuExpertOptions& opt = {});
+
+}  // namespace strata::cpu
