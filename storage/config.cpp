@@ -418,8 +418,12 @@ ModelCosts compute_costs(const ModelConfig& c) {
   const int moe_layers = c.num_moe_layers();
   k.num_routed_experts_total = uint64_t(c.moe.num_experts) * moe_layers;
   k.routed_bytes_per_token = k.bytes_per_routed_expert * uint64_t(c.moe.top_k) * moe_layers;
+  // Active per token: every weight a token multiplies — not the embedding table (one row is
+  // looked up) and only top_k routed experts per MoE layer. This is how the K3 report counts its
+  // 104.2B.
   k.active_params_per_token = k.total_params - k.components[idx["routed_experts"]].params +
-                              k.params_per_routed_expert * c.moe.top_k * moe_layers;
+                              k.params_per_routed_expert * c.moe.top_k * moe_layers -
+                              int64_t(c.vocab_size) * c.hidden_size;
   const uint64_t H = c.kda.num_heads, d = c.kda.head_dim;
   k.kda_state_bytes_per_layer = H * d * d * 4;  // fp32 [H, V, K]
   k.kda_state_bytes = k.kda_state_bytes_per_layer * c.num_kda_layers();

@@ -130,7 +130,7 @@ struct ModelCosts {
   std::vector<ComponentCost> components;
   int64_t total_params = 0;
   uint64_t total_bytes = 0;
-  int64_t active_params_per_token = 0;    // all non-routed params + top_k routed experts per layer
+  int64_t active_params_per_token = 0;    // non-routed weights except the embedding + top_k experts
   uint64_t bytes_per_routed_expert = 0;   // w1 + w3 + w2 (packed + scales when MXFP4)
   int64_t params_per_routed_expert = 0;   // logical weights
   uint64_t routed_bytes_per_token = 0;    // bytes_per_routed_expert · top_k · MoE layers

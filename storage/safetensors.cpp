@@ -155,10 +155,6 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, int file_ind
           too_big = bytes > data_len;
         }
       }
-      if (too_big)
-        throw Error(tw + ": " + dtype_name(*dt) + " " + shape_str(t.shape) +
-                    " needs more bytes than the file's whole data buffer (" +
-                    std::to_string(data_len) + ")");
       if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
           v["data_offsets"].size() != 2 || !v["data_offsets"][0].is_number_unsigned() ||
           !v["data_offsets"][1].is_number_unsigned())
@@ -172,6 +168,10 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, int file_ind
         throw Error(tw + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
                     "] run past the data buffer (" + std::to_string(data_len) +
                     " bytes; file truncated?)");
+      if (too_big)
+        throw Error(tw + ": " + dtype_name(*dt) + " " + shape_str(t.shape) +
+                    " needs more bytes than the file's whole data buffer (" +
+                    std::to_string(data_len) + ")");
       if (uint64_t(bytes) != e - b)
         throw Error(tw + ": " + dtype_name(*dt) + " " + shape_str(t.shape) + " needs " +
                     std::to_string(uint64_t(bytes)) + " bytes but data_offsets span " +
