@@ -13,19 +13,11 @@
 
 #include "storage/bf16.h"
 #include "storage/error.h"
+#include "storage/mxfp4.h"
 
 namespace strata::cpu::ref {
 
 namespace {
-
-constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-// E8M0 code → 2^(code − 127), exact; 0xFF → NaN.
-float e8m0(uint8_t code) {
-  if (code == 0xFF) return std::nanf("");
-  return std::ldexp(1.0f, int(code) - 127);
-}
 
 // Dot product in a fixed order: 16 interleaved partial sums (vectorisable without reassociation
 // by the compiler), combined pairwise, then the tail. Same order for every caller and thread.
@@ -99,16 +91,8 @@ void WeightView::widen_row(int64_t r, float* out) const {
     }
     case WeightFormat::mxfp4: {
       STRATA_ASSERT(cols % 32 == 0 && scale != nullptr);
-      const uint8_t* p = static_cast<const uint8_t*>(data) + r * (cols / 2);
-      const uint8_t* s = scale + r * (cols / 32);
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        const float m = e8m0(s[b]);
-        for (int j = 0; j < 16; ++j) {
-          const uint8_t byte = p[b * 16 + j];
-          out[b * 32 + 2 * j] = kE2M1[byte & 0xF] * m;
-          out[b * 32 + 2 * j + 1] = kE2M1[byte >> 4] * m;
-        }
-      }
+      mxfp4::decode_row(static_cast<const uint8_t*>(data) + r * (cols / 2), scale + r * (cols / 32),
+                        cols, out);
       break;
     }
   }
@@ -275,7 +259,7 @@ void attn_res_mix(const float* const* sources, int64_t n, const float* norm_w, c
       const float* v = sources[i] + t * D;
       const float rs = 1.0f / std::sqrt(float(sum_sq(v, D) / double(D)) + eps);
       double s = 0.0;
-      for (int64_t d = 0; d < D; ++d) s += double(((v[d] * rs) * norm_w[d]) * proj_w[d]);
+      for (int64_t d = 0; d < D; ++d) s += double((v[d] * rs) * (norm_w[d] * proj_w[d]));
       logit[size_t(i)] = float(s);
     }
     const float mx = *std::max_element(logit.begin(), logit.end());
