@@ -35,8 +35,10 @@ ExpertIsa best_isa();
 ExpertIsa resolve_isa(ExpertIsa isa);
 
 // Activations of T tokens quantized per 32-block (contract §2), in the kernels' layout: per
-// group of 4 blocks, the 64 even-column bytes then the 64 odd-column bytes (zero padded), plus
-// block exponents and block sums Σq. Quantize once per token; every expert of the token uses it.
+// group of 4 blocks (a "quad"), the 64 even-column bytes then the 64 odd-column bytes, 16 per
+// block (the order the nibble table decode emits); blocks zero padded to a multiple of 16. Plus
+// block exponents and 12·Σq per block (the dot of the +12 weight offset). Quantize once per
+// token; every expert of the token uses it.
 class QuantizedActivations {
  public:
   // x: [T, K] fp32, K a multiple of 32.
@@ -44,15 +46,15 @@ class QuantizedActivations {
   int tokens() const { return T_; }
   int width() const { return K_; }
   int blocks() const { return nb_; }
-  int padded_blocks() const { return nbp_; }  // nb rounded up to a multiple of 4
+  int padded_blocks() const { return nbp_; }  // nb rounded up to a multiple of 16
   const int8_t* q(int t) const { return q_.data() + size_t(t) * size_t(nbp_) * 32; }
   const int32_t* exponents(int t) const { return e_.data() + size_t(t) * size_t(nbp_); }
-  const int32_t* block_sums(int t) const { return s_.data() + size_t(t) * size_t(nbp_); }
+  const int32_t* block_bias(int t) const { return s_.data() + size_t(t) * size_t(nbp_); }
   bool poisoned(int t) const { return poisoned_[size_t(t)] != 0; }
 
  private:
   int T_ = 0, K_ = 0, nb_ = 0, nbp_ = 0;
-  std::vector<int8_t> q_;       // [T, nbp/4, 2, 64]
+  std::vector<int8_t> q_;       // [T, nbp/4 quads, 2 (even, odd), 4 blocks, 16]
   std::vector<int32_t> e_, s_;  // [T, nbp]
   std::vector<uint8_t> poisoned_;
 };
