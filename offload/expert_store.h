@@ -1,0 +1,163 @@
+// ExpertStore: the residency of every routed expert (layer, expert) — on disk, being read, in the
+// host cache (a GPU tier is reserved in the enum; there is no GPU expert cache yet) — and the host
+// expert cache itself: one arena of --host-mem bytes carved at start-up into equal slots (one
+// expert each, its 4 KiB-aligned spans back to back), filled by the ExpertReader.
+//
+// Protocol for one MoE step of a layer (the engine's executor does this):
+//   require(layer, experts)   claims the experts the step needs: misses are read at demand
+//                             priority (ahead of every prediction; a queued prediction for one of
+//                             them is promoted), and claimed experts are never evicted;
+//   acquire(layer, e)         waits until e is in host memory, returns a handle (the claim becomes
+//                             the handle); throws strata::Error naming file and offset if the read
+//                             failed — a half-read expert is never handed out;
+//   handle destroyed          the expert becomes evictable again.
+// A consumer must acquire in the order it required and release before acquiring more experts
+// than slots() (demand reads wait, first come first served, for a slot to free).
+// prefetch(layer, predictions) queues reads for predicted misses in the given order (highest
+// predicted weight first) at prefetch priority; it is admitted only into a free slot or in place of
+// a colder unclaimed expert (eviction score: frequency with exponential decay, i.e. frequency and
+// recency together), so a prediction never evicts what the current step needs.
+// The budget is never exceeded: slots() · slot_bytes() ≤ host_budget_bytes, and the bytes of
+// experts resident or being read are tracked (telemetry host_peak_bytes).
+// Not here: predicting experts (offload/prefetcher.h), computing them (engine executors).
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "offload/host_memory.h"
+#include "offload/telemetry.h"
+#include "storage/checkpoint.h"
+#include "storage/expert_reader.h"
+
+namespace strata::offload {
+
+// The experts a store serves: the files and, per (layer, expert), the byte spans of its tensors.
+struct ExpertLayout {
+  std::vector<std::filesystem::path> files;
+  int num_layers = 0, num_experts = 0;
+  std::vector<std::vector<FileSpan>> spans;  // [layer · num_experts + e]; empty: no such expert
+
+  static ExpertLayout from_checkpoint(const Checkpoint& ck);
+  bool has(int layer, int e) const;
+  const std::vector<FileSpan>& at(int layer, int e) const;
+  uint64_t expert_count() const;        // experts with spans
+  uint64_t total_expert_bytes() const;  // sum of their span bytes
+  // Bytes one expert takes in a slot: its spans rounded out to 4 KiB, back to back.
+  static uint64_t aligned_bytes(const std::vector<FileSpan>& spans);
+};
+
+enum class Residency : uint8_t { disk, loading, host, gpu };
+const char* residency_name(Residency r);
+
+struct StoreConfig {
+  uint64_t host_budget_bytes = 0;
+  ReaderConfig io;
+  int gpu = 0;                     // the GPU whose NUMA node holds the cache (-1: none)
+  double half_life_steps = 64;     // frequency decay half-life, in require() calls
+  bool poison_freed_slots = true;  // 0xFF over evicted / failed slots (STYLE §3)
+};
+
+class ExpertStore;
+
+// An expert held in host memory: never evicted while the handle lives. Move-only.
+class ExpertHandle {
+ public:
+  ExpertHandle() = default;
+  ExpertHandle(ExpertHandle&& o) noexcept { *this = std::move(o); }
+  ExpertHandle& operator=(ExpertHandle&& o) noexcept;
+  ~ExpertHandle() { release(); }
+  explicit operator bool() const { return store_ != nullptr; }
+  int layer() const { return layer_; }
+  int expert() const { return expert_; }
+  // The cached copy of the byte at (file, offset), which must lie in one of the expert's spans.
+  const uint8_t* at(int file, uint64_t offset) const;
+  const uint8_t* slot() const { return slot_; }
+  void release();
+
+ private:
+  friend class ExpertStore;
+  ExpertStore* store_ = nullptr;
+  int layer_ = -1, expert_ = -1;
+  const uint8_t* slot_ = nullptr;
+};
+
+class ExpertStore {
+ public:
+  // Allocates the whole cache (budget once). Throws strata::Error when the budget holds no expert.
+  ExpertStore(ExpertLayout layout, const StoreConfig& config);
+  ~ExpertStore();
+  ExpertStore(const ExpertStore&) = delete;
+  ExpertStore& operator=(const ExpertStore&) = delete;
+
+  // Start-up lines: budget, slots, share of the model's experts, placement, I/O backend, notes.
+  std::vector<std::string> describe() const;
+
+  void require(int layer, std::span<const int> experts);
+  ExpertHandle acquire(int layer, int e);
+  // Predictions for `layer`, highest weight first; weight in (0, 1] (the router's score).
+  void prefetch(int layer, std::span<const std::pair<int, float>> predictions);
+
+  Residency residency(int layer, int e) const;
+  uint64_t slots() const { return nslots_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t host_used_bytes() const;  // experts resident or being read, now
+  const ExpertLayout& layout() const { return layout_; }
+  TierTelemetry telemetry() const;
+  ExpertReader& reader() { return *reader_; }
+
+ private:
+  friend class ExpertHandle;
+  enum class State : uint8_t { disk, loading, host };
+  struct Entry {
+    State state = State::disk;
+    bool waiting = false;        // a demand read waiting for a slot
+    bool from_prefetch = false;  // loaded by a prediction, not yet used
+    bool in_evictable = false;
+    int32_t slot = -1;
+    int32_t claims = 0, handles = 0;
+    double freq = 0, key = 0;
+    uint64_t aligned_bytes = 0;
+    std::string error;  // the last read failed (reported by the next acquire)
+  };
+  uint32_t index(int layer, int e) const;
+  void release(int layer, int e);
+  bool slot_available() const { return !free_slots_.empty() || !evictable_.empty(); }
+  int32_t take_slot();  // a free slot, else evicts the coldest unclaimed expert
+  void free_slot(int32_t slot);
+  void start_read(uint32_t i, ReadPriority prio);
+  void on_read_done(uint32_t i, ReadResult&& r);
+  void make_evictable(uint32_t i);
+  void serve_waiting();
+  double key_of(double freq) const;
+  void touch(Entry& en);
+
+  ExpertLayout layout_;
+  StoreConfig config_;
+  uint64_t slot_bytes_ = 0, nslots_ = 0;
+  std::vector<int> file_index_;  // layout file → reader file
+  std::unique_ptr<HostArena> arena_;
+
+  mutable std::mutex mu_;
+  std::condition_variable ready_cv_;
+  std::vector<Entry> entries_;
+  std::set<std::pair<double, uint32_t>> evictable_;  // (key, entry): coldest first
+  std::vector<int32_t> free_slots_;
+  std::deque<uint32_t> waiting_;
+  int64_t clock_ = 0;
+  uint64_t used_bytes_ = 0;
+  TierTelemetry tel_;
+  std::vector<std::string> notes_;
+
+  std::unique_ptr<ExpertReader> reader_;  // last: destroyed (drained) first
+};
+
+}  // namespace strata::offload
