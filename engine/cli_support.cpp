@@ -1,0 +1,105 @@
+// engine/cli_support.h.
+#include "engine/cli_support.h"
+
+#include <sys/resource.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "storage/error.h"
+
+namespace strata::engine {
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::fp32;
+  if (s == "bf16") return Precision::bf16;
+  throw Error("--precision: expected fp32 or bf16, got '" + s + "'");
+}
+
+const char* precision_name(Precision p) {
+  return p == Precision::fp32 ? "fp32" : "bf16";
+}
+
+std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_size) {
+  const std::string where = "--ids " + file.string() + ": ";
+  std::ifstream in(file);
+  if (!in) throw Error(where + "cannot open the file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(where + "not valid JSON (" + std::string(e.what()) +
+                "); expected an array of token ids like [1, 2, 3]");
+  }
+  if (!j.is_array()) throw Error(where + "expected a JSON array of token ids like [1, 2, 3]");
+  if (j.empty()) throw Error(where + "empty prompt: the array holds no token ids");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    if (!e.is_number_integer())
+      throw Error(where + "element " + std::to_string(i) + " (" + e.dump() +
+                  ") is not an integer token id");
+    const int64_t v = e.get<int64_t>();
+    if (v < 0 || v >= vocab_size)
+      throw Error(where + "token id " + std::to_string(v) + " at index " + std::to_string(i) +
+                  " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
+SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c) : in_(o) {
+  opt_.precision = parse_precision(o.precision);
+  opt_.experts = parse_expert_numerics(o.experts_numerics);
+  if (o.threads < 0)
+    throw Error("--threads: expected a positive count, got " + std::to_string(o.threads));
+  num_threads_ = o.threads > 0 ? o.threads : int(tbb::info::default_concurrency());
+  if (o.threads > 0)
+    threads_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                     size_t(o.threads));
+  if (o.stop_after_layer >= c.num_layers)
+    throw Error("--stop-after-layer " + std::to_string(o.stop_after_layer) +
+                ": the model has layers 0.." + std::to_string(c.num_layers - 1));
+  opt_.stop_after_layer = o.stop_after_layer;
+  if (!o.dump_dir.empty()) {
+    dumper_ = std::make_unique<Dumper>(o.dump_sites);
+    opt_.dumper = dumper_.get();
+  }
+  if (!o.record_routing.empty()) {
+    record_ = std::make_unique<RoutingLog>();
+    opt_.record_routing = record_.get();
+  }
+  if (!o.replay_routing.empty()) {
+    replay_ = std::make_unique<RoutingLog>(RoutingLog::load(o.replay_routing));
+    if (replay_->top_k != c.moe.top_k)
+      throw Error("--replay-routing " + o.replay_routing + ": top_k " +
+                  std::to_string(replay_->top_k) + " but the model routes to " +
+                  std::to_string(c.moe.top_k) + " experts");
+    opt_.replay_routing = replay_.get();
+  }
+}
+
+SessionSetup::~SessionSetup() = default;
+
+void SessionSetup::finish() const {
+  if (dumper_) dumper_->write(in_.dump_dir);
+  if (record_) record_->save(in_.record_routing);
+}
+
+std::string SessionSetup::describe() const {
+  return std::string("precision ") + precision_name(opt_.precision) + ", experts " +
+         expert_numerics_name(opt_.experts) + ", " + std::to_string(num_threads_) + " threads";
+}
+
+uint64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return uint64_t(u.ru_maxrss) * 1024;  // Linux: kilobytes
+}
+
+}  // namespace strata::engine

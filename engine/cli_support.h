@@ -1,0 +1,58 @@
+// Input parsing shared by the `strata run` and `strata logits` commands: token-id files, precision
+// and numerics names, the thread limit, and the inspection options (dump, stop-after-layer,
+// routing record/replay) turned into SessionOptions. One place, so both commands name bad input
+// the same way.
+// Not here: the commands themselves (tools/cmd_run.cpp, tools/cmd_logits.cpp).
+#pragma once
+#include <tbb/global_control.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/session.h"
+
+namespace strata::engine {
+
+Precision parse_precision(const std::string& s);  // "fp32" | "bf16", throws strata::Error
+const char* precision_name(Precision p);
+
+// A JSON array of token ids, e.g. [746, 428, 831]. Throws strata::Error naming the file and the
+// problem: unreadable, not JSON, not an array, an element that is not an integer, an id outside
+// [0, vocab_size), an empty list.
+std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_size);
+
+// The options every forward-running command accepts, as parsed by CLI11.
+struct InspectOptions {
+  std::string precision = "fp32";
+  std::string experts_numerics = "exact";
+  int threads = 0;  // 0: all cores
+  std::string dump_dir, dump_sites = ".*";
+  int stop_after_layer = -1;
+  std::string record_routing, replay_routing;
+};
+
+// Everything a command needs to run a session with those options (owns the dumper, routing logs
+// and the TBB thread limit). finish() writes the dump and the recorded routing.
+class SessionSetup {
+ public:
+  SessionSetup(const InspectOptions& o, const ModelConfig& c);
+  ~SessionSetup();
+  SessionOptions options() const { return opt_; }
+  void finish() const;
+  std::string describe() const;  // "precision fp32, experts exact, 2 threads"
+
+ private:
+  InspectOptions in_;
+  SessionOptions opt_;
+  std::unique_ptr<Dumper> dumper_;
+  std::unique_ptr<RoutingLog> record_, replay_;
+  std::unique_ptr<tbb::global_control> threads_;
+  int num_threads_ = 0;
+};
+
+// Peak resident set size of this process (getrusage), bytes.
+uint64_t peak_rss_bytes();
+
+}  // namespace strata::engine

@@ -1,0 +1,67 @@
+// The one interface through which a MoE layer's routed experts are computed. The engine routes
+// (router + top-k, or a replayed routing), groups the layer's tokens by expert, hands the groups
+// to an ExpertExecutor, and merges the per-(token, slot) outputs itself in expert-id order
+// (docs/numerics.md §5) — so executors only compute expert FFNs and can be swapped: the fp32
+// exact oracle, the scalar contract mode, later the fast CPU kernels, the GPU and the tiered store.
+// Not here: routing, the weighted merge, the latent projections or shared experts (engine/session).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cpu/ref/ops.h"
+#include "engine/model.h"
+
+namespace strata::engine {
+
+enum class ExpertNumerics {
+  exact,     // experts dequantised to fp32 (MXFP4 exact), fp32 math: the oracle, used vs golden
+  contract,  // docs/numerics.md integer contract (strata::cpu::expert_ffn_contract), scalar
+};
+const char* expert_numerics_name(ExpertNumerics n);
+ExpertNumerics parse_expert_numerics(const std::string& s);  // throws strata::Error
+
+// A layer's routing: per token the selected experts (ascending id) and their weights.
+struct MoeRouting {
+  int64_t T = 0, top_k = 0;
+  std::vector<int32_t> ids;    // [T, top_k], ascending per token
+  std::vector<float> weights;  // [T, top_k], aligned with ids (renormalised, scaled)
+};
+
+// The work of one expert: the tokens routed to it and, per token, the output slot
+// (token · top_k + j) its result goes to.
+struct ExpertTask {
+  int32_t expert = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> slots;
+};
+// Groups a routing by expert (tasks in increasing expert id; tokens in increasing order).
+std::vector<ExpertTask> group_by_expert(const MoeRouting& r);
+
+// What an executor needs of one MoE layer.
+struct ExpertLayer {
+  int layer = 0;
+  const MoeWeights* weights = nullptr;
+  const ModelConfig* config = nullptr;
+  cpu::ref::Glu glu;
+  int64_t in_dim = 0;  // expert input/output width (latent size or hidden)
+  int64_t intermediate = 0;
+};
+
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  virtual const char* name() const = 0;
+  // For every task and every (token, slot) in it: y[slot, :] = expert(x[token, :]).
+  // x: [T, in_dim] expert inputs; y: [T·top_k, in_dim].
+  virtual void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x,
+                   float* y, Precision p) = 0;
+};
+
+// The executor for a numerics mode. contract requires MXFP4 experts (throws strata::Error naming
+// the reason otherwise: no silent fallback, STYLE §12).
+std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const ModelConfig& c);
+
+}  // namespace strata::engine

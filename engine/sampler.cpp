@@ -1,0 +1,104 @@
+// Sampler implementation: softmax with temperature over the top-k / top-p candidate set, drawn
+// with a splitmix64 stream so a seed reproduces the same tokens on every machine.
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "storage/error.h"
+
+namespace strata::engine {
+
+int argmax(std::span<const float> logits) {
+  STRATA_ASSERT(!logits.empty());
+  int best = -1;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (std::isnan(logits[i])) continue;
+    if (best < 0 || logits[i] > logits[best]) best = int(i);
+  }
+  return best < 0 ? 0 : best;
+}
+
+Sampler::Sampler(const SamplerConfig& config) : config_(config), state_(config.seed) {
+  if (!(config.temperature >= 0.0f) || !std::isfinite(config.temperature))
+    throw Error("sampler: temperature must be a finite number >= 0, got " +
+                std::to_string(config.temperature));
+  if (config.top_k < 0)
+    throw Error("sampler: top-k must be >= 0, got " + std::to_string(config.top_k));
+  if (!(config.top_p > 0.0f && config.top_p <= 1.0f))
+    throw Error("sampler: top-p must be in (0, 1], got " + std::to_string(config.top_p));
+}
+
+double Sampler::next_uniform() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) * 0x1.0p-53;
+}
+
+int Sampler::sample(std::span<const float> logits) {
+  if (config_.temperature == 0.0f || config_.top_k == 1) return argmax(logits);
+  candidates_.clear();
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isnan(logits[i])) candidates_.emplace_back(logits[i], int(i));
+  if (candidates_.empty()) return 0;
+  // Order by logit descending, ties → lower id, so the candidate set is well defined.
+  auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  size_t n = candidates_.size();
+  if (config_.top_k > 0 && size_t(config_.top_k) < n) {
+    std::partial_sort(candidates_.begin(), candidates_.begin() + config_.top_k, candidates_.end(),
+                      better);
+    n = size_t(config_.top_k);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), better);
+  }
+  // Softmax over the kept candidates in double (the max first so exp never overflows).
+  const double inv_t = 1.0 / double(config_.temperature);
+  const double top = double(candidates_[0].first);
+  std::vector<double> p(n);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = std::exp((double(candidates_[i].first) - top) * inv_t);
+    sum += p[i];
+  }
+  // Nucleus: the smallest prefix whose probability mass reaches top_p (at least one token).
+  if (config_.top_p < 1.0f) {
+    double mass = 0.0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      mass += p[i] / sum;
+      if (mass >= double(config_.top_p)) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+    sum = 0.0;
+    for (size_t i = 0; i < n; ++i) sum += p[i];
+  }
+  double r = next_uniform() * sum;
+  for (size_t i = 0; i < n; ++i) {
+    r -= p[i];
+    if (r < 0.0) return candidates_[i].second;
+  }
+  return candidates_[n - 1].second;
+}
+
+bool StopRules::is_eos(int id) const {
+  return std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end();
+}
+
+size_t StopRules::stop_position(const std::string& text) const {
+  size_t best = std::string::npos;
+  for (const auto& s : stop_strings) {
+    if (s.empty()) continue;
+    size_t at = text.find(s);
+    if (at != std::string::npos && (best == std::string::npos || at < best)) best = at;
+  }
+  return best;
+}
+
+}  // namespace strata::engine

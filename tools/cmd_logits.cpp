@@ -1,0 +1,83 @@
+// `strata logits`: the logits of every prompt position as an F32 tensor `logits` [T, vocab] in a
+// safetensors file, for parity checks against other engines (DESIGN "User-facing interfaces").
+// With --stop-after-layer N it writes the residual stream after layer N instead (`hidden` [T, D]).
+#include <cstdio>
+
+#include "engine/cli_support.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "storage/error.h"
+#include "storage/safetensors.h"
+#include "tools/command.h"
+
+namespace strata::tools {
+
+// The options of every forward-running command (also used by cmd_run.cpp).
+void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
+  app.add_option("--precision", o.precision, "fp32 (the oracle) or bf16 (spec §12.2 rounding)")
+      ->capture_default_str();
+  app.add_option("--experts-numerics", o.experts_numerics,
+                 "routed experts: exact (fp32 dequant) or contract (docs/numerics.md)")
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "worker threads (0 = all cores)")->capture_default_str();
+  app.add_option("--dump", o.dump_dir, "write matching intermediates to DIR/dump.safetensors");
+  app.add_option("--dump-sites", o.dump_sites,
+                 "regex of site names to dump, e.g. 'blk\\.3\\..*' or 'blk\\.[0-9]+\\.out'")
+      ->capture_default_str();
+  app.add_option("--stop-after-layer", o.stop_after_layer, "stop the forward after layer N");
+  app.add_option("--record-routing", o.record_routing, "write every MoE layer's routing (JSON)");
+  app.add_option("--replay-routing", o.replay_routing, "force the routing of a recorded file");
+}
+
+namespace {
+
+struct LogitsOptions {
+  std::string model_dir, ids_file, out;
+  engine::InspectOptions inspect;
+};
+
+int run_logits(const LogitsOptions& o) {
+  auto model = engine::Model::load(o.model_dir);
+  const ModelConfig& c = model->config();
+  std::vector<int32_t> ids = engine::read_ids_file(o.ids_file, c.vocab_size);
+  engine::SessionSetup setup(o.inspect, c);
+  engine::Session session(*model, setup.options());
+  std::vector<float> out;
+  std::string name;
+  std::vector<int64_t> shape;
+  const int64_t T = int64_t(ids.size());
+  if (o.inspect.stop_after_layer >= 0) {
+    engine::Stream s = session.embed(ids);
+    for (int l = 0; l <= o.inspect.stop_after_layer; ++l) session.run_layer(l, s);
+    session.advance(T);
+    out = std::move(s.P);
+    name = "hidden";
+    shape = {T, c.hidden_size};
+  } else {
+    out = session.forward(ids, /*all_logits=*/true);
+    name = "logits";
+    shape = {T, c.vocab_size};
+  }
+  SafetensorsWriter w(o.out, {TensorDecl{name, DType::F32, shape}},
+                      {{"format", "pt"}, {"model", o.model_dir}, {"settings", setup.describe()}});
+  w.write_tensor(name, out.data(), out.size() * sizeof(float));
+  w.finish();
+  setup.finish();
+  std::fprintf(stderr, "strata logits: %lld positions, %s %s -> %s (%s)\n", (long long)T,
+               name.c_str(), shape_str(shape).c_str(), o.out.c_str(), setup.describe().c_str());
+  return 0;
+}
+
+}  // namespace
+
+STRATA_COMMAND("logits", "Logits of every prompt position (F32 [T, vocab]) to a safetensors file",
+               [](CLI::App& app) -> CommandRun {
+                 auto o = std::make_shared<LogitsOptions>();
+                 app.add_option("-m,--model", o->model_dir, "model directory")->required();
+                 app.add_option("--ids", o->ids_file, "prompt token ids: a JSON array")->required();
+                 app.add_option("-o,--output", o->out, "output .safetensors file")->required();
+                 add_inspect_options(app, o->inspect);
+                 return [o] { return run_logits(*o); };
+               });
+
+}  // namespace strata::tools

@@ -1,0 +1,179 @@
+// `strata run`: generate text (or ids) with the reference CPU engine. Prefill the prompt, then
+// decode token by token with the sampler; stream text as it is generated; end with a stats line
+// (prompt tokens, prefill and decode tok/s, peak RSS). The prompt is text (-p, tokenized with the
+// checkpoint's tokenizer) or a JSON array of ids (--ids); --print-ids prints the generated ids as
+// one JSON array instead of text.
+#include <chrono>
+#include <cstdio>
+#include <optional>
+
+#include "engine/cli_support.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "engine/tokenizer.h"
+#include "storage/error.h"
+#include "tools/command.h"
+
+namespace strata::tools {
+
+void add_inspect_options(CLI::App& app, engine::InspectOptions& o);  // cmd_logits.cpp
+
+namespace {
+
+struct RunOptions {
+  std::string model_dir, prompt, ids_file;
+  bool print_ids = false, ignore_eos = false;
+  int n_predict = 256;
+  float temp = 0.7f, top_p = 0.95f;
+  int top_k = 0;
+  uint64_t seed = 1;
+  std::vector<std::string> stop;
+  engine::InspectOptions inspect;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_generate(const RunOptions& o) {
+  if (o.prompt.empty() == o.ids_file.empty())
+    throw Error("strata run: give exactly one of -p TEXT or --ids FILE.json");
+  if (o.n_predict < 0) throw Error("-n: expected a token count >= 0");
+  auto model = engine::Model::load(o.model_dir);
+  const ModelConfig& c = model->config();
+
+  std::optional<engine::Tokenizer> tok;
+  std::vector<int32_t> prompt;
+  if (!o.prompt.empty()) {
+    tok = engine::Tokenizer::load(o.model_dir);
+    std::vector<int> enc = tok->encode(o.prompt);
+    if (enc.empty()) throw Error("-p: empty prompt (no tokens)");
+    for (int id : enc) {
+      if (id >= c.vocab_size)
+        throw Error("-p: the tokenizer of " + o.model_dir + " produced id " + std::to_string(id) +
+                    ", outside the model's vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+      prompt.push_back(id);
+    }
+  } else {
+    prompt = engine::read_ids_file(o.ids_file, c.vocab_size);
+    if (!o.print_ids) {
+      try {
+        tok = engine::Tokenizer::load(o.model_dir);
+      } catch (const Error&) {
+        throw Error("strata run --ids: " + o.model_dir +
+                    " has no usable tokenizer to print text; add --print-ids");
+      }
+    }
+  }
+
+  engine::SessionSetup setup(o.inspect, c);
+  engine::SessionOptions sopt = setup.options();
+  engine::Session session(*model, sopt);
+  engine::SamplerConfig sc;
+  sc.temperature = o.temp;
+  sc.top_k = o.top_k;
+  sc.top_p = o.top_p;
+  sc.seed = o.seed;
+  engine::Sampler sampler(sc);
+  engine::StopRules stop;
+  stop.stop_strings = o.stop;
+  if (!o.ignore_eos) {
+    if (c.eos_token_id >= 0) stop.eos_ids.push_back(c.eos_token_id);
+    if (tok && tok->eos_id() >= 0 && tok->eos_id() != c.eos_token_id)
+      stop.eos_ids.push_back(tok->eos_id());
+  }
+  size_t max_stop = 0;
+  for (const auto& s : o.stop) max_stop = std::max(max_stop, s.size());
+
+  // Prefill.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = session.forward(prompt, false);
+  const double prefill_s = seconds_since(t0);
+  if (logits.empty()) {  // --stop-after-layer: nothing to sample
+    setup.finish();
+    std::fprintf(stderr, "strata run: stopped after layer %d (%zu prompt tokens, %.3f s)\n",
+                 o.inspect.stop_after_layer, prompt.size(), prefill_s);
+    return 0;
+  }
+
+  // Decode.
+  std::vector<int32_t> generated;
+  engine::Utf8Stream utf8;
+  std::string text;    // generated text so far (whole characters)
+  size_t printed = 0;  // bytes of `text` already written
+  auto t1 = std::chrono::steady_clock::now();
+  int decode_steps = 0;
+  for (int i = 0; i < o.n_predict; ++i) {
+    const int32_t id = sampler.sample(logits);
+    if (stop.is_eos(id)) break;
+    generated.push_back(id);
+    bool stop_now = false;
+    if (!o.print_ids) {
+      text += utf8.push(tok->decode_token(id));
+      size_t cut = stop.stop_position(text);
+      // Hold back what could still become a stop string.
+      size_t safe = cut != std::string::npos ? cut
+                    : text.size() > max_stop ? text.size() - (max_stop > 0 ? max_stop - 1 : 0)
+                                             : (max_stop == 0 ? text.size() : 0);
+      if (safe > printed) {
+        std::fwrite(text.data() + printed, 1, safe - printed, stdout);
+        std::fflush(stdout);
+        printed = safe;
+      }
+      stop_now = cut != std::string::npos;
+    }
+    if (stop_now || i + 1 == o.n_predict) break;
+    logits = session.forward(std::span<const int32_t>(&id, 1), false);
+    ++decode_steps;
+  }
+  const double decode_s = seconds_since(t1);
+  if (o.print_ids) {
+    std::string out = "[";
+    for (size_t i = 0; i < generated.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(generated[i]);
+    std::printf("%s]\n", out.c_str());
+  } else {
+    text += utf8.flush();
+    size_t cut = stop.stop_position(text);
+    size_t end = cut != std::string::npos ? cut : text.size();
+    if (end > printed) std::fwrite(text.data() + printed, 1, end - printed, stdout);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  setup.finish();
+  // Decode rate counts the forward passes of generated tokens (the first token comes from the
+  // prefill's logits).
+  std::fprintf(stderr,
+               "strata run: prompt %zu tokens, prefill %.2f tok/s (%.3f s), decode %.2f tok/s "
+               "(%d steps, %.3f s), generated %zu tokens, peak RSS %.1f MiB (%s)\n",
+               prompt.size(), double(prompt.size()) / prefill_s, prefill_s,
+               decode_steps > 0 ? decode_steps / decode_s : 0.0, decode_steps, decode_s,
+               generated.size(), double(engine::peak_rss_bytes()) / (1024.0 * 1024.0),
+               setup.describe().c_str());
+  return 0;
+}
+
+}  // namespace
+
+STRATA_COMMAND(
+    "run", "Generate text with the reference CPU engine (prefill + decode)",
+    [](CLI::App& app) -> CommandRun {
+      auto o = std::make_shared<RunOptions>();
+      app.add_option("-m,--model", o->model_dir, "model directory")->required();
+      app.add_option("-p,--prompt", o->prompt, "prompt text");
+      app.add_option("--ids", o->ids_file, "prompt as a JSON array of token ids");
+      app.add_flag("--print-ids", o->print_ids,
+                   "print the generated ids as one JSON array instead of text");
+      app.add_option("-n,--n-predict", o->n_predict, "tokens to generate")->capture_default_str();
+      app.add_option("--temp", o->temp, "temperature (0 = greedy)")->capture_default_str();
+      app.add_option("--top-p", o->top_p, "nucleus sampling mass (1 = off)")->capture_default_str();
+      app.add_option("--top-k", o->top_k, "top-k cut (0 = off)")->capture_default_str();
+      app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+      app.add_option("--stop", o->stop, "stop string (repeatable)");
+      app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the EOS token");
+      add_inspect_options(app, o->inspect);
+      return [o] { return run_generate(*o); };
+    });
+
+}  // namespace strata::tools
