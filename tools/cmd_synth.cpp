@@ -1,0 +1,57 @@
+// `strata synth`: write a synthetic checkpoint in the released layout (storage/synth.h).
+#include <cstdio>
+
+#include "storage/synth.h"
+#include "tools/command.h"
+
+namespace {
+
+struct SynthArgs {
+  strata::SynthOptions opt;
+  std::string out;
+  std::string config;
+  double shard_mb = 0;
+  bool no_tokenizer = false;
+  bool quiet = false;
+};
+
+strata::tools::CommandRun setup(CLI::App& app) {
+  auto a = std::make_shared<SynthArgs>();
+  std::string presets;
+  for (const auto& p : strata::synth_presets()) presets += (presets.empty() ? "" : "|") + p;
+  app.add_option("--preset", a->opt.preset, "model preset: " + presets);
+  app.add_option("--config", a->config, "any config.json to synthesise instead of a preset");
+  app.add_option("--layers", a->opt.layers,
+                 "number of layers (default: the preset's; k3-slice: 2). The last layer is MLA");
+  app.add_option("--experts", a->opt.experts, "routed experts per MoE layer (top-k clamped)");
+  app.add_option("--vocab", a->opt.vocab, "vocabulary size override");
+  app.add_option("--seed", a->opt.seed, "random seed (weights are a pure function of it)")
+      ->default_val(1);
+  app.add_option("--shard-mb", a->shard_mb,
+                 "target shard size in MiB (default 4 for tiny models, 512 otherwise)");
+  app.add_option("--threads", a->opt.threads, "generator threads (default: all cores)");
+  app.add_flag("--no-tokenizer", a->no_tokenizer, "do not write the stand-in tokenizer");
+  app.add_flag("-q,--quiet", a->quiet, "no progress lines");
+  app.add_option("-o,--output", a->out, "output directory (new or empty)")->required();
+  return [a]() -> int {
+    a->opt.config_path = a->config;
+    a->opt.tokenizer = !a->no_tokenizer;
+    a->opt.shard_bytes = uint64_t(a->shard_mb * 1048576.0);
+    auto progress = [a](int done, int total, uint64_t bytes, uint64_t all) {
+      if (!a->quiet)
+        std::fprintf(stderr, "synth: shard %d/%d written (%.2f of %.2f GB)\n", done, total,
+                     double(bytes) / 1e9, double(all) / 1e9);
+    };
+    const strata::SynthResult r = strata::synth_checkpoint(a->opt, a->out, progress);
+    std::printf("wrote %s: %s\n", a->out.c_str(), strata::describe_config(r.config).c_str());
+    std::printf("%zu tensors in %d shard%s, %.3f GB in %.1f s (%.2f GB/s)\n", r.num_tensors,
+                r.num_shards, r.num_shards == 1 ? "" : "s", double(r.total_bytes) / 1e9, r.seconds,
+                double(r.total_bytes) / 1e9 / std::max(r.seconds, 1e-9));
+    return 0;
+  };
+}
+
+}  // namespace
+
+STRATA_COMMAND("synth", "write a synthetic checkpoint in the released K3 / Kimi-Linear layout",
+               setup);
