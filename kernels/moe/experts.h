@@ -1,0 +1,63 @@
+// MXFP4 routed experts on the GPU, grouped over the experts of one layer and the tokens routed to
+// each, following the expert numerics contract (docs/numerics.md; storage/expert_contract.h):
+// every expert output is bit-identical to strata::cpu::expert_ffn_contract.
+//
+// Data, all device memory:
+//   experts[g]         the MXFP4 view of group g's expert, straight from its GPU cache slot in the
+//                      released layout (no repacking, no widened copy; E2M1 is decoded to int8 in
+//                      registers).
+//   group_offsets[g]   pairs of group g are [group_offsets[g], group_offsets[g+1]); G+1 entries.
+//   pair_token[p]      which row of x pair p reads.
+//   x [T, H]           latent inputs (fp32; quantized once per token, numerics.md §2).
+//   y [P, H]           the expert output of every pair (fp32), merged afterwards by
+//                      merge_weighted in expert-id order (numerics.md §5).
+// The launcher picks the path: a warp-per-row GEMV that holds the weight row in registers and walks
+// the group's tokens (decode, few tokens per expert), or the int8 tensor-core (IMMA) path where one
+// mma k-step is one 32-element block (prefill, many tokens per expert). Both produce the same bits.
+//
+// Split plan from run (STYLE.md §9): experts_workspace_bytes() sizes the scratch the caller carves
+// once; nothing is allocated per call.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/runtime.h"
+#include "storage/expert_contract.h"
+
+namespace strata::kernels::moe {
+
+struct ExpertBatch {
+  const Mxfp4ExpertView* experts = nullptr;  // device [G]
+  const int32_t* group_offsets = nullptr;    // device [G+1]
+  const int32_t* pair_token = nullptr;       // device [P]
+  const float* x = nullptr;                  // device [T, H]
+  float* y = nullptr;                        // device [P, H]
+  int G = 0;                                 // groups (experts) in this launch
+  int P = 0;                                 // pairs (token, expert) in this launch
+  int T = 0;                                 // rows of x
+  int H = 0, I = 0;                          // hidden (latent) and intermediate widths, % 32 == 0
+  int max_pairs_per_group = 0;               // host-side bound: picks GEMV vs IMMA
+  GluParams glu;                             // SiTU (K3) or SiLU (Kimi-Linear)
+};
+
+enum class ExpertPath { automatic, gemv, imma };
+
+// Scratch for one launch of at most T tokens, P pairs, widths H and I (bytes; 256-aligned parts).
+size_t experts_workspace_bytes(int T, int P, int H, int I);
+
+// Tokens per expert from which the automatic choice takes the IMMA path.
+inline constexpr int kImmaMinPairsPerGroup = 8;
+
+// y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
+// bytes of device memory. path: automatic (by max_pairs_per_group), or forced for tests/benches.
+Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
+                       ExpertPath path, void* stream);
+
+// The routed output (numerics.md §5): for token t, acc = +0; for q in [token_offsets[t],
+// token_offsets[t+1]) (the token's experts in increasing expert id): acc = acc + (weight[q] ·
+// y[pair[q], :]) in fp32 without FMA; out[t, :] = acc. token_offsets [T+1], pair/weight [Q].
+// y rows may come from any executor (CPU expert outputs copied into the same buffer).
+Status merge_weighted(const float* y, const int32_t* token_offsets, const int32_t* pair,
+                      const float* weight, float* out, int T, int H, void* stream);
+
+}  // namespace strata::kernels::moe

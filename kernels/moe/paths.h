@@ -1,0 +1,43 @@
+// Internal to kernels/moe: the workspace layout shared by the size query and the launch (one
+// carve function, so size math and pointers cannot drift), and the per-path launchers that
+// experts.cu dispatches to. Host code only (no CUDA types), included by the .cu files of this
+// folder.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/moe/experts.h"
+
+namespace strata::kernels::moe::detail {
+
+// The quantized form of a set of rows (numerics.md §2): q [rows, K] int8, e [rows, K/32] block
+// exponents, poison [rows] (1 = some block had an Inf/NaN: every output from the row is NaN).
+struct QuantRows {
+  int8_t* q = nullptr;
+  int32_t* e = nullptr;
+  int32_t* poison = nullptr;
+};
+
+struct Workspace {
+  QuantRows x;         // [T, H]
+  float* h = nullptr;  // [P, I] GLU outputs
+  QuantRows h_q;       // [P, I]
+  size_t bytes = 0;
+};
+
+// Lays the workspace out from `base` (nullptr: sizes only).
+Workspace carve(void* base, int T, int P, int H, int I);
+
+// Quantize `rows` rows of x [rows, K] (numerics.md §2).
+Status quantize_rows(const float* x, int rows, int K, const QuantRows& out, void* stream);
+
+// GEMV path: h = glu(w1·x, w3·x) for every pair, then y = w2·h (h quantized in between).
+Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+
+// IMMA path: the same two steps on int8 tensor cores. Returns cudaErrorNotSupported status when
+// the shapes are outside what it handles (the dispatcher then uses the GEMV path).
+Status imma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status imma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+
+}  // namespace strata::kernels::moe::detail

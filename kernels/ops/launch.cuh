@@ -1,0 +1,66 @@
+// Small CUDA-side helpers shared by the launchers of kernels/ops, kernels/moe, kernels/gemm and
+// kernels/sample: the Status of the last launch, stream casts, block reductions. CUDA headers
+// only; included by .cu files, never by host code.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/runtime.h"
+
+namespace strata::kernels::detail {
+
+inline cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+// Status of the launch just made (cudaGetLastError clears launch-configuration errors).
+inline Status launch_status() {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return {};
+  return {static_cast<int>(e), cudaGetErrorString(e)};
+}
+
+inline Status status_of(cudaError_t e) {
+  if (e == cudaSuccess) return {};
+  return {static_cast<int>(e), cudaGetErrorString(e)};
+}
+
+// Bad arguments reach the launcher only through programmer error; they are reported as a status
+// (cudaErrorInvalidValue) rather than launched.
+inline Status invalid(const char* what) {
+  return {static_cast<int>(cudaErrorInvalidValue), what};
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory. Order is fixed by the launch shape, so results do
+// not vary run to run.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace strata::kernels::detail

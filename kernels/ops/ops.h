@@ -1,0 +1,87 @@
+// Elementwise and small CUDA ops of the K3 / Kimi-Linear layer (spec/model.md §3, §6.2, §7.1–7.2,
+// §8, §9): KimiRMSNorm, the gated per-head RMSNorm of KDA, L2 norm, the AttnRes mix, the router,
+// SiTU / SiLU GLUs, embedding gather and bf16 <-> fp32 conversion.
+//
+// Thin launchers: raw device pointers, sizes, a stream (a cudaStream_t passed as void*, nullptr =
+// the default stream); each returns the Status of its launch and never synchronises. Activations
+// are fp32 arrays; `round_bf16` reproduces the bf16 model's internal rounding points exactly where
+// the fp32 oracle (cpu/ref/ops.h, Precision::bf16) places them, so the CUDA path and the oracle
+// differ only by fp32 rounding inside reductions and by libm-vs-CUDA transcendental ulps
+// (tests/kernels/ops_gpu.cpp states the tolerance of each op).
+//
+// Not here: the routed-expert FFN (kernels/moe), dense GEMMs (kernels/gemm), sampling
+// (kernels/sample), KDA and MLA.
+#pragma once
+#include <cstdint>
+
+#include "kernels/runtime.h"
+
+namespace strata::kernels::ops {
+
+// KimiRMSNorm (§3.1): y = x·rsqrt(mean(x²)+eps); round_bf16: out = bf16(w·bf16(y)), else w·y.
+// x, out: [rows, D] (may alias); w: [D].
+Status kimi_rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t D, float eps,
+                     bool round_bf16, void* stream);
+
+// L2 norm (§3.3): out = x·rsqrt(Σx² + eps); round_bf16 rounds the output once. [rows, D].
+Status l2_norm(const float* x, float* out, int64_t rows, int64_t D, float eps, bool round_bf16,
+               void* stream);
+
+// FusedRMSNormGated (§3.2), per head vector: out = o·rsqrt(mean(o²)+eps)·w·sigmoid(gate), fp32,
+// one rounding at the end when round_bf16. o, gate, out: [rows, D] (rows = T·H); w: [D].
+Status gated_rms_norm(const float* o, const float* gate, const float* w, float* out, int64_t rows,
+                      int64_t D, float eps, bool round_bf16, void* stream);
+
+// AttnRes mix (§6.2): n ≤ kMaxAttnResSources sources, each a device pointer to [T, D] raw values.
+// key_i = RMSNorm(src_i; eps) (no weight); logit_i = Σ_d key_i[d]·norm_w[d]·proj_w[d];
+// p = softmax_i (fp32); out = Σ_i p_i·src_i; round_bf16 rounds out once. out must not alias a
+// source.
+inline constexpr int kMaxAttnResSources = 16;
+struct AttnResSources {
+  const float* src[kMaxAttnResSources] = {};
+  int n = 0;
+};
+Status attn_res_mix(const AttnResSources& sources, const float* norm_w, const float* proj_w,
+                    float* out, int64_t T, int64_t D, float eps, bool round_bf16, void* stream);
+
+// GLUs (§8), elementwise over n: SiTU out = (β1·tanh(g/β1)·sigmoid(g))·(β2·tanh(u/β2)) (β2 ≤ 0:
+// the up factor is u); SiLU out = g·sigmoid(g)·u. round_bf16 rounds out once. out may alias g/u.
+enum class GluKind { situ, silu };
+struct GluParams {
+  GluKind kind = GluKind::silu;
+  float beta1 = 4.0f, beta2 = 25.0f;
+};
+Status glu(const GluParams& act, const float* g, const float* u, float* out, int64_t n,
+           bool round_bf16, void* stream);
+// The same GLU on one [T, 2·I] buffer holding [gate | up] per row (a fused gate_up GEMM output).
+// out: [T, I].
+Status glu_fused(const GluParams& act, const float* gate_up, float* out, int64_t T, int64_t I,
+                 bool round_bf16, void* stream);
+
+// Router (§7.1, §7.2). logits: [T, E] fp32. Selection: top-k of sigmoid(logit) + bias (ties → the
+// lower expert id). Weights: unbiased (K3) = sigmoid of the selected; biased_in_place
+// (Kimi-Linear) = sigmoid + bias of the selected; renormalize: w / (Σw + 1e-20); times scaling.
+// ids: [T, topk] sorted by increasing expert id; weights: [T, topk] aligned with ids.
+// E ≤ kMaxRouterExperts, topk ≤ 32.
+inline constexpr int kMaxRouterExperts = 1024;
+enum class RouterForm { unbiased, biased_in_place };
+struct RouterParams {
+  int E = 0, topk = 0;
+  RouterForm form = RouterForm::unbiased;
+  bool renormalize = true;
+  float scaling = 1.0f;
+  const float* bias = nullptr;  // device [E], nullptr = none
+};
+Status route(const float* logits, const RouterParams& rp, int32_t* ids, float* weights, int64_t T,
+             void* stream);
+
+// Embedding gather (§9): out[t, :] = table[ids[t], :] widened to fp32 (exact). table: bf16 bits
+// [vocab, D]. An id outside [0, vocab) writes a NaN row (poison; the engine validates ids first).
+Status embedding_gather(const uint16_t* table, int64_t vocab, int64_t D, const int32_t* ids,
+                        int64_t T, float* out, void* stream);
+
+// Conversions (RNE, NaN kept quiet — storage/bf16.h).
+Status f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream);
+Status bf16_to_f32(const uint16_t* in, float* out, int64_t n, void* stream);
+
+}  // namespace strata::kernels::ops

@@ -1,0 +1,327 @@
+// Op-check of the grouped MXFP4 experts on the GPU (kernels/moe/experts.h) against the scalar
+// contract strata::cpu::expert_ffn_contract, bit for bit (docs/numerics.md; DESIGN decision 7),
+// at K3 shapes (3584 → 3072 → 3584, SiTU) and odd small ones (SiLU, SiTU without β2, partial
+// lane rounds, empty groups, a poisoned token), on both paths (GEMV and IMMA), plus the
+// expert-id-order merge. Experts sit in a device "cache" of slots in the released layout; free
+// slots and the bytes around each output are poisoned (0xFF) so a misread or stray write shows.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "cpu/expert_contract.h"
+#include "kernels/moe/experts.h"
+#include "kernels/ops/device_memory.h"
+#include "kernels/runtime.h"
+
+namespace {
+
+using strata::GluParams;
+using strata::Mxfp4ExpertView;
+using strata::kernels::DeviceBuffer;
+namespace moe = strata::kernels::moe;
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    s += 0x9E3779B97F4A7C15ull;
+    uint64_t z = s;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }
+  float normal() {
+    float u = std::max(uniform(), 1e-7f), v = uniform();
+    return std::sqrt(-2.0f * std::log(u)) * std::cos(6.2831853f * v);
+  }
+};
+
+size_t align256(size_t n) {
+  return (n + 255) & ~size_t(255);
+}
+
+// Byte layout of one slot: [w1p | w1s | w3p | w3s | w2p | w2s], each part 256-aligned.
+struct SlotLayout {
+  size_t off[6], bytes;
+  SlotLayout(int H, int I) {
+    const size_t sz[6] = {size_t(I) * H / 2,  size_t(I) * H / 32, size_t(I) * H / 2,
+                          size_t(I) * H / 32, size_t(H) * I / 2,  size_t(H) * I / 32};
+    size_t o = 0;
+    for (int i = 0; i < 6; i++) off[i] = o, o += align256(sz[i]);
+    bytes = o;
+  }
+  Mxfp4ExpertView view(const uint8_t* base, int H, int I) const {
+    Mxfp4ExpertView v;
+    v.w1_packed = base + off[0], v.w1_scale = base + off[1];
+    v.w3_packed = base + off[2], v.w3_scale = base + off[3];
+    v.w2_packed = base + off[4], v.w2_scale = base + off[5];
+    v.hidden = H, v.inter = I;
+    return v;
+  }
+};
+
+// Random packed codes; scale codes around 2^-7 (so g, u land in the GLU's interesting range),
+// shifted by the expert id so expert e's outputs carry e's signature.
+void fill_slot(std::vector<uint8_t>& cache, size_t base, const SlotLayout& L, int H, int I, int e) {
+  Rng r{0x5eed0000ull + uint64_t(e) * 7919};
+  const size_t sz[6] = {size_t(I) * H / 2,  size_t(I) * H / 32, size_t(I) * H / 2,
+                        size_t(I) * H / 32, size_t(H) * I / 2,  size_t(H) * I / 32};
+  for (int part = 0; part < 6; part++) {
+    uint8_t* p = cache.data() + base + L.off[part];
+    const bool scale = part % 2 == 1;
+    for (size_t i = 0; i < sz[part]; i++) {
+      uint64_t v = r.next();
+      p[i] = scale ? uint8_t(117 + int(v % 5) + e % 3) : uint8_t(v);
+    }
+  }
+}
+
+struct Case {
+  int H = 0, I = 0, T = 0, slots = 0;
+  GluParams glu;
+  std::vector<int> group_slot;                 // expert slot of each group (distinct, any order)
+  std::vector<std::vector<int>> group_tokens;  // tokens routed to each group
+  int poisoned_token = -1;                     // gets an Inf in x
+  float x_scale = 1.0f;
+};
+
+struct Reference {
+  std::vector<float> y;  // [P, H]
+};
+
+struct Prepared {
+  Case c;
+  std::vector<uint8_t> cache;
+  SlotLayout L{32, 32};
+  std::vector<float> x;
+  std::vector<int32_t> offsets, pair_token;
+  std::vector<int> pair_group;
+  int P = 0, max_pairs = 0;
+  std::vector<float> y_ref;
+};
+
+Prepared prepare(const Case& c) {
+  Prepared p;
+  p.c = c;
+  p.L = SlotLayout(c.H, c.I);
+  p.cache.assign(p.L.bytes * size_t(c.slots), 0xFF);  // free slots stay 0xFF (NaN scales)
+  for (int g = 0; g < int(c.group_slot.size()); g++)
+    fill_slot(p.cache, p.L.bytes * size_t(c.group_slot[g]), p.L, c.H, c.I, c.group_slot[g]);
+  Rng r{42};
+  p.x.resize(size_t(c.T) * c.H);
+  for (float& v : p.x) v = r.normal() * c.x_scale;
+  if (c.poisoned_token >= 0) p.x[size_t(c.poisoned_token) * c.H + 5] = INFINITY;
+  p.offsets.push_back(0);
+  for (int g = 0; g < int(c.group_tokens.size()); g++) {
+    for (int t : c.group_tokens[g]) p.pair_token.push_back(t), p.pair_group.push_back(g);
+    p.offsets.push_back(int32_t(p.pair_token.size()));
+    p.max_pairs = std::max(p.max_pairs, int(c.group_tokens[g].size()));
+  }
+  p.P = int(p.pair_token.size());
+  // The scalar contract for every pair, spread over the host's cores.
+  p.y_ref.assign(size_t(p.P) * c.H, 0.0f);
+  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (int k = 0; k < nt; k++)
+    th.emplace_back([&, k] {
+      for (int q = k; q < p.P; q += nt) {
+        const int g = p.pair_group[size_t(q)];
+        Mxfp4ExpertView v =
+            p.L.view(p.cache.data() + p.L.bytes * size_t(c.group_slot[size_t(g)]), c.H, c.I);
+        strata::cpu::expert_ffn_contract(v, p.x.data() + size_t(p.pair_token[size_t(q)]) * c.H,
+                                         p.y_ref.data() + size_t(q) * c.H, c.glu);
+      }
+    });
+  for (auto& t : th) t.join();
+  return p;
+}
+
+// Runs the GPU experts on `path` and checks every output bit against the contract, and that the
+// sentinel rows after y are untouched.
+void check_gpu(const Prepared& p, moe::ExpertPath path) {
+  const Case& c = p.c;
+  INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
+                   : path == moe::ExpertPath::imma ? "imma"
+                                                   : "automatic"));
+  DeviceBuffer cache = DeviceBuffer::from(p.cache);
+  std::vector<Mxfp4ExpertView> views;
+  for (int s : c.group_slot)
+    views.push_back(p.L.view(cache.as<uint8_t>() + p.L.bytes * size_t(s), c.H, c.I));
+  DeviceBuffer d_views = DeviceBuffer::from(views);
+  DeviceBuffer d_off = DeviceBuffer::from(p.offsets);
+  DeviceBuffer d_tok = DeviceBuffer::from(p.pair_token);
+  DeviceBuffer d_x = DeviceBuffer::from(p.x);
+  const size_t y_elems = size_t(p.P) * c.H, sentinel = 4096;
+  DeviceBuffer d_y((y_elems + sentinel) * 4);
+  d_y.fill(0xFF);
+  const size_t ws_bytes = moe::experts_workspace_bytes(c.T, p.P, c.H, c.I);
+  DeviceBuffer ws(ws_bytes);
+  ws.fill(0xFF);
+
+  moe::ExpertBatch b;
+  b.experts = d_views.as<Mxfp4ExpertView>();
+  b.group_offsets = d_off.as<int32_t>();
+  b.pair_token = d_tok.as<int32_t>();
+  b.x = d_x.as<float>();
+  b.y = d_y.as<float>();
+  b.G = int(c.group_slot.size()), b.P = p.P, b.T = c.T, b.H = c.H, b.I = c.I;
+  b.max_pairs_per_group = p.max_pairs;
+  b.glu = c.glu;
+  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
+  INFO("launch status: " << s.message);
+  REQUIRE(s.ok());
+  strata::kernels::device_sync("grouped_experts");
+
+  std::vector<uint32_t> got = d_y.to_vector<uint32_t>(y_elems + sentinel);
+  size_t mismatches = 0, first = size_t(-1), nans = 0;
+  for (size_t i = 0; i < y_elems; i++) {
+    uint32_t want;
+    std::memcpy(&want, &p.y_ref[i], 4);
+    if (got[i] != want) {
+      if (first == size_t(-1)) first = i;
+      mismatches++;
+    }
+    if (std::isnan(p.y_ref[i])) nans++;
+  }
+  if (first != size_t(-1)) {
+    float g;
+    std::memcpy(&g, &got[first], 4);
+    INFO("first mismatch: pair " << first / c.H << " element " << first % c.H << ": gpu " << g
+                                 << " contract " << p.y_ref[first]);
+    CHECK(mismatches == 0);
+  }
+  CHECK(mismatches == 0);
+  if (c.poisoned_token >= 0) CHECK(nans > 0);  // the poison reached the outputs it must
+  size_t stray = 0;
+  for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
+  CHECK(stray == 0);
+}
+
+bool have_gpu() {
+  if (strata::kernels::cuda_device_count() == 0) {
+    WARN("no CUDA device: skipping");
+    return false;
+  }
+  return true;
+}
+
+GluParams situ(double b1 = 4.0, double b2 = 25.0) {
+  GluParams g;
+  g.situ = true, g.beta1 = b1, g.beta2 = b2;
+  return g;
+}
+GluParams silu() {
+  GluParams g;
+  g.situ = false;
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the contract",
+          "[gpu]") {
+  if (!have_gpu()) return;
+  // Two tokens, 16 experts each out of 24 used slots of a 28-slot cache (overlapping: groups of
+  // one and two tokens). 3584 → 3072 → 3584, SiTU β1 = 4, β2 = 25.
+  Case c;
+  c.H = 3584, c.I = 3072, c.T = 2, c.slots = 28, c.glu = situ();
+  for (int e = 0; e < 24; e++) {
+    std::vector<int> toks;
+    if (e < 16) toks.push_back(0);
+    if (e >= 8) toks.push_back(1);
+    c.group_slot.push_back((e * 7) % 28);  // groups in an order unrelated to slot order
+    c.group_tokens.push_back(toks);
+  }
+  Prepared p = prepare(c);
+  check_gpu(p, moe::ExpertPath::gemv);
+  check_gpu(p, moe::ExpertPath::imma);
+}
+
+TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu]") {
+  if (!have_gpu()) return;
+  Case c;
+  c.H = 3584, c.I = 3072, c.T = 40, c.slots = 5, c.glu = situ();
+  c.group_slot = {3, 0, 4};
+  c.group_tokens.resize(3);
+  for (int t = 0; t < c.T; t++) {
+    if (t % 2 == 0) c.group_tokens[0].push_back(t);
+    if (t % 3 != 0) c.group_tokens[1].push_back(t);
+    if (t < 3) c.group_tokens[2].push_back(t);
+  }
+  Prepared p = prepare(c);
+  // One reference, every path (sections would recompute the reference per path).
+  check_gpu(p, moe::ExpertPath::gemv);
+  check_gpu(p, moe::ExpertPath::imma);
+  check_gpu(p, moe::ExpertPath::automatic);
+}
+
+TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups, poison", "[gpu]") {
+  if (!have_gpu()) return;
+  struct Shape {
+    int H, I;
+    GluParams glu;
+  };
+  // nb = 3/5 (one partial lane round), 65 (second round of one lane), 129 (five rounds).
+  const Shape shapes[] = {{96, 160, silu()}, {64, 2080, situ(4.0, 0.0)}, {4128, 96, situ()}};
+  for (const Shape& sh : shapes) {
+    DYNAMIC_SECTION("H=" << sh.H << " I=" << sh.I) {
+      Case c;
+      c.H = sh.H, c.I = sh.I, c.T = 13, c.slots = 6, c.glu = sh.glu;
+      c.poisoned_token = 4;
+      c.x_scale = 3.0f;
+      c.group_slot = {5, 1, 2, 0};
+      c.group_tokens = {{0, 4, 7, 12}, {}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {6}};
+      Prepared p = prepare(c);
+      check_gpu(p, moe::ExpertPath::gemv);
+      check_gpu(p, moe::ExpertPath::imma);
+    }
+  }
+}
+
+TEST_CASE("moe gpu: weighted merge in expert-id order is bit-identical to the host", "[gpu]") {
+  if (!have_gpu()) return;
+  const int T = 5, H = 3584, P = 23;
+  Rng r{7};
+  std::vector<float> y(size_t(P) * H);
+  for (float& v : y) v = r.normal();
+  y[size_t(3) * H + 17] = NAN;  // a NaN expert output poisons exactly its token's element
+  std::vector<int32_t> offsets = {0}, pair;
+  std::vector<float> w;
+  for (int t = 0; t < T; t++) {
+    const int n = t == 2 ? 0 : 3 + t;  // token 2 routed nowhere (all-GPU-miss): zeros
+    for (int k = 0; k < n; k++) {
+      pair.push_back(int32_t((t * 5 + k * 3) % P));
+      w.push_back(r.uniform() * 0.3f);
+    }
+    offsets.push_back(int32_t(pair.size()));
+  }
+  std::vector<float> want(size_t(T) * H);
+  for (int t = 0; t < T; t++)
+    for (int d = 0; d < H; d++) {
+      float acc = 0.0f;
+      for (int q = offsets[size_t(t)]; q < offsets[size_t(t) + 1]; q++) {
+        volatile float prod = w[size_t(q)] * y[size_t(pair[size_t(q)]) * H + d];
+        acc = acc + prod;
+      }
+      want[size_t(t) * H + d] = acc;
+    }
+  DeviceBuffer dy = DeviceBuffer::from(y), doff = DeviceBuffer::from(offsets),
+               dp = DeviceBuffer::from(pair), dw = DeviceBuffer::from(w), dout(size_t(T) * H * 4);
+  REQUIRE(moe::merge_weighted(dy.as<float>(), doff.as<int32_t>(), dp.as<int32_t>(), dw.as<float>(),
+                              dout.as<float>(), T, H, nullptr)
+              .ok());
+  std::vector<float> got = dout.to_vector<float>(size_t(T) * H);
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (std::isnan(want[i])) {
+      bad += !std::isnan(got[i]);
+    } else {
+      bad += std::memcmp(&got[i], &want[i], 4) != 0;
+    }
+  }
+  CHECK(bad == 0);
+}

@@ -1,0 +1,212 @@
+// `strata bench kernels`, CUDA kernels II lines: the MXFP4 expert GEMV (one token, 16 experts of
+// 3584→3072→3584) in weight GB/s against the measured copy bandwidth, the grouped MXFP4 experts at
+// 64–4096 tokens per layer in TFLOP/s against the measured bf16 GEMM peak (both paths), and the
+// cuBLASLt shapes of the K3 dense trunk (decode T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
+//
+// Napkin (STYLE.md §17): 16 experts × 17.55 MB = 280.8 MB per token per MoE layer; at the H200's
+// ≈ 4.3 TB/s that is ≥ 65 µs, the floor of the GEMV line. Weights are cold: the expert pool holds
+// all 896 experts of a K3 layer (15.7 GB ≫ 50 MB L2) and each repeat uses the next 16; the dense
+// shapes rotate through a 3 GiB weight pool.
+#ifdef STRATA_HAVE_CUDA
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm/gemm.h"
+#include "kernels/gpu_timer.h"
+#include "kernels/moe/experts.h"
+#include "kernels/ops/device_memory.h"
+#include "storage/error.h"
+#include "tools/bench.h"
+
+namespace strata::tools {
+
+namespace {
+
+using kernels::DeviceBuffer;
+namespace moe = kernels::moe;
+
+constexpr int kH = 3584, kI = 3072, kExperts = 896, kTopk = 16;
+
+BenchStats to_stats(const kernels::GpuTimes& t) {
+  if (t.code != 0) throw Error("bench kernels: CUDA error " + std::to_string(t.code));
+  BenchStats s;
+  s.median_s = t.median_s, s.min_s = t.min_s, s.max_s = t.max_s, s.repeats = t.repeats;
+  return s;
+}
+
+void ok(const kernels::Status& s, const char* what) {
+  if (!s.ok()) throw Error(std::string("bench kernels: ") + what + ": " + s.message);
+}
+
+// The 896 experts of one K3 MoE layer, released layout, random codes and scales near 2^-7.
+struct ExpertPool {
+  DeviceBuffer packed, scale;
+  std::vector<Mxfp4ExpertView> views;
+  static constexpr size_t kProjPacked = size_t(kI) * kH / 2, kProjScale = size_t(kI) * kH / 32;
+  ExpertPool() : packed(kProjPacked * 3 * kExperts), scale(kProjScale * 3 * kExperts) {
+    kernels::fill_random_bytes(packed.get(), packed.bytes(), 1);
+    kernels::fill_random_bytes(scale.get(), scale.bytes(), 2, 117, 121);
+    for (int e = 0; e < kExperts; e++) {
+      const uint8_t* p = packed.as<uint8_t>() + kProjPacked * 3 * size_t(e);
+      const uint8_t* s = scale.as<uint8_t>() + kProjScale * 3 * size_t(e);
+      Mxfp4ExpertView v;
+      v.w1_packed = p, v.w3_packed = p + kProjPacked, v.w2_packed = p + 2 * kProjPacked;
+      v.w1_scale = s, v.w3_scale = s + kProjScale, v.w2_scale = s + 2 * kProjScale;
+      v.hidden = kH, v.inter = kI;
+      views.push_back(v);
+    }
+  }
+  static double expert_bytes() { return 3.0 * double(kProjPacked + kProjScale); }
+};
+
+// One routed batch: T tokens, each to kTopk distinct experts; groups by increasing expert id.
+struct Routed {
+  DeviceBuffer views, offsets, pair_token, x, y, ws;
+  moe::ExpertBatch b;
+  int distinct = 0;
+  size_t ws_bytes = 0;
+  Routed(const ExpertPool& pool, int T, std::mt19937_64& rng, int first_expert = -1) {
+    std::vector<std::vector<int>> tokens_of(kExperts);
+    std::vector<int> ids(kExperts);
+    std::iota(ids.begin(), ids.end(), 0);
+    for (int t = 0; t < T; t++) {
+      if (first_expert >= 0) {  // the decode line: a fixed, disjoint set of 16 experts
+        for (int k = 0; k < kTopk; k++) tokens_of[size_t(first_expert + k)].push_back(t);
+        continue;
+      }
+      for (int k = 0; k < kTopk; k++) {  // partial Fisher-Yates: 16 distinct experts
+        std::uniform_int_distribution<int> d(k, kExperts - 1);
+        std::swap(ids[size_t(k)], ids[size_t(d(rng))]);
+        tokens_of[size_t(ids[size_t(k)])].push_back(t);
+      }
+    }
+    std::vector<Mxfp4ExpertView> v;
+    std::vector<int32_t> off = {0}, pt;
+    int maxp = 0;
+    for (int e = 0; e < kExperts; e++) {
+      if (tokens_of[size_t(e)].empty()) continue;
+      v.push_back(pool.views[size_t(e)]);
+      for (int t : tokens_of[size_t(e)]) pt.push_back(t);
+      off.push_back(int32_t(pt.size()));
+      maxp = std::max(maxp, int(tokens_of[size_t(e)].size()));
+    }
+    distinct = int(v.size());
+    std::vector<float> xs(size_t(T) * kH);
+    std::normal_distribution<float> nd;
+    for (float& f : xs) f = nd(rng);
+    views = DeviceBuffer::from(v), offsets = DeviceBuffer::from(off);
+    pair_token = DeviceBuffer::from(pt), x = DeviceBuffer::from(xs);
+    y = DeviceBuffer(pt.size() * kH * 4);
+    ws_bytes = moe::experts_workspace_bytes(T, int(pt.size()), kH, kI);
+    ws = DeviceBuffer(ws_bytes);
+    b.experts = views.as<Mxfp4ExpertView>(), b.group_offsets = offsets.as<int32_t>();
+    b.pair_token = pair_token.as<int32_t>(), b.x = x.as<float>(), b.y = y.as<float>();
+    b.G = distinct, b.P = int(pt.size()), b.T = T, b.H = kH, b.I = kI;
+    b.max_pairs_per_group = maxp;
+  }
+  void run(moe::ExpertPath path) {
+    ok(moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr), "grouped_experts");
+  }
+};
+
+struct DenseShape {
+  const char* name;
+  int64_t N, K;
+};
+
+}  // namespace
+
+void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
+  std::mt19937_64 rng(1234);
+  {
+    ExpertPool pool;
+    // 1. Decode GEMV: one token, 16 experts; each repeat takes the next 16 of the 896 (cold).
+    std::vector<Routed> sets;
+    for (int s = 0; s < kExperts / kTopk; s++) sets.emplace_back(pool, 1, rng, s * kTopk);
+    kernels::device_sync("bench setup");
+    size_t k = 0;
+    BenchLine l;
+    l.name = "moe/mxfp4-gemv T=1";
+    l.shape = "16 experts 3584->3072->3584";
+    l.time = to_stats(kernels::gpu_time([&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); },
+                                        nullptr, 20, 3));
+    l.bytes = kTopk * ExpertPool::expert_bytes();
+    l.peak_name = "D2D copy (measured)";
+    l.peak = copy_gbps;
+    l.note = "weight bytes, cold (rotating 16 of 896 experts)";
+    r.add(l);
+
+    // 2. Grouped experts at prefill scale, both paths.
+    for (int T : {64, 256, 1024, 4096}) {
+      Routed batch(pool, T, rng);
+      for (auto path : {moe::ExpertPath::imma, moe::ExpertPath::gemv}) {
+        BenchLine g;
+        g.name = std::string("moe/mxfp4-grouped T=") + std::to_string(T) +
+                 (path == moe::ExpertPath::imma ? " imma" : " gemv");
+        g.shape =
+            std::to_string(batch.distinct) + " experts, " + std::to_string(batch.b.P) + " pairs";
+        g.time = to_stats(kernels::gpu_time([&] { batch.run(path); }, nullptr, 5, 1));
+        g.flops = 6.0 * double(batch.b.P) * kH * kI;
+        g.bytes = batch.distinct * ExpertPool::expert_bytes();
+        g.peak_name = "bf16 GEMM (measured)";
+        g.peak = gemm_tflops;
+        g.peak_is_bandwidth = false;
+        g.note = "int8 MACs of the contract counted as FLOPs (2 per MAC)";
+        r.add(g);
+      }
+    }
+  }
+
+  // 3. cuBLASLt shapes of the dense trunk (y = x·Wᵀ, bf16 in, bf16 out).
+  const DenseShape shapes[] = {{"kda q/k/v/g_proj", 12288, 7168}, {"kda f_a_proj", 128, 7168},
+                               {"kda f_b_proj", 12288, 128},      {"kda b_proj", 96, 7168},
+                               {"attn o_proj", 7168, 12288},      {"mla q_a_proj", 1536, 7168},
+                               {"mla q_b_proj", 18432, 1536},     {"mla kv_a_proj", 576, 7168},
+                               {"mla kv_b_proj", 24576, 512},     {"router gate", 896, 7168},
+                               {"latent down", 3584, 7168},       {"latent up", 7168, 3584},
+                               {"shared gate|up", 12288, 7168},   {"shared down", 7168, 6144},
+                               {"dense0 gate|up", 67584, 7168},   {"dense0 down", 7168, 33792},
+                               {"lm_head", 163840, 7168}};
+  const size_t pool_bytes = size_t(3) << 30;
+  DeviceBuffer wpool(pool_bytes), xbuf(size_t(4096) * 33792 * 2), ybuf(size_t(4096) * 163840 * 2);
+  kernels::fill_random_bytes(wpool.get(), pool_bytes, 3, 0, 0x3f);  // small positive bf16 values
+  kernels::fill_random_bytes(xbuf.get(), xbuf.bytes(), 4, 0, 0x3f);
+  kernels::gemm::Gemm gemm;
+  for (int64_t T : {int64_t(1), int64_t(4096)}) {
+    for (const DenseShape& s : shapes) {
+      const size_t wbytes = size_t(s.N * s.K * 2);
+      if (wbytes > pool_bytes) continue;
+      const size_t slots = std::max<size_t>(1, pool_bytes / ((wbytes + 255) & ~size_t(255)));
+      size_t k = 0;
+      BenchLine l;
+      l.name = std::string("gemm/") + s.name + " T=" + std::to_string(T);
+      l.shape = std::to_string(s.N) + "x" + std::to_string(s.K);
+      l.time = to_stats(kernels::gpu_time(
+          [&] {
+            const size_t off = (k++ % slots) * ((wbytes + 255) & ~size_t(255));
+            ok(gemm.linear(xbuf.as<uint16_t>(),
+                           reinterpret_cast<const uint16_t*>(wpool.as<uint8_t>() + off), ybuf.get(),
+                           kernels::gemm::OutType::bf16, T, s.N, s.K, nullptr),
+               "gemm");
+          },
+          nullptr, 10, 2));
+      l.bytes = double(wbytes);
+      l.flops = 2.0 * double(T) * double(s.N) * double(s.K);
+      if (T == 1) {
+        l.peak_name = "D2D copy (measured)", l.peak = copy_gbps;
+        l.note = "weight bytes, cold";
+      } else {
+        l.peak_name = "bf16 GEMM (measured)", l.peak = gemm_tflops;
+        l.peak_is_bandwidth = false;
+      }
+      r.add(l);
+    }
+  }
+}
+
+}  // namespace strata::tools
+#endif  // STRATA_HAVE_CUDA
