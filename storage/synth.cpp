@@ -18,10 +18,10 @@
 //   s ∈ {s0, s0+1} chosen at random and s0 = floor(log2(1/(2.93·sqrt(fan_in)))), so the weights
 //   have std ≈ 1/sqrt(fan_in) like the bf16 projections; bf16 experts: like the projections;
 // - routers: DECISIVE by construction. Experts are grouped into clusters of top_k; router row e is
-//   1.5·v_c(e) + small per-expert noise, v_c a random unit direction per cluster. A token's logits
-//   are then ≈ 1.5·(x·v_c) per cluster, so top-k picks one whole cluster, and the decision margin
-//   is the gap between the best and second-best cluster projection (order statistics of E/top_k
-//   Gaussians: typically ~0.5 std) instead of the gap between the k-th and (k+1)-th of E
+//   1.5·v_c(e) + per-expert noise of std 0.02, v_c a random unit direction per cluster. A token's
+//   logits are then ≈ 1.5·(x·v_c) per cluster, so top-k picks one whole cluster, and the decision
+//   margin is the gap between the best and second-best cluster projection (order statistics of
+//   E/top_k Gaussians: typically ~0.5 std) instead of the gap between the k-th and (k+1)-th of E
 //   independent rows (~0.1 std), i.e. several times larger than bf16-vs-fp32 noise on the logits.
 //   Every cluster is equally likely a priori, so all experts are used. The selection bias
 //   (e_score_correction_bias, F32) is small and positive (0..0.01) so it nudges but never decides,
@@ -362,7 +362,7 @@ inline float value(const Gen& g, int64_t i) {
       const int64_t cluster = e / g.top_k;
       const float unit = kSqrt3 / std::sqrt(float(g.cols));
       const float dir = uni(splitmix64(g.key ^ 0xC1A5E5ull), cluster * g.cols + d) * unit;
-      return 1.5f * dir + 0.1f * unit * uni(g.key, i);
+      return 1.5f * dir + 0.02f * unit * uni(g.key, i);
     }
     case Init::router_bias:
       return 0.005f * (uni(g.key, i) + 1.0f);
