@@ -19,22 +19,6 @@ namespace strata::cpu::ref {
 
 namespace {
 
-// Dot product in a fixed order: 16 interleaved partial sums (vectorisable without reassociation
-// by the compiler), combined pairwise, then the tail. Same order for every caller and thread.
-float dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  for (int w = 8; w >= 1; w /= 2) {
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  }
-  float tail = 0.0f;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return acc[0] + tail;
-}
-
 double sum_sq(const float* x, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
@@ -110,40 +94,6 @@ void round_bf16_inplace(float* x, int64_t n) {
 
 void round_if(Precision p, float* x, int64_t n) {
   if (p == Precision::bf16) round_bf16_inplace(x, n);
-}
-
-// ------------------------------------------------------------------------------------------------
-// Linear
-
-void linear(const float* x, const WeightView& W, float* y, int64_t T) {
-  const int64_t N = W.rows, K = W.cols;
-  if (T == 0 || N == 0) return;
-  // Tiles of kTile weight rows are widened to fp32 once and used for all T tokens; TBB splits over
-  // tiles (N), so each y element is one dot() by one thread — independent of the thread count.
-  constexpr int64_t kTile = 8;
-  const int64_t tiles = (N + kTile - 1) / kTile;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tiles),
-                    [&](const tbb::blocked_range<int64_t>& r) {
-                      std::vector<float> buf;
-                      if (W.format != WeightFormat::f32) buf.resize(size_t(kTile * K));
-                      for (int64_t tile = r.begin(); tile < r.end(); ++tile) {
-                        const int64_t n0 = tile * kTile, nn = std::min(kTile, N - n0);
-                        const float* rows[kTile];
-                        for (int64_t i = 0; i < nn; ++i) {
-                          if (W.format == WeightFormat::f32) {
-                            rows[i] = static_cast<const float*>(W.data) + (n0 + i) * K;
-                          } else {
-                            W.widen_row(n0 + i, buf.data() + i * K);
-                            rows[i] = buf.data() + i * K;
-                          }
-                        }
-                        for (int64_t t = 0; t < T; ++t) {
-                          const float* xt = x + t * K;
-                          float* yt = y + t * N + n0;
-                          for (int64_t i = 0; i < nn; ++i) yt[i] = dot(xt, rows[i], K);
-                        }
-                      }
-                    });
 }
 
 // ------------------------------------------------------------------------------------------------

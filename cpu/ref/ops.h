@@ -62,7 +62,9 @@ void round_if(Precision p, float* x, int64_t n);
 // ------------------------------------------------------------------------------------------------
 // Linear
 
-// y = x · Wᵀ, fp32 accumulation (fixed blocked order), W [N, K] any format. Never rounds.
+// y = x · Wᵀ, fp32 accumulation, W [N, K] any format. Never rounds. Each y element is one dot
+// product in a fixed order (8 interleaved partial sums, documented in linear.cpp), so results do
+// not depend on T, tiling or threads: decoding a token gives the bits prefill gives for it.
 // x: [T, K]   y: [T, N]
 void linear(const float* x, const WeightView& W, float* y, int64_t T);
 

@@ -7,13 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cpu/ref/ops.h"
+#include "storage/safetensors.h"
 #include "tests/test_util.h"
 
 namespace ref = strata::cpu::ref;
@@ -22,25 +21,16 @@ namespace {
 
 constexpr int64_t T = 150, H = 2, K = 128, V = 128;
 
-// Minimal F32-only safetensors reader (the golden files are small): name → values.
+// All F32 tensors of a safetensors file, by name (read through storage's validating reader).
 std::map<std::string, std::vector<float>> read_f32_tensors(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  REQUIRE(f.good());
-  uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  f.read(header.data(), std::streamsize(n));
-  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const auto j = nlohmann::json::parse(header);
+  strata::SafetensorsFile f(p);
   std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, info] : j.items()) {
-    if (name == "__metadata__") continue;
-    REQUIRE(info["dtype"] == "F32");
-    const uint64_t b = info["data_offsets"][0], e = info["data_offsets"][1];
-    REQUIRE(e <= data.size());
-    std::vector<float> v((e - b) / 4);
-    std::memcpy(v.data(), data.data() + b, e - b);
-    out[name] = std::move(v);
+  for (const auto& t : f.tensors()) {
+    REQUIRE(t.dtype == strata::DType::F32);
+    const auto bytes = f.bytes(t);
+    std::vector<float> v(bytes.size() / sizeof(float));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    out[t.name] = std::move(v);
   }
   return out;
 }

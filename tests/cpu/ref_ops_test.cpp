@@ -111,6 +111,39 @@ TEST_CASE("ref linear matches a float64 evaluation within the fp32 summation bou
   }
 }
 
+TEST_CASE("ref linear follows its documented summation order for every T (decode == prefill)",
+          "[ref]") {
+  // The order written in cpu/ref/linear.cpp: 8 interleaved partial sums over the leading multiple
+  // of 8, combined 4+4, 2+2, 1+1, plus the in-order tail added last.
+  auto documented = [](const float* a, const float* b, int64_t K) {
+    float acc[8] = {};
+    const int64_t K8 = K / 8 * 8;
+    for (int64_t k = 0; k < K8; k += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += a[k + j] * b[k + j];
+    for (int w = 4; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+    float tail = 0.0f;
+    for (int64_t k = K8; k < K; ++k) tail += a[k] * b[k];
+    return acc[0] + tail;
+  };
+  for (int64_t K : {1, 7, 8, 37, 1000}) {
+    const int64_t N = 11, Tmax = 5;
+    const auto x = randn(size_t(Tmax * K), 30);
+    const auto wb = to_bf16(randn(size_t(N * K), 31));
+    const auto W = ref::WeightView::bf16(wb.data(), N, K);
+    const auto wide = W.to_f32();
+    for (int64_t T = 1; T <= Tmax; ++T) {
+      std::vector<float> y(size_t(T * N));
+      ref::linear(x.data(), W, y.data(), T);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t n = 0; n < N; ++n) {
+          INFO("K " << K << " T " << T << " t " << t << " n " << n);
+          CHECK(y[size_t(t * N + n)] == documented(x.data() + t * K, wide.data() + n * K, K));
+        }
+    }
+  }
+}
+
 TEST_CASE("ref linear is bit-identical for any thread count and for MXFP4 vs its widened copy",
           "[ref]") {
   const int64_t T = 4, N = 70, K = 96;
