@@ -49,6 +49,7 @@ class Tokenizer {
   bool jit() const;
 
  private:
+  Tokenizer() = default;  // only load()/from_files() make one (hold std::optional<Tokenizer>)
   struct Impl;
   std::shared_ptr<const Impl> impl_;  // immutable after load: Tokenizer is cheap to copy and
                                       // safe to use from several threads at once

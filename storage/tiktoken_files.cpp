@@ -99,8 +99,12 @@ std::string reserved_name(int id) {
 void parse_tiktoken_model(const fs::path& path, TokenizerFiles& out) {
   const std::string data = read_file(path);
   const std::string where = path.string();
+  // Ranks must be 0..N-1 with N <= the number of lines, so a line index per rank fits in a vector.
+  const size_t max_lines = size_t(std::count(data.begin(), data.end(), '\n')) + 1;
   std::unordered_map<std::string, int> seen_token;  // bytes -> line
-  std::unordered_map<int, int> seen_rank;           // rank -> line
+  seen_token.reserve(max_lines);
+  std::vector<int> rank_line(max_lines, 0);  // rank -> line (0 = not seen)
+  out.ranks.reserve(max_lines);
   std::string bytes;
   size_t pos = 0;
   int line_no = 0;
@@ -125,21 +129,24 @@ void parse_tiktoken_model(const fs::path& path, TokenizerFiles& out) {
     if (ec != std::errc() || p != rank_text.data() + rank_text.size() || rank < 0)
       throw Error(at + "bad rank '" + std::string(rank_text.substr(0, 32)) +
                   "' (expected a non-negative integer)");
-    if (auto it = seen_rank.find(rank); it != seen_rank.end())
+    if (size_t(rank) >= max_lines)
+      throw Error(at + "rank " + std::to_string(rank) + " out of range: the file has only " +
+                  std::to_string(max_lines) + " lines, so ranks must be below that");
+    if (rank_line[size_t(rank)] != 0)
       throw Error(at + "duplicate rank " + std::to_string(rank) + " (first on line " +
-                  std::to_string(it->second) + ")");
+                  std::to_string(rank_line[size_t(rank)]) + ")");
     if (auto it = seen_token.find(bytes); it != seen_token.end())
       throw Error(at + "duplicate token '" + std::string(b64) + "' (first on line " +
                   std::to_string(it->second) + ")");
-    seen_rank.emplace(rank, line_no);
+    rank_line[size_t(rank)] = line_no;
     seen_token.emplace(bytes, line_no);
     out.ranks.emplace_back(bytes, rank);
   }
   if (out.ranks.empty()) throw Error(where + ": no tokens (expected '<base64> <rank>' lines)");
   const int n = int(out.ranks.size());
-  for (const auto& [r, line] : seen_rank)
-    if (r >= n)
-      throw Error(where + ":" + std::to_string(line) + ": rank " + std::to_string(r) +
+  for (size_t r = size_t(n); r < max_lines; ++r)
+    if (rank_line[r] != 0)
+      throw Error(where + ":" + std::to_string(rank_line[r]) + ": rank " + std::to_string(r) +
                   " out of range: " + std::to_string(n) + " tokens must have ranks 0.." +
                   std::to_string(n - 1));
   out.num_mergeable = n;

@@ -119,10 +119,10 @@ TEST_CASE("tokenizer: every golden case (ids, decode, pieces)", "[tokenizer]") {
   CHECK(decode_ok == cases);
   CHECK(pieces_ok == pieces_checked);
   CHECK(pieces_checked == cases - per_category["long"]);
-  // Generous bound (measured ≈ tens of ms): guards against a quadratic BPE or regex scan, which
-  // takes minutes on this input, not against a slow CI machine.
+  // Generous bound (measured 60–400 ms, 2.4 s under ASan on a loaded machine): guards against a
+  // quadratic BPE or regex scan, which takes minutes on this input, not against a slow CI machine.
   CHECK(long_400k_ms >= 0);
-  CHECK(long_400k_ms < 5000);
+  CHECK(long_400k_ms < 30000);
 }
 
 TEST_CASE("tokenizer: heap BPE equals the quadratic reference on long pieces", "[tokenizer]") {
@@ -138,7 +138,7 @@ TEST_CASE("tokenizer: heap BPE equals the quadratic reference on long pieces", "
       {"\xE7\x9A\x84", "\xE6\x98\xAF", "\xE4\xB8\x80", "\xE5\x91\xBD", "\xE4\xBB\xA4"}};
   int checked = 0;
   for (const auto& alpha : alphabets) {
-    for (int len : {2, 3, 5, 17, 64, 300, 2000}) {
+    for (int len : {2, 3, 5, 17, 64, 300, 800}) {
       std::string text;
       for (int i = 0; i < len; ++i) text += alpha[rng() % alpha.size()];
       const auto pieces = tok.pretokenize(text);
