@@ -1,0 +1,248 @@
+// `strata bench cpu-experts`: the CPU routed-expert kernels (cpu/expert_kernels.h) at K3's expert
+// shape (3584 → 3072 → 3584), E experts × M tokens per expert, next to two peaks measured in the
+// same run: the machine's multi-threaded streaming memory read and oneDNN's bf16 matmul.
+//
+// Napkin (STYLE.md §17): one K3 expert is 3 × 3072 × 3584 MXFP4 weights = 16.5 MB of nibbles +
+// 1.03 MB of scales = 17.55 MB; 16 experts = 281 MB per token per layer (≫ LLC, so every call
+// reads DRAM). FLOPs = 2 · M · 3 · 3072 · 3584 per expert. Arithmetic intensity ≈ 3.8 · M FLOP
+// per weight byte, so M = 1 is memory-bound and large M compute-bound; each line states the
+// roofline peak that binds (memory below the ridge point, bf16 GEMM above).
+#include <dlfcn.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <sstream>
+#include <vector>
+
+#include "cpu/expert_kernels.h"
+#include "cpu/expert_kernels_impl.h"
+#include "cpu/topology.h"
+#include "storage/error.h"
+#include "tools/bench.h"
+
+namespace strata::tools {
+
+namespace {
+
+constexpr int kH = 3584, kI = 3072;
+constexpr size_t kProjPacked = size_t(kI) * kH / 2, kProjScale = size_t(kI) * kH / 32;
+constexpr size_t kExpertBytes = 3 * (kProjPacked + kProjScale);
+
+struct Options {
+  int threads = 0;
+  int experts = 16;
+  std::vector<int> tokens = {1, 4, 16, 64, 256};
+  std::string isa = "auto";
+  int repeats = 5;
+  int gemm = 4096;
+  int membw_mib = 2048;
+  std::string json;
+};
+
+// A buffer bound to memory through hwloc (interleaved over NUMA nodes), freed with it.
+struct BoundBuffer {
+  const cpu::Topology& topo;
+  size_t bytes;
+  uint8_t* p;
+  BoundBuffer(const cpu::Topology& t, size_t n)
+      : topo(t), bytes(n), p(static_cast<uint8_t*>(t.alloc_bound(n))) {}
+  ~BoundBuffer() { topo.free_bound(p, bytes); }
+};
+
+// Fills with xorshift bytes in parallel (first touch from the arena's threads); scale bytes get
+// codes in [lo, hi] so projections stay in a sane range.
+void fill(uint8_t* p, size_t n, uint64_t seed, int lo = 0, int hi = 255) {
+  const size_t chunk = size_t(1) << 20;
+  tbb::parallel_for(size_t(0), (n + chunk - 1) / chunk, [&](size_t c) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + c * 0xBF58476D1CE4E5B9ull + 1;
+    for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      p[i] = uint8_t(lo + int((s >> 24) % uint64_t(hi - lo + 1)));
+    }
+  });
+}
+
+double measure_read_gbps(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
+                         int repeats, BenchReport& rep) {
+  BoundBuffer buf(topo, bytes);
+  arena.arena().execute([&] { fill(buf.p, bytes, 99); });
+  const bool avx512 = cpu::isa_supported(cpu::ExpertIsa::avx512);
+  const size_t chunk = size_t(4) << 20;  // 4 MiB per task
+  volatile uint64_t sink = 0;
+  BenchStats st = measure(
+      [&] {
+        arena.arena().execute([&] {
+          tbb::parallel_for(size_t(0), bytes / chunk, [&](size_t c) {
+            const uint8_t* q = buf.p + c * chunk;
+            uint64_t v = 0;
+            if (avx512) {
+              v = cpu::detail::stream_read_avx512(q, chunk);
+            } else {
+              const uint64_t* w = reinterpret_cast<const uint64_t*>(q);
+              for (size_t i = 0; i < chunk / 8; i += 4) v += w[i] ^ w[i + 1] ^ w[i + 2] ^ w[i + 3];
+            }
+            sink = sink + v;
+          });
+        });
+      },
+      repeats, 1);
+  BenchLine l;
+  l.name = "memory read (peak)";
+  l.shape =
+      std::to_string(bytes >> 20) + " MiB stream, " + std::to_string(arena.threads()) + " thr";
+  l.time = st;
+  l.bytes = double(bytes);
+  l.peak_name = "itself";
+  l.peak = l.gbps();
+  l.note = avx512 ? "AVX-512 loads" : "64-bit loads";
+  rep.add(l);
+  return l.gbps();
+}
+
+// oneDNN (OpenMP inside) gets as many threads as the benchmark; libgomp is already loaded with
+// libdnnl, so its setter is found at run time (no -fopenmp needed here).
+void set_omp_threads(int n) {
+  using Fn = void (*)(int);
+  if (auto f = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) f(n);
+}
+
+double measure_bf16_tflops(int n, int threads, int repeats, BenchReport& rep) {
+  using namespace dnnl;
+  using dt = memory::data_type;
+  using tag = memory::format_tag;
+  set_omp_threads(threads);
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  const memory::dims ad{n, n}, bd{n, n}, cd{n, n};
+  auto pd = matmul::primitive_desc(
+      matmul::desc(memory::desc(ad, dt::bf16, tag::ab), memory::desc(bd, dt::bf16, tag::any),
+                   memory::desc(cd, dt::f32, tag::ab)),
+      eng);
+  memory a(pd.src_desc(), eng), b_user({bd, dt::bf16, tag::ab}, eng), b(pd.weights_desc(), eng),
+      c(pd.dst_desc(), eng);
+  // bf16 0x3F80 = 1.0 with small random low bits: finite values, no denormals.
+  for (memory* m : {&a, &b_user}) {
+    auto* p = static_cast<uint16_t*>(m->get_data_handle());
+    for (size_t i = 0; i < size_t(n) * size_t(n); ++i)
+      p[i] = uint16_t(0x3F80 | (i * 2654435761u >> 28));
+  }
+  reorder(b_user, b).execute(s, b_user, b);  // pack once (format_tag::any), as the experts would
+  matmul mm(pd);
+  auto run = [&] {
+    mm.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s.wait();
+  };
+  BenchLine l;
+  l.name = "oneDNN bf16 matmul (peak)";
+  l.shape = std::to_string(n) + "^3 bf16->f32, " + std::to_string(threads) + " thr";
+  l.time = measure(run, repeats, 1);
+  l.flops = 2.0 * double(n) * double(n) * double(n);
+  l.peak_is_bandwidth = false;
+  l.peak_name = "itself";
+  l.peak = l.tflops();
+  l.note = std::string("impl ") + pd.impl_info_str();
+  rep.add(l);
+  return l.tflops();
+}
+
+int run(const Options& o) {
+  cpu::Topology topo;
+  const int threads = o.threads > 0 ? o.threads : topo.cores();
+  const cpu::ExpertIsa isa = cpu::resolve_isa(cpu::parse_isa(o.isa, "--isa"));
+  if (o.experts < 1) throw Error("--experts: expected ≥ 1");
+  cpu::PinnedArena arena(topo, threads);
+  BenchReport rep("bench cpu-experts");
+  rep.note("topology: " + topo.summary());
+  rep.note(std::string("expert kernel ISA: ") + cpu::isa_name(isa) +
+           " (best on this CPU: " + cpu::isa_name(cpu::best_isa()) +
+           "); threads pinned one per core: " + std::to_string(threads));
+
+  const double mem_gbps = measure_read_gbps(arena, topo, size_t(o.membw_mib) << 20, o.repeats, rep);
+  const double bf16_tflops = measure_bf16_tflops(o.gemm, threads, std::max(3, o.repeats / 2), rep);
+  const double ridge = bf16_tflops * 1e12 / (mem_gbps * 1e9);  // FLOP per byte
+  {
+    std::ostringstream ss;
+    ss.precision(3);
+    ss << "roofline ridge: " << ridge << " FLOP/byte (bf16 peak / memory read); expert "
+       << "intensity 3.79·M FLOP/byte";
+    rep.note(ss.str());
+  }
+
+  // The experts: released layout, random nibbles, scale codes near 2^-7, in hwloc-bound memory.
+  BoundBuffer pool(topo, kExpertBytes * size_t(o.experts));
+  arena.arena().execute([&] {
+    for (int e = 0; e < o.experts; ++e) {
+      uint8_t* base = pool.p + kExpertBytes * size_t(e);
+      fill(base, 3 * kProjPacked, uint64_t(e) * 3 + 1);
+      fill(base + 3 * kProjPacked, 3 * kProjScale, uint64_t(e) * 3 + 2, 117, 121);
+    }
+  });
+  std::vector<Mxfp4ExpertView> views;
+  for (int e = 0; e < o.experts; ++e) {
+    const uint8_t* p = pool.p + kExpertBytes * size_t(e);
+    const uint8_t* s = p + 3 * kProjPacked;
+    Mxfp4ExpertView v;
+    v.w1_packed = p, v.w3_packed = p + kProjPacked, v.w2_packed = p + 2 * kProjPacked;
+    v.w1_scale = s, v.w3_scale = s + kProjScale, v.w2_scale = s + 2 * kProjScale;
+    v.hidden = kH, v.inter = kI;
+    views.push_back(v);
+  }
+  const GluParams glu{true, 4.0, 25.0};
+  cpu::CpuExpertOptions opt;
+  opt.isa = isa;
+  opt.arena = &arena.arena();
+
+  for (int M : o.tokens) {
+    if (M < 1) throw Error("--tokens: expected positive token counts");
+    // Every one of the M tokens is routed to every expert: M tokens per expert.
+    std::vector<float> x(size_t(M) * kH);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    std::vector<int> rows(static_cast<size_t>(M));
+    for (int i = 0; i < M; ++i) rows[size_t(i)] = i;
+    std::vector<float> y(size_t(o.experts) * size_t(M) * kH);
+    std::vector<cpu::ExpertTask> tasks;
+    for (int e = 0; e < o.experts; ++e)
+      tasks.push_back({views[size_t(e)], rows.data(), M, y.data() + size_t(e) * size_t(M) * kH});
+    const int reps = M >= 64 ? std::max(1, o.repeats / 2) : o.repeats;
+    BenchLine l;
+    l.name = "cpu-experts M=" + std::to_string(M);
+    l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
+    l.time = measure([&] { cpu::run_experts_cpu(tasks, x.data(), M, glu, opt); }, reps, 1);
+    l.bytes = double(kExpertBytes) * o.experts;
+    l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
+    l.peak_is_bandwidth = 3.79 * M < ridge;
+    l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (measured)";
+    l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
+    l.note = std::string(cpu::isa_name(isa)) + ", contract bits";
+    rep.add(l);
+  }
+  if (!o.json.empty()) rep.write_json(o.json);
+  return 0;
+}
+
+BenchSetup setup = [](CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  app.add_option("--threads", o->threads,
+                 "worker threads, pinned one per core (default: all cores)");
+  app.add_option("--experts", o->experts, "experts per call (default 16, K3's top-k)");
+  app.add_option("--tokens", o->tokens, "tokens per expert to sweep (default 1 4 16 64 256)")
+      ->delimiter(',');
+  app.add_option("--isa", o->isa, "expert kernel: auto, scalar, avx2, avx512, amx (default auto)");
+  app.add_option("--repeats", o->repeats, "timed repeats per line (default 5; half for M ≥ 64)");
+  app.add_option("--gemm", o->gemm, "oneDNN bf16 peak matmul size N (N×N×N, default 4096)");
+  app.add_option("--membw-mib", o->membw_mib, "memory read peak buffer in MiB (default 2048)");
+  app.add_option("--json", o->json, "also write the lines as JSON to FILE");
+  return [o] { return run(*o); };
+};
+
+STRATA_BENCH("cpu-experts",
+             "CPU MXFP4 expert FFN at K3's shape vs measured memory read and oneDNN bf16 peaks",
+             setup);
+
+}  // namespace
+
+}  // namespace strata::tools
