@@ -232,6 +232,26 @@ void attn_res_mix(const float* const* sources, int64_t n, const float* norm_w, c
 // ------------------------------------------------------------------------------------------------
 // Router
 
+namespace {
+
+// Weights of one token's selection (ids in the order given): score (+ bias in place for the
+// Kimi-Linear form), summed in that order, renormalised (+1e-20), scaled.
+void selection_weights(const float* lg, const RouterParams& rp, const int32_t* id, float* w) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < rp.topk; ++j) {
+    float s = sigmoid(lg[id[j]]);
+    if (rp.form == RouterForm::biased_in_place && rp.bias) s = s + rp.bias[id[j]];
+    w[j] = s;
+    sum += s;
+  }
+  for (int64_t j = 0; j < rp.topk; ++j) {
+    if (rp.renormalize) w[j] = w[j] / (sum + 1e-20f);
+    w[j] = w[j] * rp.scaling;
+  }
+}
+
+}  // namespace
+
 void route(const float* logits, const RouterParams& rp, int32_t* ids, float* weights,
            int32_t* ranked, int64_t T) {
   const int64_t E = rp.E, k = rp.topk;
@@ -258,16 +278,20 @@ void route(const float* logits, const RouterParams& rp, int32_t* ids, float* wei
     float* w = weights + t * k;
     std::copy(order.begin(), order.begin() + k, id);
     std::sort(id, id + k);
-    const std::vector<float>& src = rp.form == RouterForm::biased_in_place ? choice : score;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      w[j] = src[size_t(id[j])];
-      sum += w[j];
+    selection_weights(lg, rp, id, w);
+  });
+}
+
+void route_weights(const float* logits, const RouterParams& rp, const int32_t* ids, float* weights,
+                   int64_t T) {
+  for (int64_t i = 0; i < T * rp.topk; ++i) {
+    if (ids[i] < 0 || ids[i] >= rp.E) {
+      throw Error("route_weights: expert id " + std::to_string(ids[i]) + " at token " +
+                  std::to_string(i / rp.topk) + " is outside [0, " + std::to_string(rp.E) + ")");
     }
-    for (int64_t j = 0; j < k; ++j) {
-      if (rp.renormalize) w[j] = w[j] / (sum + 1e-20f);
-      w[j] = w[j] * rp.scaling;
-    }
+  }
+  parallel_rows(T, grain_for(rp.topk * 8), [&](int64_t t) {
+    selection_weights(logits + t * rp.E, rp, ids + t * rp.topk, weights + t * rp.topk);
   });
 }
 

@@ -228,6 +228,11 @@ struct RouterParams {
 // Selection: top-k of sigmoid(logit) + bias, ties broken toward the lower expert id.
 void route(const float* logits, const RouterParams& rp, int32_t* ids, float* weights,
            int32_t* ranked, int64_t T);
+// The weights route() gives a given selection (routing replay, forced experts): ids [T, topk]
+// (kept in the given order; sums run in that order, so sorted ids reproduce route() exactly),
+// weights [T, topk] aligned with ids. Throws strata::Error for an id outside [0, E).
+void route_weights(const float* logits, const RouterParams& rp, const int32_t* ids, float* weights,
+                   int64_t T);
 
 // ------------------------------------------------------------------------------------------------
 // Expert FFNs

@@ -380,6 +380,25 @@ TEST_CASE("ref router: top-k ties, bias for selection, both weight forms, renorm
       if (j > 0) CHECK(all[size_t(t * 6 + j - 1)] < all[size_t(t * 6 + j)]);
     }
   }
+
+  // Replay: the weights of route()'s own selection are reproduced bit for bit, for both forms; a
+  // forced different selection gets the same formula; a bad id is an error naming it.
+  for (auto form : {ref::RouterForm::unbiased, ref::RouterForm::biased_in_place}) {
+    rp.form = form;
+    ref::route(L.data(), rp, all.data(), wall.data(), nullptr, T);
+    std::vector<float> wrep(wall.size());
+    ref::route_weights(L.data(), rp, all.data(), wrep.data(), T);
+    CHECK(wrep == wall);
+  }
+  rp.form = ref::RouterForm::unbiased;
+  const std::vector<int32_t> forced = {5, 9, 0, 63, 17, 2};
+  ref::route_weights(L.data(), rp, forced.data(), wone.data(), 1);
+  double sum = 0;
+  for (int32_t e : forced) sum += sg(L[size_t(e)]);
+  for (int j = 0; j < 6; ++j)
+    CHECK(wone[size_t(j)] == Approx(rp.scaling * sg(L[size_t(forced[size_t(j)])]) / sum));
+  const std::vector<int32_t> bad = {5, 9, 0, 64, 17, 2};
+  CHECK_THROWS_AS(ref::route_weights(L.data(), rp, bad.data(), wone.data(), 1), strata::Error);
 }
 
 TEST_CASE("ref expert FFNs: dense vs float64, MXFP4 exact mode vs widened weights, bf16", "[ref]") {
