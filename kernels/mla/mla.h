@@ -1,0 +1,62 @@
+// Gated MLA without RoPE (spec/model.md §5) on sm_90a: the latent-cache write, prefill attention
+// (expanded keys/values, flash-style online softmax, causal, chunked against an existing cache)
+// and absorbed decode attention over the latent cache, split along the sequence and merged.
+// Thin launchers: device pointers, sizes, a stream (cudaStream_t as void*); each returns a Status
+// and never synchronises. No CUDA types are exposed.
+//
+// Layouts (bf16 bits unless stated):
+//   latent cache row (one per position): [ĉ (kv_lora = 512, post kv_a_layernorm) | k_pe (64)]
+//   q: [tokens, H, 192] = [q_nope (128) | q_pe (64)] per head (q_b_proj output)
+//   kv_b: [H·256, 512] (kv_b_proj.weight), head h rows h·256 .. = [W_UK_h (128 rows) | W_UV_h]
+//   out: [tokens, H, 128], the attention output before the output gate and o_proj.
+// Supported dims: nope 128, rope 64, v 128, kv_lora 512 (K3 and Kimi-Linear); any H.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/runtime.h"
+
+namespace strata::kernels::mla {
+
+constexpr int kNope = 128, kRope = 64, kV = 128, kLatent = 512;
+constexpr int kQDim = kNope + kRope;        // 192
+constexpr int kCacheDim = kLatent + kRope;  // 576
+constexpr int kMaxSeqs = 256;               // sequences per decode call
+
+// Latent-cache rows for T new tokens: cache[pos0 + t] = [bf16(w ⊙ bf16(c·rsqrt(mean c² + eps))) |
+// k_pe] from ckv = kv_a_proj_with_mqa output [T, 576] (KimiRMSNorm, spec §3.1; eps 1e-6).
+// norm_w: [512] fp32. cache: [≥ pos0 + T, 576].
+Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
+                    int64_t pos0, int64_t T, void* stream);
+
+// Workspace of prefill(): the expanded keys/values of S positions ([S, H, 256] bf16) plus the
+// GEMM's scratch.
+size_t prefill_workspace_bytes(int H, int64_t S);
+
+// Causal attention of the last T of S cached positions (queries at positions S−T .. S−1) over all
+// S, expanded form (spec §5.2): [k_nope | v] = ĉ·kv_bᵀ by cuBLASLt (bf16 out, as HF's GEMM), keys
+// [k_nope | k_pe], softmax scale 192^-1/2, fp32 online softmax, bf16 out. The cache must already
+// hold the T new rows (write_latent). q: [T, H, 192]; out: [T, H, 128].
+Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
+               uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream);
+
+// Workspace of decode() for B sequences whose longest cache holds max_len positions.
+size_t decode_workspace_bytes(int H, int B, int64_t max_len);
+
+// One decode token for each of B sequences, absorbed form (spec §5.3): q_lat = bf16(W_UKᵀ q_nope),
+// scores over sequence b's cache rows 0 .. lens_host[b]−1 (the new token's row included), split
+// along the sequence into blocks whose partial softmax states are merged, then o = W_UV·ctx.
+// q: [B, H, 192]; caches: sequence b's rows start at cache + b·cache_stride (elements);
+// lens_host: B HOST int32 lengths (>= 1); out: [B, H, 128].
+Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
+              const int32_t* lens_host, int B, const uint16_t* kv_b, uint16_t* out, void* workspace,
+              size_t workspace_bytes, void* stream);
+
+// FLOPs of causal prefill attention (QKᵀ and PV, 2 per multiply-add) for T queries over S
+// positions; the kv expansion adds 2·S·512·H·256.
+inline double prefill_attention_flops(int H, int64_t T, int64_t S) {
+  const double pairs = double(T) * double(S) - double(T) * double(T - 1) / 2.0;
+  return 2.0 * H * pairs * (kQDim + kV);
+}
+
+}  // namespace strata::kernels::mla

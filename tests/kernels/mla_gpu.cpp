@@ -1,0 +1,171 @@
+// Op-check of the CUDA MLA kernels (kernels/mla/mla.h) against the fp32 reference ops
+// (cpu/ref/ops.h): latent-cache rows, expanded causal prefill (fresh and chunked against an
+// existing cache) and absorbed split decode, at K3 shapes (96 heads, latent 512 + 64, q head 192,
+// v 128), odd small shapes and long caches (256K, 1M positions).
+//
+// Tolerances: outputs are bf16 after fp32 softmax attention; GPU and reference round at the same
+// points (kv expansion / q_lat GEMM outputs, the output), so differences come from summation order
+// and exp2 vs exp, plus the bf16 rounding flips they cause (≤ 2^-8 relative per flipped
+// element): rel L2 ≤ 1e-2, cosine ≥ 0.9999. Latent rows differ only by the RMS reduction order
+// (a flip of one bf16 ulp in rare elements): rel L2 ≤ 2e-3 and ≤ 1% of elements differing.
+// Decode caches hold NaN past each sequence's end: a read out of range poisons the output.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "attn_gpu_util.h"
+#include "cpu/ref/ops.h"
+#include "kernels/mla/mla.h"
+#include "kernels/runtime.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::test;
+namespace km = strata::kernels::mla;
+namespace ref = strata::cpu::ref;
+
+ref::MlaDims dims(int H) {
+  ref::MlaDims d;
+  d.H = H;
+  d.nope = km::kNope;
+  d.rope = km::kRope;
+  d.v = km::kV;
+  d.kv_lora = km::kLatent;
+  return d;
+}
+
+constexpr int R = km::kCacheDim;
+
+void check_out(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  const Diff d = compare(got, want);
+  INFO(what << ": " << d.str());
+  CHECK(d.nonfinite_mismatch == 0);
+  CHECK(d.rel_l2 <= 1e-2);
+  CHECK(d.cosine >= 0.9999);
+}
+
+void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed) {
+  if (kernels::cuda_device_count() == 0) {
+    WARN("no CUDA device: skipping");
+    return;
+  }
+  std::mt19937 rng(seed);
+  const int64_t S = S_prev + T;
+  auto ckv = random_bf16(S * R, rng, 1.f);
+  auto nw = random_uniform(km::kLatent, rng, 0.8f, 1.2f);
+  auto kvb = random_bf16(int64_t(H) * 256 * km::kLatent, rng, 1.f / std::sqrt(512.f));
+  auto q = random_bf16(T * H * km::kQDim, rng, 1.f);
+  DevBuf<uint16_t> d_ckv(ckv.bits), d_kvb(kvb.bits), d_q(q.bits), d_cache(S * R),
+      d_out(T * H * km::kV);
+  DevBuf<float> d_nw(nw);
+  d_cache.fill_bytes(0xff);
+  d_out.fill_bytes(0xff);
+  // Earlier chunk's rows first, then this call's rows, then attention for this call's queries.
+  if (S_prev > 0)
+    REQUIRE(km::write_latent(d_ckv.p, d_nw.p, 1e-6f, d_cache.p, 0, S_prev, nullptr).ok());
+  REQUIRE(
+      km::write_latent(d_ckv.p + S_prev * R, d_nw.p, 1e-6f, d_cache.p, S_prev, T, nullptr).ok());
+  const size_t wsb = km::prefill_workspace_bytes(H, S);
+  DevBuf<uint8_t> ws(wsb);
+  ws.fill_bytes(0xff);
+  auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out.p, T, ws.p, wsb, nullptr);
+  INFO(s.message);
+  REQUIRE(s.ok());
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+
+  const auto d = dims(H);
+  std::vector<float> rows(S * R);
+  ref::mla_latent_rows(ckv.f32.data(), nw.data(), rows.data(), S, d, 1e-6f, ref::Precision::bf16);
+  auto cache = widen(d_cache.download());
+  const Diff dc = compare(cache, rows);
+  size_t differ = 0;
+  for (size_t i = 0; i < rows.size(); i++) differ += cache[i] != rows[i];
+  INFO("latent rows: " << dc.str() << ", differing " << differ);
+  CHECK(dc.nonfinite_mismatch == 0);
+  CHECK(dc.rel_l2 <= 2e-3);
+  CHECK(differ <= rows.size() / 100);
+
+  // Attention against the GPU's own cache rows, so only the attention is compared.
+  std::vector<float> out_ref(T * H * km::kV);
+  ref::mla_attention_expanded(q.f32.data(), cache.data(), S,
+                              ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent),
+                              d, out_ref.data(), T, ref::Precision::bf16);
+  check_out(widen(d_out.download()), out_ref, "prefill out");
+}
+
+void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed) {
+  if (kernels::cuda_device_count() == 0) {
+    WARN("no CUDA device: skipping");
+    return;
+  }
+  std::mt19937 rng(seed);
+  const int B = int(lens.size());
+  const int64_t Lmax = *std::max_element(lens.begin(), lens.end());
+  const int64_t stride = Lmax * R;
+  auto kvb = random_bf16(int64_t(H) * 256 * km::kLatent, rng, 1.f / std::sqrt(512.f));
+  auto q = random_bf16(int64_t(B) * H * km::kQDim, rng, 1.f);
+  auto rows = random_bf16(size_t(B) * stride, rng, 1.f);
+  for (int b = 0; b < B; b++)  // poison past the end
+    for (int64_t i = int64_t(lens[b]) * R; i < stride; i++) {
+      rows.bits[b * stride + i] = 0x7fc0;
+      rows.f32[b * stride + i] = NAN;
+    }
+  DevBuf<uint16_t> d_kvb(kvb.bits), d_q(q.bits), d_cache(rows.bits), d_out(int64_t(B) * H * km::kV);
+  d_out.fill_bytes(0xff);
+  const size_t wsb = km::decode_workspace_bytes(H, B, Lmax);
+  DevBuf<uint8_t> ws(wsb);
+  ws.fill_bytes(0xff);
+  auto s =
+      km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb, nullptr);
+  INFO(s.message);
+  REQUIRE(s.ok());
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  const auto d = dims(H);
+  std::vector<float> out_ref(int64_t(B) * H * km::kV);
+  const auto kv_view = ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent);
+  for (int b = 0; b < B; b++)
+    ref::mla_attention_absorbed(&q.f32[int64_t(b) * H * km::kQDim], &rows.f32[b * stride], lens[b],
+                                kv_view, d, &out_ref[int64_t(b) * H * km::kV], 1,
+                                ref::Precision::bf16);
+  check_out(widen(d_out.download()), out_ref, "decode out");
+}
+
+}  // namespace
+
+TEST_CASE("mla gpu prefill: odd small shape, chunk against an existing cache", "[gpu][mla]") {
+  run_prefill_case(3, 45, 37, 21);
+}
+
+TEST_CASE("mla gpu prefill: fresh prompt, 5 heads, 100 tokens", "[gpu][mla]") {
+  run_prefill_case(5, 0, 100, 22);
+}
+
+TEST_CASE("mla gpu prefill: K3 shape (96 heads), 333 tokens after 200 cached", "[gpu][mla]") {
+  run_prefill_case(96, 200, 333, 23);
+}
+
+TEST_CASE("mla gpu prefill: long prompt (4099 tokens, 2 heads)", "[gpu][mla]") {
+  run_prefill_case(2, 0, 4099, 24);
+}
+
+TEST_CASE("mla gpu decode: odd small shapes, 3 sequences of 1, 300, 5000", "[gpu][mla]") {
+  run_decode_case(3, {1, 300, 5000}, 31);
+}
+
+TEST_CASE("mla gpu decode: K3 shape (96 heads), 2 sequences", "[gpu][mla]") {
+  run_decode_case(96, {4097, 20000}, 32);
+}
+
+TEST_CASE("mla gpu decode: long caches (256K with 8 heads; 1M with 2 heads)", "[gpu][mla]") {
+  run_decode_case(8, {262147}, 33);
+  run_decode_case(2, {1048576}, 34);
+}
+
+TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
+  const int32_t lens[1] = {0};
+  uint16_t dummy = 0;
+  auto s = km::decode(4, &dummy, &dummy, 576, lens, 1, &dummy, &dummy, &dummy, 1, nullptr);
+  REQUIRE_FALSE(s.ok());
+  REQUIRE(std::string(s.message).find(">= 1") != std::string::npos);
+}
