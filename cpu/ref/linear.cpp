@@ -71,6 +71,32 @@ void micro(const float* const* w, const float* const* x, int64_t K, float* const
     for (int r = 0; r < R; ++r) y[c][r] = finish(lo[c][r], hi[c][r], x[c], w[r], K8, K);
 }
 
+// One token against R bf16 rows read directly (no widening buffer): the decode case, where each
+// weight is used once. Same lanes, same operations, same bits as micro<R, 1> on widened rows.
+template <int R>
+void micro_bf16_t1(const uint16_t* const* w, const float* x, int64_t K, float* y) {
+  v4 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = v4{0.0f, 0.0f, 0.0f, 0.0f};
+  const __m128i zero = _mm_setzero_si128();
+  const int64_t K8 = K / 8 * 8;
+  for (int64_t k = 0; k < K8; k += 8) {
+    const v4 xl = load4(x + k), xh = load4(x + k + 4);
+    for (int r = 0; r < R; ++r) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + k));
+      const v4 wl = reinterpret_cast<v4>(_mm_castsi128_ps(_mm_unpacklo_epi16(zero, b)));
+      const v4 wh = reinterpret_cast<v4>(_mm_castsi128_ps(_mm_unpackhi_epi16(zero, b)));
+      lo[r] += xl * wl;
+      hi[r] += xh * wh;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float tail = 0.0f;
+    for (int64_t k = K8; k < K; ++k) tail += x[k] * bf16_to_f32(w[r][k]);
+    const v4 s4 = lo[r] + hi[r];
+    y[r] = ((s4[0] + s4[2]) + (s4[1] + s4[3])) + tail;
+  }
+}
+
 // bf16 → fp32 for n values (exact: the bits shifted into the high half), SSE2.
 void widen_bf16(const uint16_t* p, int64_t n, float* out) {
   int64_t i = 0;
@@ -121,6 +147,22 @@ void linear(const float* x, const WeightView& W, float* y, int64_t T) {
   const int64_t N = W.rows, K = W.cols;
   if (T == 0 || N == 0) return;
   const int64_t tiles = (N + kTile - 1) / kTile;
+  if (T == 1 && W.format == WeightFormat::bf16) {
+    // Decode: stream the bf16 rows straight into the multiply (each weight is used once).
+    const uint16_t* base = static_cast<const uint16_t*>(W.data);
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, tiles),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        for (int64_t tile = r.begin(); tile < r.end(); ++tile) {
+                          const int64_t n0 = tile * kTile, nn = std::min(kTile, N - n0);
+                          const uint16_t* rows[kTile];
+                          for (int64_t i = 0; i < nn; ++i) rows[i] = base + (n0 + i) * K;
+                          int64_t i = 0;
+                          for (; i + 4 <= nn; i += 4) micro_bf16_t1<4>(rows + i, x, K, y + n0 + i);
+                          for (; i < nn; ++i) micro_bf16_t1<1>(rows + i, x, K, y + n0 + i);
+                        }
+                      });
+    return;
+  }
   // TBB splits over weight-row tiles only: each y element is computed whole by one thread.
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, tiles),
                     [&](const tbb::blocked_range<int64_t>& r) {
