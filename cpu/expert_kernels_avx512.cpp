@@ -145,3 +145,120 @@ uint64_t stream_read_avx512(const void* p, size_t n) {
 }
 
 }  // namespace strata::cpu::detail
+
+// ------------------------------------------------------------------------------------------------
+// The contract GLU, eight elements at a time: the same operation sequence as
+// storage/expert_contract.h (det_exp, det_expm1, det_tanh, det_sigmoid, glu), branches replaced by
+// computing both sides and selecting, so every lane has the scalar function's bits.
+
+namespace strata::cpu::detail {
+
+namespace {
+
+inline __m512d v_expm1_small(__m512d x) {
+  const double c[16] = {1.0 / 20922789888000.0,
+                        1.0 / 1307674368000.0,
+                        1.0 / 87178291200.0,
+                        1.0 / 6227020800.0,
+                        1.0 / 479001600.0,
+                        1.0 / 39916800.0,
+                        1.0 / 3628800.0,
+                        1.0 / 362880.0,
+                        1.0 / 40320.0,
+                        1.0 / 5040.0,
+                        1.0 / 720.0,
+                        1.0 / 120.0,
+                        1.0 / 24.0,
+                        1.0 / 6.0,
+                        1.0 / 2.0,
+                        1.0};
+  __m512d p = _mm512_set1_pd(1.0 / 355687428096000.0);
+  for (int k = 0; k < 16; ++k) p = _mm512_add_pd(_mm512_mul_pd(p, x), _mm512_set1_pd(c[k]));
+  return _mm512_mul_pd(p, x);
+}
+
+inline __m512d v_pow2(__m256i k) {  // exact 2^k per lane, k in [−1022, 1024]
+  __m512i b = _mm512_add_epi64(_mm512_cvtepi32_epi64(k), _mm512_set1_epi64(1023));
+  return _mm512_castsi512_pd(_mm512_slli_epi64(b, 52));
+}
+
+inline __m512d v_exp(__m512d x) {
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
+  const __mmask8 big = _mm512_cmp_pd_mask(x, _mm512_set1_pd(709.782712893384), _CMP_GT_OQ);
+  const __mmask8 small = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-745.2), _CMP_LT_OQ);
+  // Out-of-range and NaN lanes compute on 0 (their result is selected below).
+  const __m512d xs = _mm512_mask_blend_pd(nan | big | small, x, _mm512_setzero_pd());
+  const __m512d magic = _mm512_set1_pd(6755399441055744.0);
+  const __m512d n = _mm512_sub_pd(
+      _mm512_add_pd(_mm512_mul_pd(xs, _mm512_set1_pd(1.4426950408889634)), magic), magic);
+  const __m512d r =
+      _mm512_sub_pd(_mm512_sub_pd(xs, _mm512_mul_pd(n, _mm512_set1_pd(6.93147180369123816490e-01))),
+                    _mm512_mul_pd(n, _mm512_set1_pd(1.90821492927058770002e-10)));
+  const __m512d p = _mm512_add_pd(v_expm1_small(r), _mm512_set1_pd(1.0));
+  const __m256i k = _mm512_cvtpd_epi32(n);  // n is an integer: exact
+  // k / 2 truncated toward zero, as C++ division.
+  const __m256i k1 = _mm256_srai_epi32(_mm256_add_epi32(k, _mm256_srli_epi32(k, 31)), 1);
+  __m512d res = _mm512_mul_pd(_mm512_mul_pd(p, v_pow2(k1)), v_pow2(_mm256_sub_epi32(k, k1)));
+  res = _mm512_mask_blend_pd(big, res, _mm512_set1_pd(__builtin_inf()));
+  res = _mm512_mask_blend_pd(small, res, _mm512_setzero_pd());
+  return _mm512_mask_blend_pd(nan, res, x);
+}
+
+inline __m512d v_expm1(__m512d x) {
+  const __mmask8 in = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-0.35), _CMP_GT_OQ) &
+                      _mm512_cmp_pd_mask(x, _mm512_set1_pd(0.35), _CMP_LT_OQ);
+  return _mm512_mask_blend_pd(in, _mm512_sub_pd(v_exp(x), _mm512_set1_pd(1.0)), v_expm1_small(x));
+}
+
+inline __m512d v_tanh(__m512d x) {
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
+  const __mmask8 neg = _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_LT_OQ);
+  // a = x < 0 ? −x : x, as the scalar code (not |x|: −0 stays −0 and gives tanh(−0) = −0).
+  const __m512d a = _mm512_mask_blend_pd(neg, x, _mm512_xor_pd(x, _mm512_set1_pd(-0.0)));
+  const __mmask8 sat = _mm512_cmp_pd_mask(a, _mm512_set1_pd(20.0), _CMP_GE_OQ);
+  const __m512d as = _mm512_mask_blend_pd(sat | nan, a, _mm512_setzero_pd());
+  const __m512d e = v_expm1(_mm512_mul_pd(_mm512_set1_pd(-2.0), as));
+  const __m512d negzero = _mm512_set1_pd(-0.0);
+  __m512d t = _mm512_div_pd(_mm512_xor_pd(e, negzero), _mm512_add_pd(_mm512_set1_pd(2.0), e));
+  t = _mm512_mask_blend_pd(sat, t, _mm512_set1_pd(1.0));
+  t = _mm512_mask_blend_pd(neg, t, _mm512_xor_pd(t, negzero));
+  return _mm512_mask_blend_pd(nan, t, x);
+}
+
+inline __m512d v_sigmoid(__m512d x) {
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
+  const __m512d s = _mm512_div_pd(
+      _mm512_set1_pd(1.0),
+      _mm512_add_pd(_mm512_set1_pd(1.0), v_exp(_mm512_xor_pd(x, _mm512_set1_pd(-0.0)))));
+  return _mm512_mask_blend_pd(nan, s, x);
+}
+
+}  // namespace
+
+void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p) {
+  const __m256 canon = _mm256_castsi256_ps(_mm256_set1_epi32(int(contract::kNaNBits)));
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d gd = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
+    const __m512d ud = _mm512_cvtps_pd(_mm256_loadu_ps(u + i));
+    __m512d hd;
+    if (p.situ) {
+      const __m512d b1 = _mm512_set1_pd(p.beta1);
+      const __m512d a =
+          _mm512_mul_pd(_mm512_mul_pd(b1, v_tanh(_mm512_div_pd(gd, b1))), v_sigmoid(gd));
+      __m512d b = ud;
+      if (p.beta2 > 0.0) {
+        const __m512d b2 = _mm512_set1_pd(p.beta2);
+        b = _mm512_mul_pd(b2, v_tanh(_mm512_div_pd(ud, b2)));
+      }
+      hd = _mm512_mul_pd(a, b);
+    } else {
+      hd = _mm512_mul_pd(_mm512_mul_pd(gd, v_sigmoid(gd)), ud);
+    }
+    const __mmask8 nan = _mm512_cmp_pd_mask(hd, hd, _CMP_UNORD_Q);
+    _mm256_storeu_ps(h + i, _mm256_mask_blend_ps(nan, _mm512_cvtpd_ps(hd), canon));
+  }
+  for (; i < n; ++i) h[i] = contract::glu(g[i], u[i], p);
+}
+
+}  // namespace strata::cpu::detail

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "storage/expert_contract.h"
+
 namespace strata::cpu::detail {
 
 // Rows [r0, r1) of one MXFP4 matrix (packed [rows, K/2], scale [rows, K/32]) against n quantized
@@ -26,6 +28,9 @@ struct ProjArgs {
 void project_scalar(const ProjArgs& a);
 void project_avx2(const ProjArgs& a);
 void project_avx512(const ProjArgs& a);
+
+// h[i] = contract::glu(g[i], u[i], p) for i < n, bit for bit, eight at a time.
+void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p);
 
 // Streaming read of n bytes (n a multiple of 256) — the memory-bandwidth peak of the benchmark.
 // Returns a value that depends on every byte so the reads cannot be elided.

@@ -9,9 +9,11 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "cpu/expert_contract.h"
 #include "cpu/expert_kernels.h"
+#include "cpu/expert_kernels_impl.h"
 #include "expert_test_util.h"
 #include "storage/error.h"
 
@@ -184,4 +186,38 @@ TEST_CASE("expert kernels: ISA names and unsupported choices", "[expert]") {
   for (ExpertIsa isa : kIsas)
     if (!strata::cpu::isa_supported(isa))
       CHECK_THROWS_AS(strata::cpu::resolve_isa(isa), strata::Error);
+}
+
+TEST_CASE("expert kernels: vectorised GLU has the contract GLU's bits", "[expert]") {
+  if (!supported_or_warn(ExpertIsa::avx512)) return;
+  // Random values over many binades plus the branch points of det_exp / det_expm1 / det_tanh and
+  // the special values.
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> ex(-30, 12);
+  std::normal_distribution<float> nd;
+  std::vector<float> g, u;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const float special[] = {0.0f,    -0.0f,   inf,     -inf,    nan,     0.35f * 4, -0.35f * 4,
+                           0.175f,  -0.175f, 80.0f,   -80.0f,  40.0f,   -40.0f,    709.7f,
+                           -709.7f, 745.0f,  -745.0f, 1e-30f,  -1e-30f, 3e38f,     -3e38f,
+                           250.0f,  -250.0f, 500.0f,  -500.0f, 87.5f,   -1490.0f,  1490.0f};
+  for (float a : special)
+    for (float b : special) g.push_back(a), u.push_back(b);
+  for (int i = 0; i < 200000; ++i) {
+    g.push_back(std::ldexp(nd(rng), ex(rng)));
+    u.push_back(std::ldexp(nd(rng), ex(rng)));
+  }
+  std::vector<float> h(g.size());
+  for (const GluParams& p :
+       {GluParams{true, 4.0, 25.0}, GluParams{true, 4.0, 0.0}, GluParams{false, 0, 0}}) {
+    strata::cpu::detail::glu_avx512(g.data(), u.data(), h.data(), int(g.size()), p);
+    size_t bad = 0;
+    for (size_t i = 0; i < g.size(); ++i)
+      if (std::bit_cast<uint32_t>(h[i]) != std::bit_cast<uint32_t>(c::glu(g[i], u[i], p))) {
+        if (bad++ < 5)
+          UNSCOPED_INFO("g " << g[i] << " u " << u[i] << ": got " << h[i] << " want "
+                             << c::glu(g[i], u[i], p));
+      }
+    CHECK(bad == 0);
+  }
 }
