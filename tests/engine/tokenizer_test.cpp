@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "storage/error.h"
 #include "storage/tiktoken_files.h"
@@ -228,4 +229,32 @@ TEST_CASE("tokenizer: bad input and UTF-8 helpers", "[tokenizer]") {
   CHECK(stream.flush() == "");
 
   REQUIRE_THROWS_WITH(Tokenizer::load(dir / "missing"), Contains("tiktoken.model: cannot open"));
+}
+
+TEST_CASE("tokenizer: one Tokenizer encodes from several threads at once", "[tokenizer]") {
+  if (!have_golden()) return;
+  const Tokenizer tok = Tokenizer::load(golden_tok());
+  std::ifstream f(golden_tok() / "cases.jsonl");
+  std::vector<std::string> texts;
+  std::vector<std::vector<int>> want;
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto c = nlohmann::json::parse(line);
+    if (c.at("category") == "long") continue;
+    texts.push_back(c.at("text"));
+    want.push_back(c.at("ids"));
+  }
+  REQUIRE(texts.size() > 500);
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 2; ++rep)
+        for (size_t i = size_t(t); i < texts.size() + size_t(t); ++i) {
+          const size_t k = i % texts.size();  // each thread starts at a different case
+          if (tok.encode(texts[k]) != want[k]) ++mismatches[size_t(t)];
+        }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(mismatches == std::vector<int>(4, 0));
 }
