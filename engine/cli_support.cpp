@@ -103,3 +103,12 @@ uint64_t peak_rss_bytes() {
 }
 
 }  // namespace strata::engine
+
+namespace strata::engine {
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+}  // namespace strata::engine

@@ -54,5 +54,8 @@ class SessionSetup {
 
 // Peak resident set size of this process (getrusage), bytes.
 uint64_t peak_rss_bytes();
+// CPU time (user + system, all threads) this process has used so far, seconds. With wall time it
+// tells a slow run from a starved one on a shared machine.
+double process_cpu_seconds();
 
 }  // namespace strata::engine

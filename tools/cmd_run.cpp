@@ -88,8 +88,10 @@ int run_generate(const RunOptions& o) {
 
   // Prefill.
   auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = engine::process_cpu_seconds();
   std::vector<float> logits = session.forward(prompt, false);
   const double prefill_s = seconds_since(t0);
+  const double prefill_cpu = engine::process_cpu_seconds() - cpu0;
   if (logits.empty()) {  // --stop-after-layer: nothing to sample
     setup.finish();
     std::fprintf(stderr, "strata run: stopped after layer %d (%zu prompt tokens, %.3f s)\n",
@@ -103,6 +105,7 @@ int run_generate(const RunOptions& o) {
   std::string text;    // generated text so far (whole characters)
   size_t printed = 0;  // bytes of `text` already written
   auto t1 = std::chrono::steady_clock::now();
+  const double cpu1 = engine::process_cpu_seconds();
   int decode_steps = 0;
   for (int i = 0; i < o.n_predict; ++i) {
     const int32_t id = sampler.sample(logits);
@@ -128,6 +131,7 @@ int run_generate(const RunOptions& o) {
     ++decode_steps;
   }
   const double decode_s = seconds_since(t1);
+  const double decode_cpu = engine::process_cpu_seconds() - cpu1;
   if (o.print_ids) {
     std::string out = "[";
     for (size_t i = 0; i < generated.size(); ++i)
@@ -143,12 +147,14 @@ int run_generate(const RunOptions& o) {
   std::fflush(stdout);
   setup.finish();
   // Decode rate counts the forward passes of generated tokens (the first token comes from the
-  // prefill's logits).
+  // prefill's logits). CPU seconds (all threads) next to wall seconds show starvation on a
+  // shared machine.
   std::fprintf(stderr,
-               "strata run: prompt %zu tokens, prefill %.2f tok/s (%.3f s), decode %.2f tok/s "
-               "(%d steps, %.3f s), generated %zu tokens, peak RSS %.1f MiB (%s)\n",
-               prompt.size(), double(prompt.size()) / prefill_s, prefill_s,
-               decode_steps > 0 ? decode_steps / decode_s : 0.0, decode_steps, decode_s,
+               "strata run: prompt %zu tokens, prefill %.2f tok/s (%.3f s, %.3f CPU s), decode "
+               "%.2f tok/s (%d steps, %.3f s, %.3f CPU s), generated %zu tokens, peak RSS %.1f "
+               "MiB (%s)\n",
+               prompt.size(), double(prompt.size()) / prefill_s, prefill_s, prefill_cpu,
+               decode_steps > 0 ? decode_steps / decode_s : 0.0, decode_steps, decode_s, decode_cpu,
                generated.size(), double(engine::peak_rss_bytes()) / (1024.0 * 1024.0),
                setup.describe().c_str());
   return 0;
