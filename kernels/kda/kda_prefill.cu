@@ -22,15 +22,18 @@ constexpr int SP = D + 1;                                // padded row stride (p
 constexpr int64_t kChunkFloats = 4 * C * D + C * C + D;  // W, U, Qg, Kt, A, gC
 constexpr int VS = 32;                                   // state columns (v) per scan block
 constexpr int kSlices = D / VS;
-constexpr int SKP = D + 4;  // padded, float4-aligned row stride of the scan tiles
-constexpr int SS = VS + 4;  // padded, float4-aligned row stride of the state slice
+// Scan blocks must all be resident at once (they walk the chunks for the whole pass), so shared
+// memory is kept under a third of an SM's 228 KiB: 96 heads × 4 slices = 384 blocks ≤ 3 × 132.
+constexpr int SKP = D + 1;  // padded row stride of the scan tiles (4 rows per warp, distinct banks)
+constexpr int SS = VS;      // state slice row stride (float4 reads of 8 distinct columns)
 
 struct SeqTable {
   int32_t cu[kMaxSeqs + 1];
 };
 
 constexpr size_t kPrepSmem = sizeof(float) * (4 * C * SP + C * (C + 1) + C);
-constexpr size_t kScanSmem = sizeof(float) * (D * SS + 3 * C * SKP + C * VS + C * (C + 1) + D);
+constexpr size_t kScanSmem = sizeof(float) * (D * SS + 3 * C * SKP + C * VS + C * C + D);
+static_assert(3 * (kScanSmem + 1024) <= 228 * 1024, "three scan blocks per SM");
 
 __global__ void __launch_bounds__(kThreads)
     chunk_prep(Params p, Inputs in, const SeqTable seqs, const uint16_t* conv_state, int c0, int nc,
@@ -181,20 +184,21 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < D) gC[tid] = __expf(Gs[(C - 1) * SP + tid]);
 }
 
-__global__ void __launch_bounds__(kThreads) chunk_scan(int H, const SeqTable seqs, int c0, int nc,
-                                                       const float* ws, float* state, uint16_t* o) {
+__global__ void __launch_bounds__(kThreads, 3)
+    chunk_scan(int H, const SeqTable seqs, int c0, int nc, const float* ws, float* state,
+               uint16_t* o) {
   const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
   const int start = seqs.cu[n], L = seqs.cu[n + 1] - start;
   const int cend = min(c0 + nc, (L + C - 1) / C);
   if (c0 >= cend) return;
   extern __shared__ __align__(16) float sm[];
-  float* S = sm;                 // [D k][SS], columns v = vb·VS ..
-  float* Ws = S + D * SS;        // [C][SKP]
-  float* Qs = Ws + C * SKP;      // [C][SKP]
-  float* Ks = Qs + C * SKP;      // [C][SKP]
-  float* Vn = Ks + C * SKP;      // [C][VS]
-  float* As = Vn + C * VS;       // [C][C+1]
-  float* gC = As + C * (C + 1);  // [D]
+  float* S = sm;             // [D k][SS], columns v = vb·VS ..
+  float* Ws = S + D * SS;    // [C][SKP]
+  float* Qs = Ws + C * SKP;  // [C][SKP]
+  float* Ks = Qs + C * SKP;  // [C][SKP]
+  float* Vn = Ks + C * SKP;  // [C][VS]
+  float* As = Vn + C * VS;   // [C][C]
+  float* gC = As + C * C;    // [D]
   const int tid = threadIdx.x;
   float* Sg = state + (int64_t(n) * H + h) * D * D;  // [V][K]
   for (int idx = tid; idx < D * VS; idx += kThreads) {
@@ -208,14 +212,17 @@ __global__ void __launch_bounds__(kThreads) chunk_scan(int H, const SeqTable seq
     __syncthreads();  // the previous chunk is done with the tiles and the state
     for (int idx = tid; idx < C * D / 4; idx += kThreads) {
       const int rr = idx / (D / 4), k4 = (idx % (D / 4)) * 4;
-      *reinterpret_cast<float4*>(Ws + rr * SKP + k4) = reinterpret_cast<const float4*>(blk)[idx];
-      *reinterpret_cast<float4*>(Qs + rr * SKP + k4) =
-          reinterpret_cast<const float4*>(blk + 2 * C * D)[idx];
-      *reinterpret_cast<float4*>(Ks + rr * SKP + k4) =
-          reinterpret_cast<const float4*>(blk + 3 * C * D)[idx];
+      const float4 w = reinterpret_cast<const float4*>(blk)[idx];
+      const float4 qg = reinterpret_cast<const float4*>(blk + 2 * C * D)[idx];
+      const float4 kt = reinterpret_cast<const float4*>(blk + 3 * C * D)[idx];
+      float* wd = Ws + rr * SKP + k4;
+      float* qd = Qs + rr * SKP + k4;
+      float* kd = Ks + rr * SKP + k4;
+      wd[0] = w.x, wd[1] = w.y, wd[2] = w.z, wd[3] = w.w;
+      qd[0] = qg.x, qd[1] = qg.y, qd[2] = qg.z, qd[3] = qg.w;
+      kd[0] = kt.x, kd[1] = kt.y, kd[2] = kt.z, kd[3] = kt.w;
     }
-    for (int idx = tid; idx < C * C; idx += kThreads)
-      As[(idx / C) * (C + 1) + idx % C] = blk[4 * C * D + idx];
+    for (int idx = tid; idx < C * C; idx += kThreads) As[idx] = blk[4 * C * D + idx];
     if (tid < D) gC[tid] = blk[4 * C * D + C * C + tid];
     __syncthreads();
 
@@ -243,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) chunk_scan(int H, const SeqTable seq
 
     // Intra-chunk part: O += A_qk Ṽ; write o (bf16).
     for (int jj = 0; jj <= r; jj++) {
-      const float a = As[r * (C + 1) + jj];
+      const float a = As[r * C + jj];
       const float4 vn = *reinterpret_cast<const float4*>(Vn + jj * VS + v4);
       ao[0] += a * vn.x;
       ao[1] += a * vn.y;

@@ -2,10 +2,10 @@
 //   absorb_q  (grid: head × 128-column tile) — q_lat = bf16(W_UKᵀ q_nope) for the whole batch, so
 //             each W_UK_h column is read once per call; q_pe copied beside it.
 //   attn_split (grid: split × head group of 16 × sequence) — one block streams its slice of the
-//             sequence's latent cache once for 16 heads: scores over [ĉ | k_pe] (576), fp32
-//             online softmax (exp2 domain), unnormalised ctx = Σ p ĉ; writes (m, l, ctx).
+//             sequence's latent cache once for 16 heads: scores over [ĉ | k_pe] (576) and
+//             ctx = Σ p ĉ on tensor cores (bf16 mma.sync, fp32 accumulate; p rounded to bf16),
+//             fp32 online softmax (exp2 domain); writes (m, l, unnormalised ctx).
 //   merge_out (grid: head × sequence) — merges the splits' softmax states, then o = W_UV·ctx.
-// fp32 CUDA-core arithmetic (no tensor cores yet; docs/performance.md has the numbers).
 #include <algorithm>
 #include <cmath>
 
@@ -18,12 +18,14 @@ namespace {
 using namespace strata::kernels::detail;
 
 constexpr int kKv = kNope + kV;
-constexpr int HG = 16;  // heads per attention block
-constexpr int BK = 32;  // cache rows per tile
-constexpr int kThreads = 256;
-constexpr int CP = kCacheDim + 1;  // 577
-constexpr int PP = BK + 1;
-constexpr size_t kSplitSmem = sizeof(float) * (HG * CP + BK * CP + HG * PP + HG);
+constexpr int HG = 16;  // heads per attention block (the M of one m16n8k16 tile)
+constexpr int BK = 64;  // cache rows per tile
+constexpr int kThreads = 128;
+constexpr int KSTR = kCacheDim + 8;  // bf16 row stride: 8 rows of a fragment hit distinct banks
+constexpr int SSTR = BK + 4;
+constexpr int PSTR = BK + 8;
+constexpr size_t kSplitSmem =
+    2 * size_t(HG + BK) * KSTR + 4 * size_t(HG) * SSTR + 2 * size_t(HG) * PSTR + 4 * HG;
 constexpr int kMinSplitLen = 256;
 constexpr int kMaxSplits = 64;  // merge_out keeps one weight per split in shared memory
 
@@ -96,84 +98,135 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// D[16×8] += A[16×16] · B[16×8], bf16 in, fp32 accumulate (PTX m16n8k16; g = lane/4, t = lane%4:
+// a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; c0,c1 = D[g][2t..], c2,c3 = D[g+8][2t..]).
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// One block = 16 heads × one split of one sequence; 4 warps. Per tile of 64 cache rows: scores
+// S[16 heads, 64] = Q[16, 576] · Kᵀ on tensor cores (warp w: rows 16w .. 16w+15), fp32 online
+// softmax in shared memory, P rounded to bf16, ctx[16, 512] += P · Ĉ (warp w: columns
+// 128w .. 128w+127, accumulators in registers).
 __global__ void __launch_bounds__(kThreads)
     attn_split(int H, const uint16_t* cache, int64_t cache_stride, const Lens lens, int64_t chunk,
                int splits, float qscale, Ws ws) {
   const int split = blockIdx.x, hg = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   extern __shared__ __align__(16) float sm[];
-  float* Qs = sm;            // [HG][CP]
-  float* Ks = Qs + HG * CP;  // [BK][CP]
-  float* Ps = Ks + BK * CP;  // [HG][PP]
-  float* As = Ps + HG * PP;  // [HG] rescale factors
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(sm);              // [HG][KSTR] bf16
+  uint16_t* Ks = Qs + HG * KSTR;                               // [BK][KSTR] bf16
+  float* Ss = reinterpret_cast<float*>(Ks + BK * KSTR);        // [HG][SSTR]
+  uint16_t* Ps = reinterpret_cast<uint16_t*>(Ss + HG * SSTR);  // [HG][PSTR] bf16
+  float* As = reinterpret_cast<float*>(Ps + HG * PSTR);        // [HG]
   const int h0 = hg * HG;
   const int len = lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
   for (int idx = tid; idx < HG * kCacheDim; idx += kThreads) {
     const int hh = idx / kCacheDim, c = idx % kCacheDim;
-    Qs[hh * CP + c] =
-        h0 + hh < H ? ws.qf[(int64_t(b) * H + h0 + hh) * kCacheDim + c] * qscale : 0.f;
+    Qs[hh * KSTR + c] =
+        h0 + hh < H ? to_bf(ws.qf[(int64_t(b) * H + h0 + hh) * kCacheDim + c]) : uint16_t(0);
   }
   const uint16_t* cb = cache + int64_t(b) * cache_stride;
-  // Score role: head sh = tid/16, rows j = sl, sl + 16. PV role: heads 2·ph, 2·ph+1, columns
-  // lane + 32·i.
-  const int sh = tid / 16, sl = tid % 16, ph = tid / 32;
+  const int sh = tid / 8, sl = tid % 8;  // softmax role: head sh, rows sl + 8j
   float m = -INFINITY, l = 0.f;
-  float acc0[kLatent / 32], acc1[kLatent / 32];
+  float acc[16][4];
 #pragma unroll
-  for (int i = 0; i < kLatent / 32; i++) acc0[i] = acc1[i] = 0.f;
+  for (int nt = 0; nt < 16; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
   for (int64_t s0 = sb; s0 < se; s0 += BK) {
     __syncthreads();
-    for (int idx = tid; idx < BK * (kCacheDim / 2); idx += kThreads) {
-      const int j = idx / (kCacheDim / 2), c2 = (idx % (kCacheDim / 2)) * 2;
+    for (int idx = tid; idx < BK * (kCacheDim / 8); idx += kThreads) {
+      const int j = idx / (kCacheDim / 8), c8 = (idx % (kCacheDim / 8)) * 8;
       const int64_t s = s0 + j;
-      float x0 = 0.f, x1 = 0.f;
-      if (s < se) {
-        const uint32_t pair = *reinterpret_cast<const uint32_t*>(cb + s * kCacheDim + c2);
-        x0 = bf(uint16_t(pair & 0xffffu));
-        x1 = bf(uint16_t(pair >> 16));
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (s < se) v = *reinterpret_cast<const uint4*>(cb + s * kCacheDim + c8);
+      *reinterpret_cast<uint4*>(Ks + j * KSTR + c8) = v;
+    }
+    __syncthreads();
+    {  // scores of rows 16·warp .. +15
+      float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 4
+      for (int k0 = 0; k0 < kCacheDim; k0 += 16) {
+        uint32_t a[4];
+        a[0] = ld32(Qs + g * KSTR + k0 + 2 * t);
+        a[1] = ld32(Qs + (g + 8) * KSTR + k0 + 2 * t);
+        a[2] = ld32(Qs + g * KSTR + k0 + 8 + 2 * t);
+        a[3] = ld32(Qs + (g + 8) * KSTR + k0 + 8 + 2 * t);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+          const uint16_t* kr = Ks + (warp * 16 + nt * 8 + g) * KSTR + k0 + 2 * t;
+          mma16816(c[nt], a, ld32(kr), ld32(kr + 8));
+        }
       }
-      Ks[j * CP + c2] = x0;
-      Ks[j * CP + c2 + 1] = x1;
+#pragma unroll
+      for (int nt = 0; nt < 2; nt++) {
+        const int j = warp * 16 + nt * 8 + 2 * t;
+        const bool v0 = s0 + j < se, v1 = s0 + j + 1 < se;
+        Ss[g * SSTR + j] = v0 ? c[nt][0] * qscale : -INFINITY;
+        Ss[g * SSTR + j + 1] = v1 ? c[nt][1] * qscale : -INFINITY;
+        Ss[(g + 8) * SSTR + j] = v0 ? c[nt][2] * qscale : -INFINITY;
+        Ss[(g + 8) * SSTR + j + 1] = v1 ? c[nt][3] * qscale : -INFINITY;
+      }
     }
     __syncthreads();
-    float sc0 = 0.f, sc1 = 0.f;
-#pragma unroll 8
-    for (int c = 0; c < kCacheDim; c++) {
-      const float qv = Qs[sh * CP + c];
-      sc0 += qv * Ks[sl * CP + c];
-      sc1 += qv * Ks[(sl + 16) * CP + c];
+    {  // online softmax of head sh over this tile
+      float sc[BK / 8], mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < BK / 8; j++) {
+        sc[j] = Ss[sh * SSTR + sl + 8 * j];
+        mx = fmaxf(mx, sc[j]);
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m, mx);  // finite: row s0 < se is always valid
+      const float alpha = exp2f(m - m_new);
+      float ps = 0.f;
+#pragma unroll
+      for (int j = 0; j < BK / 8; j++) {
+        const uint16_t pb = to_bf(exp2f(sc[j] - m_new));
+        Ps[sh * PSTR + sl + 8 * j] = pb;
+        ps += bf(pb);
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+      l = l * alpha + ps;
+      m = m_new;
+      if (sl == 0) As[sh] = alpha;
     }
-    if (s0 + sl >= se) sc0 = -INFINITY;
-    if (s0 + sl + 16 >= se) sc1 = -INFINITY;
-    float mx = fmaxf(sc0, sc1);
-#pragma unroll
-    for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float m_new = fmaxf(m, mx);  // finite: row s0 < se is always valid
-    const float alpha = exp2f(m - m_new);
-    const float p0 = exp2f(sc0 - m_new), p1 = exp2f(sc1 - m_new);
-    float ps = p0 + p1;
-#pragma unroll
-    for (int o = 1; o < 16; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-    l = l * alpha + ps;
-    m = m_new;
-    Ps[sh * PP + sl] = p0;
-    Ps[sh * PP + sl + 16] = p1;
-    if (sl == 0) As[sh] = alpha;
     __syncthreads();
-    const float a0 = As[2 * ph], a1 = As[2 * ph + 1];
+    {  // ctx[:, 128·warp ..] = alpha · ctx + P · Ĉ
+      const float a_lo = As[g], a_hi = As[g + 8];
 #pragma unroll
-    for (int i = 0; i < kLatent / 32; i++) {
-      acc0[i] *= a0;
-      acc1[i] *= a1;
-    }
-    for (int j = 0; j < BK; j++) {
-      const float q0 = Ps[(2 * ph) * PP + j], q1 = Ps[(2 * ph + 1) * PP + j];
+      for (int nt = 0; nt < 16; nt++) {
+        acc[nt][0] *= a_lo;
+        acc[nt][1] *= a_lo;
+        acc[nt][2] *= a_hi;
+        acc[nt][3] *= a_hi;
+      }
 #pragma unroll
-      for (int i = 0; i < kLatent / 32; i++) {
-        const float x = Ks[j * CP + lane + 32 * i];
-        acc0[i] += q0 * x;
-        acc1[i] += q1 * x;
+      for (int k0 = 0; k0 < BK; k0 += 16) {
+        uint32_t a[4];
+        a[0] = ld32(Ps + g * PSTR + k0 + 2 * t);
+        a[1] = ld32(Ps + (g + 8) * PSTR + k0 + 2 * t);
+        a[2] = ld32(Ps + g * PSTR + k0 + 8 + 2 * t);
+        a[3] = ld32(Ps + (g + 8) * PSTR + k0 + 8 + 2 * t);
+        const uint16_t* r0 = Ks + (k0 + 2 * t) * KSTR + warp * 128 + g;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+          const uint16_t* r = r0 + nt * 8;
+          const uint32_t b0 = uint32_t(r[0]) | (uint32_t(r[KSTR]) << 16);
+          const uint32_t b1 = uint32_t(r[8 * KSTR]) | (uint32_t(r[9 * KSTR]) << 16);
+          mma16816(acc[nt], a, b0, b1);
+        }
       }
     }
   }
@@ -184,9 +237,18 @@ __global__ void __launch_bounds__(kThreads)
     ws.ml[(row0 + h0 + sh) * 2 + 1] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kLatent / 32; i++) {
-    if (h0 + 2 * ph < H) ws.ctx[(row0 + h0 + 2 * ph) * kLatent + lane + 32 * i] = acc0[i];
-    if (h0 + 2 * ph + 1 < H) ws.ctx[(row0 + h0 + 2 * ph + 1) * kLatent + lane + 32 * i] = acc1[i];
+  for (int nt = 0; nt < 16; nt++) {
+    const int col = warp * 128 + nt * 8 + 2 * t;
+    if (h0 + g < H) {
+      float* d = ws.ctx + (row0 + h0 + g) * kLatent + col;
+      d[0] = acc[nt][0];
+      d[1] = acc[nt][1];
+    }
+    if (h0 + g + 8 < H) {
+      float* d = ws.ctx + (row0 + h0 + g + 8) * kLatent + col;
+      d[0] = acc[nt][2];
+      d[1] = acc[nt][3];
+    }
   }
 }
 
@@ -247,8 +309,8 @@ Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_str
     return invalid("mla decode: null pointer");
   if (H < 1 || H > 65535) return invalid("mla decode: H must be 1 .. 65535");
   if (B < 1 || B > kMaxSeqs) return invalid("mla decode: B must be 1 .. 256");
-  if (cache_stride % 2 != 0 || (B > 1 && cache_stride < kCacheDim))
-    return invalid("mla decode: cache_stride must be even and >= 576 elements");
+  if (cache_stride % 8 != 0 || (B > 1 && cache_stride < kCacheDim))
+    return invalid("mla decode: cache_stride must be a multiple of 8 and >= 576 elements");
   Lens lens{};
   int64_t max_len = 0;
   for (int b = 0; b < B; b++) {

@@ -1,7 +1,7 @@
 // MLA latent-cache write and prefill attention (see mla.h). Prefill expands the latent cache to
 // per-head [k_nope | v] with one cuBLASLt GEMM, then a flash-style kernel walks the causal key
-// tiles with an fp32 online softmax (exp2 domain: q is pre-scaled by scale·log2 e). fp32 CUDA-core
-// arithmetic for now (no tensor cores; docs/performance.md has the numbers and the gap).
+// tiles on tensor cores (bf16 mma.sync, fp32 accumulate) with an fp32 online softmax (exp2 domain:
+// scores are scaled by scale·log2 e); P is rounded to bf16 for the P·V product.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -17,12 +17,11 @@ namespace {
 using namespace strata::kernels::detail;
 
 constexpr int kKv = kNope + kV;  // 256 expanded values per head and position
-constexpr int BQ = 32, BK = 32, kThreads = 256;
-constexpr int QP = kQDim + 4;  // 196: rows of 4 consecutive query rows fall in distinct banks
-constexpr int KP = kQDim + 1;  // 193
-constexpr int VP = kV;
-constexpr int PP = BK + 1;
-constexpr size_t kAttnSmem = sizeof(float) * (BQ * QP + BK * KP + BK * VP + BQ * PP);
+constexpr int BQ = 64, BK = 64, kThreads = 128;
+constexpr int QKS =
+    kQDim + 8;               // bf16 row stride of Q and K tiles (fragment rows in distinct banks)
+constexpr int VST = kV + 8;  // bf16 row stride of the V tile
+constexpr size_t kAttnSmem = 2 * (size_t(BQ + BK) * QKS + size_t(BK) * VST);
 constexpr size_t kGemmScratch = size_t(32) << 20;
 
 __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint16_t* cache,
@@ -48,88 +47,162 @@ __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint
   for (int j = lane; j < kRope; j += 32) o[kLatent + j] = x[kLatent + j];
 }
 
+// D[16×8] += A[16×16] · B[16×8], bf16 in, fp32 accumulate (PTX m16n8k16; g = lane/4, t = lane%4:
+// a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; c0,c1 = D[g][2t..], c2,c3 = D[g+8][2t..]).
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ uint32_t pack_bf(float lo, float hi) {
+  return uint32_t(to_bf(lo)) | (uint32_t(to_bf(hi)) << 16);
+}
+
+// Flash-style causal attention on tensor cores (FA2 structure): block = 64 queries of one head,
+// 4 warps × 16 query rows; per tile of 64 keys, S = Q Kᵀ by bf16 mma.sync (fp32 accumulate),
+// fp32 online softmax in registers (exp2 domain), P rounded to bf16 and fed from registers as the
+// A operand of O += P V.
 __global__ void __launch_bounds__(kThreads)
     attn_prefill(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache, int64_t S,
                  int64_t T, uint16_t* out, float qscale) {
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles first
-  const int h = blockIdx.y, tid = threadIdx.x;
+  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
   extern __shared__ __align__(16) float sm[];
-  float* Qs = sm;
-  float* Ks = Qs + BQ * QP;
-  float* Vs = Ks + BK * KP;
-  float* Ps = Vs + BK * VP;
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(sm);  // [BQ][QKS]
+  uint16_t* Ks = Qs + BQ * QKS;                    // [BK][QKS]
+  uint16_t* Vs = Ks + BK * QKS;                    // [BK][VST]
   const int64_t t0 = int64_t(qt) * BQ, base = S - T;
-  for (int idx = tid; idx < BQ * kQDim; idx += kThreads) {
-    const int r = idx / kQDim, c = idx % kQDim;
-    const int64_t t = t0 + r;
-    Qs[r * QP + c] = t < T ? bf(q[(t * H + h) * kQDim + c]) * qscale : 0.f;
+  for (int idx = tid; idx < BQ * (kQDim / 8); idx += kThreads) {
+    const int r = idx / (kQDim / 8), c8 = (idx % (kQDim / 8)) * 8;
+    const int64_t tt = t0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (tt < T) v = *reinterpret_cast<const uint4*>(q + (tt * H + h) * kQDim + c8);
+    *reinterpret_cast<uint4*>(Qs + r * QKS + c8) = v;
   }
-  const int r = tid / 8, sl = tid % 8;
-  const int64_t my_pos = base + t0 + r;
-  const int64_t last_pos = std::min<int64_t>(base + t0 + BQ - 1, S - 1);
-  float m = -INFINITY, l = 0.f, acc[kV / 8];
+  __syncthreads();
+  uint32_t qa[kQDim / 16][4];
 #pragma unroll
-  for (int j = 0; j < kV / 8; j++) acc[j] = 0.f;
+  for (int ks = 0; ks < kQDim / 16; ks++) {
+    const uint16_t* r0 = Qs + (warp * 16 + g) * QKS + ks * 16 + 2 * t;
+    qa[ks][0] = ld32(r0);
+    qa[ks][1] = ld32(r0 + 8 * QKS);
+    qa[ks][2] = ld32(r0 + 8);
+    qa[ks][3] = ld32(r0 + 8 * QKS + 8);
+  }
+  const int64_t pos_lo = base + t0 + warp * 16 + g, pos_hi = pos_lo + 8;
+  const int64_t last_pos = std::min<int64_t>(base + t0 + BQ - 1, S - 1);
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  float o[kV / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
   for (int64_t s0 = 0; s0 <= last_pos; s0 += BK) {
     __syncthreads();
-    for (int idx = tid; idx < BK * kQDim; idx += kThreads) {
-      const int j = idx / kQDim, c = idx % kQDim;
-      const int64_t s = s0 + j;
-      float val = 0.f;
-      if (s < S)
-        val = c < kNope ? bf(kv[(s * H + h) * kKv + c])
-                        : bf(cache[s * kCacheDim + kLatent + c - kNope]);
-      Ks[j * KP + c] = val;
-    }
-    for (int idx = tid; idx < BK * kV; idx += kThreads) {
-      const int j = idx / kV, v = idx % kV;
-      const int64_t s = s0 + j;
-      Vs[j * VP + v] = s < S ? bf(kv[(s * H + h) * kKv + kNope + v]) : 0.f;
+    for (int idx = tid; idx < BK * 40; idx += kThreads) {  // per key row: 16 + 8 + 16 uint4
+      const int j = idx / 40, part = idx % 40;
+      const int64_t sp = s0 + j;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (part < 16) {
+        if (sp < S) v = *reinterpret_cast<const uint4*>(kv + (sp * H + h) * kKv + part * 8);
+        *reinterpret_cast<uint4*>(Ks + j * QKS + part * 8) = v;
+      } else if (part < 24) {
+        if (sp < S)
+          v = *reinterpret_cast<const uint4*>(cache + sp * kCacheDim + kLatent + (part - 16) * 8);
+        *reinterpret_cast<uint4*>(Ks + j * QKS + kNope + (part - 16) * 8) = v;
+      } else {
+        if (sp < S)
+          v = *reinterpret_cast<const uint4*>(kv + (sp * H + h) * kKv + kNope + (part - 24) * 8);
+        *reinterpret_cast<uint4*>(Vs + j * VST + (part - 24) * 8) = v;
+      }
     }
     __syncthreads();
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int c = 0; c < kQDim; c++) {
-      const float qv = Qs[r * QP + c];
+    float sc[BK / 8][4];
 #pragma unroll
-      for (int jj = 0; jj < 4; jj++) sc[jj] += qv * Ks[(sl + 8 * jj) * KP + c];
+    for (int nt = 0; nt < BK / 8; nt++) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+      const uint16_t* kr = Ks + (nt * 8 + g) * QKS + 2 * t;
+#pragma unroll
+      for (int ks = 0; ks < kQDim / 16; ks++)
+        mma16816(sc[nt], qa[ks], ld32(kr + ks * 16), ld32(kr + ks * 16 + 8));
     }
-    float mx = -INFINITY;
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-    for (int jj = 0; jj < 4; jj++) {
-      const int64_t s = s0 + sl + 8 * jj;
-      if (s > my_pos || s >= S) sc[jj] = -INFINITY;
-      mx = fmaxf(mx, sc[jj]);
-    }
+    for (int nt = 0; nt < BK / 8; nt++) {
 #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float m_new = fmaxf(m, mx);
-    const float alpha = exp2f(m - m_new);
-    float psum = 0.f;
-#pragma unroll
-    for (int jj = 0; jj < 4; jj++) {
-      const float p = exp2f(sc[jj] - m_new);
-      psum += p;
-      Ps[r * PP + sl + 8 * jj] = p;
+      for (int e = 0; e < 2; e++) {
+        const int64_t sp = s0 + nt * 8 + 2 * t + e;
+        const bool ok_lo = sp <= pos_lo && sp < S, ok_hi = sp <= pos_hi && sp < S;
+        sc[nt][e] = ok_lo ? sc[nt][e] * qscale : -INFINITY;
+        sc[nt][2 + e] = ok_hi ? sc[nt][2 + e] * qscale : -INFINITY;
+        mx_lo = fmaxf(mx_lo, sc[nt][e]);
+        mx_hi = fmaxf(mx_hi, sc[nt][2 + e]);
+      }
     }
 #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
-    l = l * alpha + psum;
-    m = m_new;
-    __syncwarp();
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+    }
+    // Key 0 is valid for every row and comes first, so m_new is finite from the first tile on.
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    const float a_lo = exp2f(m_lo - mn_lo), a_hi = exp2f(m_hi - mn_hi);
+    m_lo = mn_lo, m_hi = mn_hi;
+    uint32_t pa[BK / 16][4];
+    float ps_lo = 0.f, ps_hi = 0.f;
 #pragma unroll
-    for (int j = 0; j < kV / 8; j++) acc[j] *= alpha;
-    for (int j = 0; j < BK; j++) {
-      const float p = Ps[r * PP + j];
+    for (int nt = 0; nt < BK / 8; nt++) {
+      const float p0 = round_bf(exp2f(sc[nt][0] - mn_lo)), p1 = round_bf(exp2f(sc[nt][1] - mn_lo));
+      const float p2 = round_bf(exp2f(sc[nt][2] - mn_hi)), p3 = round_bf(exp2f(sc[nt][3] - mn_hi));
+      ps_lo += p0 + p1;
+      ps_hi += p2 + p3;
+      pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf(p0, p1);
+      pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf(p2, p3);
+    }
+    l_lo = l_lo * a_lo + ps_lo;  // per-thread partial row sums, reduced over the quad at the end
+    l_hi = l_hi * a_hi + ps_hi;
 #pragma unroll
-      for (int jv = 0; jv < kV / 8; jv++) acc[jv] += p * Vs[j * VP + sl + 8 * jv];
+    for (int nt = 0; nt < kV / 8; nt++) {
+      o[nt][0] *= a_lo;
+      o[nt][1] *= a_lo;
+      o[nt][2] *= a_hi;
+      o[nt][3] *= a_hi;
+    }
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      const uint16_t* vr = Vs + (kk * 16 + 2 * t) * VST + g;
+#pragma unroll
+      for (int nt = 0; nt < kV / 8; nt++) {
+        const uint16_t* r = vr + nt * 8;
+        const uint32_t b0 = uint32_t(r[0]) | (uint32_t(r[VST]) << 16);
+        const uint32_t b1 = uint32_t(r[8 * VST]) | (uint32_t(r[9 * VST]) << 16);
+        mma16816(o[nt], pa[kk], b0, b1);
+      }
     }
   }
-  const int64_t t = t0 + r;
-  if (t < T) {
-    const float inv = 1.0f / l;
 #pragma unroll
-    for (int jv = 0; jv < kV / 8; jv++) out[(t * H + h) * kV + sl + 8 * jv] = to_bf(acc[jv] * inv);
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  const int64_t t_lo = t0 + warp * 16 + g, t_hi = t_lo + 8;
+  const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) {
+    const int col = nt * 8 + 2 * t;
+    if (t_lo < T)
+      *reinterpret_cast<uint32_t*>(out + (t_lo * H + h) * kV + col) =
+          pack_bf(o[nt][0] * i_lo, o[nt][1] * i_lo);
+    if (t_hi < T)
+      *reinterpret_cast<uint32_t*>(out + (t_hi * H + h) * kV + col) =
+          pack_bf(o[nt][2] * i_hi, o[nt][3] * i_hi);
   }
 }
 
