@@ -202,7 +202,7 @@ void mla_attention_absorbed(const float* q, const float* cache, int64_t S, const
 // key_i = RMSNorm(src_i; eps) (no weight); logit_i = Σ_d key_i[d]·(norm_w[d]·proj_w[d]) (the
 // folded pseudo-query, in the order of the TorchTitan reference behind golden/k3-tiny);
 // p = softmax_i(logit) (fp32); out = Σ_i p_i·src_i (raw values); bf16 mode rounds out once.
-// norm_w, proj_w: [D] fp32. out: [T, D] (must not alias a source).
+// norm_w, proj_w: [D] fp32. out: [T, D] (may be one of the sources, e.g. P, updated in place).
 void attn_res_mix(const float* const* sources, int64_t n, const float* norm_w, const float* proj_w,
                   float* out, int64_t T, int64_t D, float eps, Precision p);
 

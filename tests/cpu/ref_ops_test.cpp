@@ -85,8 +85,11 @@ TEST_CASE("ref WeightView widens bf16, f32 and MXFP4 rows exactly", "[ref]") {
 }
 
 TEST_CASE("ref linear matches a float64 evaluation within the fp32 summation bound", "[ref]") {
-  for (auto [T, N, K] :
-       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 13, 37}, {5, 17, 64}, {2, 9, 1000}}) {
+  for (auto [T, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                         {3, 13, 37},
+                         {5, 17, 64},
+                         {2, 9, 1000},
+                         {2, 3, 7168}}) {  // last: K3 hidden
     const auto x = randn(static_cast<size_t>(T * K), 1);
     const auto wf = randn(static_cast<size_t>(N * K), 2, 0.1f);
     const auto wb = to_bf16(wf);
@@ -314,6 +317,12 @@ TEST_CASE("ref AttnRes mix: hand values, identity, softmax invariances", "[ref]"
   for (size_t i = 0; i < out.size(); ++i) {
     CHECK(out[i] == Approx((double(a[i]) + b[i] + c[i]) / 3.0).margin(1e-6));
   }
+  // In place: the output may be one of the sources (all logits of a token are formed first).
+  ref::attn_res_mix(s3, 3, w1.data(), w2.data(), out.data(), T, D, 1e-5f, Precision::fp32);
+  std::vector<float> c_inplace = c;
+  const float* s3ip[3] = {a.data(), b.data(), c_inplace.data()};
+  ref::attn_res_mix(s3ip, 3, w1.data(), w2.data(), c_inplace.data(), T, D, 1e-5f, Precision::fp32);
+  CHECK(bits_equal(c_inplace, out));
   // bf16 mode: one rounding of the fp32 result.
   ref::attn_res_mix(s3, 3, w1.data(), w2.data(), out.data(), T, D, 1e-5f, Precision::fp32);
   ref::attn_res_mix(s3, 3, w1.data(), w2.data(), out2.data(), T, D, 1e-5f, Precision::bf16);
