@@ -1,7 +1,8 @@
-// `strata bench kernels`, CUDA kernels II lines: the MXFP4 expert GEMV (one token, 16 experts of
-// 3584→3072→3584) in weight GB/s against the measured copy bandwidth, the grouped MXFP4 experts at
-// 64–4096 tokens per layer in TFLOP/s against the measured bf16 GEMM peak (both paths), and the
-// cuBLASLt shapes of the K3 dense trunk (decode T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
+// `strata bench kernels` (case "moe", registered in tools/bench_kernels.cpp), CUDA kernels II
+// lines: the MXFP4 expert GEMV (one token, 16 experts of 3584→3072→3584) in weight GB/s against the
+// measured copy bandwidth, the grouped MXFP4 experts at 64–4096 tokens per layer in TFLOP/s against
+// the measured bf16 GEMM peak (both paths), and the cuBLASLt shapes of the K3 dense trunk (decode
+// T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
 //
 // Napkin (STYLE.md §17): 16 experts × 17.55 MB = 280.8 MB per token per MoE layer; at the H200's
 // ≈ 4.3 TB/s that is ≥ 65 µs, the floor of the GEMV line. Weights are cold: the expert pool holds

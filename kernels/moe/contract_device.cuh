@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "storage/expert_contract.h"
+
 namespace strata::kernels::moe::detail {
 
 // Doubled E2M1 values as byte tables: codes 0..7 → {0,1,2,3,4,6,8,12}, codes 8..15 → negatives.
@@ -47,6 +49,20 @@ __device__ __forceinline__ int dot_block(uint4 w, uint4 qa, uint4 qb) {
   d = __dp4a(int(a), int(qb.z), d);
   d = __dp4a(int(b), int(qb.w), d);
   return d;
+}
+
+}  // namespace strata::kernels::moe::detail
+
+namespace strata::kernels::moe::detail {
+
+// The contract's block term t = d · 2^(e_x + s_w − 128) (contract::block_term), with the int → fp64
+// conversion done by bits and one fp64 subtraction instead of the slower conversion instruction:
+// 1.5·2^52 + 2^31 + d is built exactly from its bit pattern, then the constant is subtracted
+// (exact). Same bits as contract::block_term for every |d| < 2^31.
+__device__ __forceinline__ double block_term_fast(int d, int e_x, int s_w) {
+  const double biased = __hiloint2double(0x43380000, int(uint32_t(d) ^ 0x80000000u));
+  const double dd = __dsub_rn(biased, 6755401588539392.0);  // 1.5·2^52 + 2^31
+  return __dmul_rn(dd, strata::contract::pow2(e_x + s_w - 128));
 }
 
 }  // namespace strata::kernels::moe::detail

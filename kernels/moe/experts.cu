@@ -29,34 +29,49 @@ QuantRows carve_rows(char* base, size_t& off, int rows, int K) {
   QuantRows r;
   r.q = take<int8_t>(base, off, size_t(rows) * size_t(K));
   r.e = take<int32_t>(base, off, size_t(rows) * size_t(K / c::kBlock) * 4);
-  r.poison = take<int32_t>(base, off, size_t(rows) * 4);
   return r;
 }
 
-// One thread per 32-block: the block is loaded into registers, quantized by the contract's own
-// routine, and stored as two 16-byte words.
-__global__ void quantize_kernel(const float* x, int K, QuantRows out) {
-  const int nb = K / c::kBlock;
-  const size_t row = blockIdx.x;
-  int bad = 0;
-  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
-    float xs[c::kBlock];
-    const float4* src = reinterpret_cast<const float4*>(x + row * K + size_t(b) * c::kBlock);
-#pragma unroll
-    for (int i = 0; i < c::kBlock / 4; i++) {
-      float4 v = src[i];
-      xs[4 * i] = v.x, xs[4 * i + 1] = v.y, xs[4 * i + 2] = v.z, xs[4 * i + 3] = v.w;
-    }
-    alignas(16) int8_t qs[c::kBlock];
-    int e = 0;
-    if (!c::quantize_block(xs, qs, &e)) bad = 1;
-    uint4* dst = reinterpret_cast<uint4*>(out.q + row * K + size_t(b) * c::kBlock);
-    dst[0] = reinterpret_cast<const uint4*>(qs)[0];
-    dst[1] = reinterpret_cast<const uint4*>(qs)[1];
-    out.e[row * nb + b] = e;
+// One warp per 32-element block, lane i holding element i: the block maximum and the poison test
+// are warp reductions (order-free: max and "any" are exact), then every lane quantizes its own
+// element with the contract's rule — the same bits as contract::quantize_block.
+__device__ __forceinline__ void quantize_block_warp(float x, int lane, int8_t* q, int32_t* e) {
+  const bool bad = __any_sync(0xffffffffu, !c::is_finite_f(x));
+  float amax = x < 0.0f ? -x : x;
+  for (int off = 16; off > 0; off >>= 1)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  int ex = 0, qv = 0;
+  if (!bad && amax > 0.0f) {
+    ex = c::block_exponent(amax);
+    qv = c::quantize_value(x, ex);
   }
-  bad = __syncthreads_or(bad);
-  if (threadIdx.x == 0) out.poison[row] = bad;
+  q[lane] = int8_t(qv);
+  if (lane == 0) *e = bad ? kPoisonedBlock : ex;
+}
+
+constexpr int kQuantWarps = 8;
+
+__global__ void quantize_kernel(const float* x, int rows, int K, QuantRows out) {
+  const int lane = threadIdx.x & 31;
+  const int nb = K / c::kBlock;
+  const size_t blk = size_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
+  if (blk >= size_t(rows) * nb) return;
+  quantize_block_warp(x[blk * c::kBlock + lane], lane, out.q + blk * c::kBlock, out.e + blk);
+}
+
+__global__ void glu_quantize_kernel(const float* gu, int rows, int K, GluParams glu,
+                                    QuantRows out) {
+  const int lane = threadIdx.x & 31;
+  const int nb = K / c::kBlock;
+  const size_t blk = size_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
+  if (blk >= size_t(rows) * nb) return;
+  const size_t row = blk / nb, col = (blk % nb) * c::kBlock + lane;
+  const float g = gu[row * 2 * K + col], u = gu[row * 2 * K + K + col];
+  quantize_block_warp(c::glu(g, u, glu), lane, out.q + blk * c::kBlock, out.e + blk);
+}
+
+unsigned quant_grid(int rows, int K) {
+  return unsigned((size_t(rows) * (K / c::kBlock) + kQuantWarps - 1) / kQuantWarps);
 }
 
 __global__ void merge_kernel(const float* y, const int32_t* token_offsets, const int32_t* pair,
@@ -78,7 +93,7 @@ Workspace carve(void* base, int T, int P, int H, int I) {
   size_t off = 0;
   Workspace w;
   w.x = carve_rows(b, off, T, H);
-  w.h = take<float>(b, off, size_t(P) * size_t(I) * 4);
+  w.gu = take<float>(b, off, size_t(P) * size_t(I) * 8);
   w.h_q = carve_rows(b, off, P, I);
   w.bytes = off;
   return w;
@@ -86,7 +101,16 @@ Workspace carve(void* base, int T, int P, int H, int I) {
 
 Status quantize_rows(const float* x, int rows, int K, const QuantRows& out, void* stream) {
   if (rows == 0) return {};
-  quantize_kernel<<<unsigned(rows), 128, 0, kernels::detail::as_stream(stream)>>>(x, K, out);
+  quantize_kernel<<<quant_grid(rows, K), kQuantWarps * 32, 0, kernels::detail::as_stream(stream)>>>(
+      x, rows, K, out);
+  return kernels::detail::launch_status();
+}
+
+Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
+                         const QuantRows& out, void* stream) {
+  if (rows == 0) return {};
+  glu_quantize_kernel<<<quant_grid(rows, K), kQuantWarps * 32, 0,
+                        kernels::detail::as_stream(stream)>>>(gu, rows, K, glu, out);
   return kernels::detail::launch_status();
 }
 
@@ -122,7 +146,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   }
   if (path == ExpertPath::gemv) s = detail::gemv_gate_up(b, ws, stream);
   if (!s.ok()) return s;
-  if (s = detail::quantize_rows(ws.h, b.P, b.I, ws.h_q, stream); !s.ok()) return s;
+  if (s = detail::glu_quantize_rows(ws.gu, b.P, b.I, b.glu, ws.h_q, stream); !s.ok()) return s;
   if (path == ExpertPath::imma) {
     s = detail::imma_down(b, ws, stream);
     if (not_supported(s) && automatic) path = ExpertPath::gemv;

@@ -33,8 +33,7 @@ struct ImmaArgs {
   const int32_t* row_map;  // pair → input row (nullptr: the pair itself)
   QuantRows in;
   int K, N;
-  float* out;  // [P, N]
-  GluParams glu;
+  float* out;  // NMAT = 2: [P, 2, N] (gate, up); NMAT = 1: [P, N]
 };
 
 constexpr int rev5(int i) {
@@ -99,6 +98,7 @@ __global__ void __launch_bounds__(kWarps * 32) imma_kernel(ImmaArgs a) {
     // r = 0: (row gid, col 2tig), 1: (gid, 2tig+1), 2: (gid+8, 2tig), 3: (gid+8, 2tig+1).
     double S[NMAT][4][5];
     double F[NMAT][4];
+    bool bad0 = false, bad1 = false;  // a poisoned block in column 0 / 1 (every block is visited)
 #pragma unroll
     for (int i = 0; i < 32; i++) {
       const int j = rev5(i);
@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(kWarps * 32) imma_kernel(ImmaArgs a) {
       for (int b = j; b < nb; b += 32) {
         uint2 bq = make_uint2(0u, 0u);
         if (bvalid) bq = __ldg(reinterpret_cast<const uint2*>(qb + size_t(b) * c::kBlock));
-        const int ex0 = __ldg(e0 + b), ex1 = __ldg(e1 + b);
+        int ex0 = __ldg(e0 + b), ex1 = __ldg(e1 + b);
+        if (ex0 == kPoisonedBlock) bad0 = true, ex0 = 0;  // output NaN; keep the terms finite
+        if (ex1 == kPoisonedBlock) bad1 = true, ex1 = 0;
 #pragma unroll
         for (int m = 0; m < NMAT; m++) {
           const uint32_t wl = __ldg(reinterpret_cast<const uint32_t*>(wlo[m] + size_t(b) * 16));
@@ -118,10 +120,10 @@ __global__ void __launch_bounds__(kWarps * 32) imma_kernel(ImmaArgs a) {
           int d[4];
           mma_s8(d, decode4(wl), decode4(wh), decode4(wl >> 16), decode4(wh >> 16), bq.x, bq.y);
           const int sl = __ldg(slo[m] + b), sh = __ldg(shi[m] + b);
-          L[m][0] = c::dadd(L[m][0], c::block_term(d[0], ex0, sl));
-          L[m][1] = c::dadd(L[m][1], c::block_term(d[1], ex1, sl));
-          L[m][2] = c::dadd(L[m][2], c::block_term(d[2], ex0, sh));
-          L[m][3] = c::dadd(L[m][3], c::block_term(d[3], ex1, sh));
+          L[m][0] = c::dadd(L[m][0], block_term_fast(d[0], ex0, sl));
+          L[m][1] = c::dadd(L[m][1], block_term_fast(d[1], ex1, sl));
+          L[m][2] = c::dadd(L[m][2], block_term_fast(d[2], ex0, sh));
+          L[m][3] = c::dadd(L[m][3], block_term_fast(d[3], ex1, sh));
         }
       }
       // Push leaf i into the tree: combine with pending left operands while i's low bits are 1.
@@ -146,16 +148,10 @@ __global__ void __launch_bounds__(kWarps * 32) imma_kernel(ImmaArgs a) {
       const int cc = r & 1;
       if (row >= a.N || !cvalid[cc]) continue;
       const int pc = pt + 2 * tig + cc;
-      const bool poisoned = a.in.poison[crow[cc]] != 0;
-      float res;
-      if (NMAT == 2) {
-        const float gv = poisoned ? c::canonical_nan() : float(F[0][r]);
-        const float uv = poisoned ? c::canonical_nan() : float(F[NMAT - 1][r]);
-        res = c::glu(gv, uv, a.glu);
-      } else {
-        res = poisoned ? c::canonical_nan() : float(F[0][r]);
-      }
-      a.out[size_t(pc) * a.N + row] = res;
+      const bool poisoned = cc ? bad1 : bad0;
+#pragma unroll
+      for (int m = 0; m < NMAT; m++)
+        a.out[(size_t(pc) * NMAT + m) * a.N + row] = poisoned ? c::canonical_nan() : float(F[m][r]);
     }
   }
 }
@@ -170,12 +166,12 @@ Status launch(const ImmaArgs& a, int G, void* stream) {
 }  // namespace
 
 Status imma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  ImmaArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, b.I, ws.h, b.glu};
+  ImmaArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, b.I, ws.gu};
   return launch<2>(a, b.G, stream);
 }
 
 Status imma_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  ImmaArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.y, b.glu};
+  ImmaArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.y};
   return launch<1>(a, b.G, stream);
 }
 

@@ -3,6 +3,7 @@
 // experts.cu dispatches to. Host code only (no CUDA types), included by the .cu files of this
 // folder.
 #pragma once
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -11,17 +12,18 @@
 namespace strata::kernels::moe::detail {
 
 // The quantized form of a set of rows (numerics.md §2): q [rows, K] int8, e [rows, K/32] block
-// exponents, poison [rows] (1 = some block had an Inf/NaN: every output from the row is NaN).
+// exponents; a poisoned block (an Inf/NaN in it) has e = kPoisonedBlock, and every output computed
+// from its row is the canonical NaN.
+inline constexpr int32_t kPoisonedBlock = INT32_MIN;
 struct QuantRows {
   int8_t* q = nullptr;
   int32_t* e = nullptr;
-  int32_t* poison = nullptr;
 };
 
 struct Workspace {
-  QuantRows x;         // [T, H]
-  float* h = nullptr;  // [P, I] GLU outputs
-  QuantRows h_q;       // [P, I]
+  QuantRows x;          // [T, H]
+  float* gu = nullptr;  // [P, 2, I] gate and up projections (fp32, contract §3 results)
+  QuantRows h_q;        // [P, I] glu(g, u) quantized
   size_t bytes = 0;
 };
 
@@ -30,8 +32,11 @@ Workspace carve(void* base, int T, int P, int H, int I);
 
 // Quantize `rows` rows of x [rows, K] (numerics.md §2).
 Status quantize_rows(const float* x, int rows, int K, const QuantRows& out, void* stream);
+// h = glu(g, u) (numerics.md §4.2) of gu [rows, 2, K], quantized into out [rows, K].
+Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
+                         const QuantRows& out, void* stream);
 
-// GEMV path: h = glu(w1·x, w3·x) for every pair, then y = w2·h (h quantized in between).
+// GEMV path: gu = (w1·x, w3·x) for every pair; y = w2·h_q.
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 

@@ -316,37 +316,33 @@ TEST_CASE("ops gpu: embedding gather and bf16 conversions are exact", "[gpu]") {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Sampling: the GPU against a plain host sampler with the same semantics (kernels/sample/sample.h)
-// and the same uniforms, computed in fp64. Draws whose uniform lands within 1e-4 (relative) of a
-// cumulative-probability edge are skipped: fp32 sums on the GPU may put them on either side.
+// Sampling: the GPU draw is checked against the semantics (kernels/sample/sample.h) computed on the
+// host in fp64 with the same uniform: the picked token must sit where the uniform falls in the
+// cumulative distribution of the kept candidates, within 1e-4 of the total mass. (fp32 sums over
+// 163,840 tiny tail probabilities can shift an edge by more than one candidate, so "same id" is
+// not a sound test for wide distributions; the position test is exact where it matters.)
 
 namespace {
 
-struct HostDraw {
-  int32_t id;
-  bool near_edge;
-};
-
-HostDraw host_sample(const float* logits, int V, const strata::kernels::sample::SamplingParams& p,
-                     float u) {
+bool consistent_draw(const float* logits, int V, const strata::kernels::sample::SamplingParams& p,
+                     float u, int32_t got) {
   std::vector<int32_t> order(static_cast<size_t>(V));
   for (int i = 0; i < V; i++) order[size_t(i)] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  if (p.temperature <= 0.0f) return {order[0], false};
+  if (p.temperature <= 0.0f) return got == order[0];
   const int n = p.top_k > 0 && p.top_k < V ? p.top_k : V;
   std::vector<double> pr(static_cast<size_t>(n));
   double z = 0;
   for (int i = 0; i < n; i++)
     z += pr[size_t(i)] =
         std::exp((double(logits[order[size_t(i)]]) - logits[order[0]]) / p.temperature);
+  const double tol = 1e-4 * z;
   int m = n;
-  bool edge = false;
   if (p.top_p < 1.0f) {
     double c = 0;
     for (int i = 0; i < n; i++) {
       c += pr[size_t(i)];
-      if (std::fabs(c - p.top_p * z) < 1e-4 * z) edge = true;
       if (c >= p.top_p * z) {
         m = i + 1;
         break;
@@ -355,13 +351,19 @@ HostDraw host_sample(const float* logits, int V, const strata::kernels::sample::
   }
   double zk = 0;
   for (int i = 0; i < m; i++) zk += pr[size_t(i)];
-  double c = 0;
-  for (int i = 0; i < m; i++) {
-    c += pr[size_t(i)];
-    if (std::fabs(c - u * zk) < 1e-4 * zk) edge = true;
-    if (c > u * zk) return {order[size_t(i)], edge};
+  int k = -1;
+  double before = 0;
+  for (int i = 0; i < n; i++) {
+    if (order[size_t(i)] == got) {
+      k = i;
+      break;
+    }
+    before += pr[size_t(i)];
   }
-  return {order[size_t(m - 1)], edge};
+  if (k < 0) return false;                                          // outside the top-k
+  if (p.top_p < 1.0f && before >= p.top_p * z + tol) return false;  // outside the nucleus
+  const double target = double(u) * zk;
+  return before <= target + tol && before + pr[size_t(k)] >= target - tol;
 }
 
 }  // namespace
@@ -391,17 +393,14 @@ TEST_CASE("sample gpu: greedy, temperature, top-k, top-p match a host sampler", 
     INFO("status " << s.message);
     REQUIRE(s.ok());
     auto ids = dids.to_vector<int32_t>(size_t(c.B));
-    int compared = 0, bad = 0;
+    int bad = 0;
     for (int b = 0; b < c.B; b++) {
-      HostDraw h = host_sample(logits.data() + size_t(b) * c.V, c.V, c.p, u[size_t(b)]);
-      if (h.near_edge) continue;
-      compared++;
-      if (h.id != ids[size_t(b)]) {
+      if (!consistent_draw(logits.data() + size_t(b) * c.V, c.V, c.p, u[size_t(b)],
+                           ids[size_t(b)])) {
         bad++;
-        UNSCOPED_INFO("row " << b << ": gpu " << ids[size_t(b)] << " host " << h.id);
+        UNSCOPED_INFO("row " << b << ": gpu picked " << ids[size_t(b)]);
       }
     }
     CHECK(bad == 0);
-    CHECK(compared >= c.B / 2);
   }
 }
