@@ -38,6 +38,7 @@ Session::Session(const Model& model, SessionOptions options)
     throw Error("--stop-after-layer " + std::to_string(opt_.stop_after_layer) +
                 ": the model has layers 0.." + std::to_string(c_.num_layers - 1));
   executor_ = make_expert_executor(opt_.experts, c_);
+  if (opt_.wrap_executor) executor_ = opt_.wrap_executor(std::move(executor_));
   reset();
 }
 
@@ -335,6 +336,7 @@ void Session::dense(int l, const float* x, float* out, int64_t T) {
 }
 
 void Session::moe(int l, const float* x, float* out, int64_t T) {
+  if (opt_.on_moe_input) opt_.on_moe_input(l, x, T);
   const MoeWeights& w = *model_.weights().layers[size_t(l)].moe;
   const auto& m = c_.moe;
   const int64_t D = c_.hidden_size, E = m.num_experts, K = m.top_k, Din = c_.expert_in_dim();

@@ -10,6 +10,7 @@
 // Not here: sampling and the generation loop (tools/cmd_run.cpp), tokenization.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -32,6 +33,10 @@ struct SessionOptions {
   Dumper* dumper = nullptr;   // captures matching sites (not owned)
   RoutingLog* record_routing = nullptr;        // filled with every MoE layer's selection
   const RoutingLog* replay_routing = nullptr;  // forced selections (tokens it covers)
+  // Tiered expert store hooks (engine/offload_executor.h): wraps the numerics executor, and sees
+  // each MoE layer's router input x [T, D] first (router lookahead).
+  std::function<std::unique_ptr<ExpertExecutor>(std::unique_ptr<ExpertExecutor>)> wrap_executor;
+  std::function<void(int layer, const float* x, int64_t T)> on_moe_input;
 };
 
 // The residual stream of T tokens between layers (spec §2.2): banked AttnRes blocks B and the

@@ -355,6 +355,20 @@ ExpertHandle ExpertStore::acquire(int layer, int e) {
   return h;
 }
 
+void ExpertStore::cancel(int layer, int e) {
+  std::lock_guard lk(mu_);
+  uint32_t i = index(layer, e);
+  Entry& en = entries_[i];
+  STRATA_ASSERT(en.claims > 0);
+  en.claims--;
+  if (en.claims == 0 && en.handles == 0 && en.waiting) {
+    en.waiting = false;  // serve_waiting skips it
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), i));
+  }
+  make_evictable(i);
+  serve_waiting();
+}
+
 void ExpertStore::release(int layer, int e) {
   {
     std::lock_guard lk(mu_);

@@ -61,9 +61,9 @@ const char* residency_name(Residency r);
 struct StoreConfig {
   uint64_t host_budget_bytes = 0;
   ReaderConfig io;
-  int gpu = 0;                     // the GPU whose NUMA node holds the cache (-1: none)
-  double half_life_steps = 64;     // frequency decay half-life, in require() calls
-  bool poison_freed_slots = true;  // 0xFF over evicted / failed slots (STYLE §3)
+  int gpu = 0;                      // the GPU whose NUMA node holds the cache (-1: none)
+  double half_life_steps = 64;      // frequency decay half-life, in require() calls
+  bool poison_freed_slots = false;  // 0xFF over evicted / failed slots (tests: STYLE §3)
 };
 
 class ExpertStore;
@@ -103,6 +103,8 @@ class ExpertStore {
 
   void require(int layer, std::span<const int> experts);
   ExpertHandle acquire(int layer, int e);
+  // Drops a claim of require() without acquiring (e.g. the step failed part-way).
+  void cancel(int layer, int e);
   // Predictions for `layer`, highest weight first; weight in (0, 1] (the router's score).
   void prefetch(int layer, std::span<const std::pair<int, float>> predictions);
 

@@ -5,12 +5,15 @@
 
 #include "engine/cli_support.h"
 #include "engine/model.h"
+#include "engine/offload_executor.h"
 #include "engine/session.h"
 #include "storage/error.h"
 #include "storage/safetensors.h"
 #include "tools/command.h"
 
 namespace strata::tools {
+
+void add_offload_options(CLI::App& app, engine::OffloadOptions& o);  // offload_options.cpp
 
 // The options of every forward-running command (also used by cmd_run.cpp).
 void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
@@ -34,6 +37,7 @@ namespace {
 struct LogitsOptions {
   std::string model_dir, ids_file, out;
   engine::InspectOptions inspect;
+  engine::OffloadOptions offload;
 };
 
 int run_logits(const LogitsOptions& o) {
@@ -41,7 +45,11 @@ int run_logits(const LogitsOptions& o) {
   const ModelConfig& c = model->config();
   std::vector<int32_t> ids = engine::read_ids_file(o.ids_file, c.vocab_size);
   engine::SessionSetup setup(o.inspect, c);
-  engine::Session session(*model, setup.options());
+  engine::OffloadRuntime offload(*model, o.offload);  // --host-mem: experts from the store
+  for (const auto& line : offload.describe()) std::fprintf(stderr, "strata: %s\n", line.c_str());
+  engine::SessionOptions sopt = setup.options();
+  offload.install(sopt);
+  engine::Session session(*model, sopt);
   std::vector<float> out;
   std::string name;
   std::vector<int64_t> shape;
@@ -63,6 +71,7 @@ int run_logits(const LogitsOptions& o) {
   w.write_tensor(name, out.data(), out.size() * sizeof(float));
   w.finish();
   setup.finish();
+  offload.finish();
   std::fprintf(stderr, "strata logits: %lld positions, %s %s -> %s (%s)\n", (long long)T,
                name.c_str(), shape_str(shape).c_str(), o.out.c_str(), setup.describe().c_str());
   return 0;
@@ -77,6 +86,7 @@ STRATA_COMMAND("logits", "Logits of every prompt position (F32 [T, vocab]) to a 
                  app.add_option("--ids", o->ids_file, "prompt token ids: a JSON array")->required();
                  app.add_option("-o,--output", o->out, "output .safetensors file")->required();
                  add_inspect_options(app, o->inspect);
+      add_offload_options(app, o->offload);
                  return [o] { return run_logits(*o); };
                });
 

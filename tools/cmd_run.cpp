@@ -9,6 +9,7 @@
 
 #include "engine/cli_support.h"
 #include "engine/model.h"
+#include "engine/offload_executor.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/tokenizer.h"
@@ -18,6 +19,7 @@
 namespace strata::tools {
 
 void add_inspect_options(CLI::App& app, engine::InspectOptions& o);  // cmd_logits.cpp
+void add_offload_options(CLI::App& app, engine::OffloadOptions& o);  // offload_options.cpp
 
 namespace {
 
@@ -30,6 +32,7 @@ struct RunOptions {
   uint64_t seed = 1;
   std::vector<std::string> stop;
   engine::InspectOptions inspect;
+  engine::OffloadOptions offload;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -69,6 +72,9 @@ int run_generate(const RunOptions& o) {
 
   engine::SessionSetup setup(o.inspect, c);
   engine::SessionOptions sopt = setup.options();
+  engine::OffloadRuntime offload(*model, o.offload);  // --host-mem: experts from the store
+  for (const auto& line : offload.describe()) std::fprintf(stderr, "strata: %s\n", line.c_str());
+  offload.install(sopt);
   engine::Session session(*model, sopt);
   engine::SamplerConfig sc;
   sc.temperature = o.temp;
@@ -146,6 +152,7 @@ int run_generate(const RunOptions& o) {
   }
   std::fflush(stdout);
   setup.finish();
+  offload.finish();  // the tier telemetry line (and --stats-json)
   // Decode rate counts the forward passes of generated tokens (the first token comes from the
   // prefill's logits). CPU seconds (all threads) next to wall seconds show starvation on a
   // shared machine.
@@ -179,6 +186,7 @@ STRATA_COMMAND(
       app.add_option("--stop", o->stop, "stop string (repeatable)");
       app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the EOS token");
       add_inspect_options(app, o->inspect);
+      add_offload_options(app, o->offload);
       return [o] { return run_generate(*o); };
     });
 

@@ -22,6 +22,7 @@ StoreConfig config_for(const test::SyntheticExperts& sx, double slots) {
   c.io.block_bytes = 64 * 1024;
   c.io.queue_depth = 8;
   c.gpu = -1;
+  c.poison_freed_slots = true;
   return c;
 }
 

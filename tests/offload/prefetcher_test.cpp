@@ -154,6 +154,7 @@ TEST_CASE("prefetcher: predictions become prefetch hits in the store", "[prefetc
   StoreConfig sc;
   sc.host_budget_bytes = sx.slot_bytes() * 40;
   sc.gpu = -1;
+  sc.poison_freed_slots = true;
   ExpertStore st(sx.layout, sc);
   PrefetcherConfig pc;
   pc.top_k = K;

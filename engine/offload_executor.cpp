@@ -1,0 +1,189 @@
+// StoreExpertExecutor and OffloadRuntime: the engine side of the tiered expert store.
+#include "engine/offload_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "storage/error.h"
+
+namespace strata::engine {
+
+uint64_t parse_host_mem(const std::string& s, uint64_t expert_bytes) {
+  auto bad = [&]() {
+    return Error("--host-mem '" + s +
+                 "': expected bytes with an optional unit (e.g. 512MiB, 64GiB, 1.5GB) or a share "
+                 "of the model's routed expert bytes (e.g. 30%)");
+  };
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (...) {
+    throw bad();
+  }
+  std::string unit = s.substr(used);
+  if (!(v > 0) || !std::isfinite(v)) throw bad();
+  double mult = 1;
+  if (unit == "%") return uint64_t(double(expert_bytes) * v / 100.0);
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "KiB" || unit == "K")
+    mult = 1024.0;
+  else if (unit == "MiB" || unit == "M")
+    mult = 1048576.0;
+  else if (unit == "GiB" || unit == "G")
+    mult = 1073741824.0;
+  else if (unit == "TiB" || unit == "T")
+    mult = 1099511627776.0;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else if (unit == "TB")
+    mult = 1e12;
+  else
+    throw bad();
+  return uint64_t(v * mult);
+}
+
+StoreExpertExecutor::StoreExpertExecutor(std::unique_ptr<ExpertExecutor> inner,
+                                         const Checkpoint& ck, offload::ExpertStore& store,
+                                         offload::Prefetcher* prefetcher)
+    : inner_(std::move(inner)), ck_(ck), store_(store), prefetcher_(prefetcher) {
+  name_ = std::string(inner_->name()) + "+store";
+}
+
+namespace {
+// The view `orig` with its bytes taken from the cached copy of tensor `t` (and its scales).
+WeightView patch(WeightView orig, const ExpertTensors::Proj& t, const offload::ExpertHandle& h) {
+  orig.data = h.at(t.weight->file, t.weight->offset);
+  if (t.scale) orig.scale = h.at(t.scale->file, t.scale->offset);
+  return orig;
+}
+}  // namespace
+
+void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTask> tasks,
+                              const float* x, float* y, Precision p) {
+  const int l = layer.layer;
+  std::vector<int> ids;
+  ids.reserve(tasks.size());
+  for (const ExpertTask& t : tasks) ids.push_back(t.expert);
+  if (prefetcher_) prefetcher_->on_routing(l, ids);
+  if (shadow_.size() <= size_t(l)) shadow_.resize(size_t(l) + 1);
+  if (!shadow_[size_t(l)]) shadow_[size_t(l)] = std::make_unique<MoeWeights>(*layer.weights);
+  MoeWeights& shadow = *shadow_[size_t(l)];
+  ExpertLayer el = layer;
+  el.weights = &shadow;
+  // At most slots() experts are claimed at once, so a step wider than the cache still runs.
+  const size_t chunk = size_t(std::max<uint64_t>(1, store_.slots()));
+  for (size_t i0 = 0; i0 < tasks.size(); i0 += chunk) {
+    const size_t n = std::min(chunk, tasks.size() - i0);
+    std::span<const int> need(ids.data() + i0, n);
+    store_.require(l, need);
+    std::vector<offload::ExpertHandle> held;
+    held.reserve(n);
+    size_t k = 0;
+    try {
+      for (; k < n; k++) {
+        const int e = need[k];
+        held.push_back(store_.acquire(l, e));
+        const ExpertTensors& et = ck_.expert(l, e);
+        const ExpertWeights& orig = layer.weights->experts[size_t(e)];
+        ExpertWeights& w = shadow.experts[size_t(e)];
+        w.w1 = patch(orig.w1, et.w1, held.back());
+        w.w3 = patch(orig.w3, et.w3, held.back());
+        w.w2 = patch(orig.w2, et.w2, held.back());
+      }
+    } catch (...) {
+      for (size_t j = k + 1; j < n; j++) store_.cancel(l, need[j]);
+      for (int e : need) shadow.experts[size_t(e)] = layer.weights->experts[size_t(e)];
+      throw;
+    }
+    inner_->run(el, tasks.subspan(i0, n), x, y, p);
+    // Back to the checkpoint's views: no view outlives its handle.
+    for (int e : need) shadow.experts[size_t(e)] = layer.weights->experts[size_t(e)];
+  }
+}
+
+OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)
+    : model_(model), opt_(o) {
+  if (!o.enabled()) return;
+  if (o.prefetch_depth < 0) throw Error("--prefetch-depth: expected 0 or more layers");
+  offload::ExpertLayout layout = offload::ExpertLayout::from_checkpoint(model.checkpoint());
+  offload::StoreConfig sc;
+  sc.host_budget_bytes = parse_host_mem(o.host_mem, layout.total_expert_bytes());
+  sc.io.backend = parse_io_backend(o.io);
+  sc.io.queue_depth = o.queue_depth;
+  sc.gpu = 0;
+  store_ = std::make_unique<offload::ExpertStore>(std::move(layout), sc);
+  if (o.prefetch_depth > 0) {
+    const ModelConfig& c = model.config();
+    std::vector<offload::LayerRouter> routers(size_t(c.num_layers));
+    for (int l = 0; l < c.num_layers; l++) {
+      const auto& moe = model.weights().layers[size_t(l)].moe;
+      if (moe)
+        routers[size_t(l)] = {&moe->router,
+                              moe->router_bias.empty() ? nullptr : moe->router_bias.data()};
+    }
+    offload::PrefetcherConfig pc;
+    pc.depth = o.prefetch_depth;
+    pc.top_k = c.moe.top_k;
+    prefetcher_ = std::make_unique<offload::Prefetcher>(std::move(routers), c.moe.num_experts, pc,
+                                                        store_.get());
+  }
+}
+
+OffloadRuntime::~OffloadRuntime() {
+  prefetcher_.reset();  // stops predicting before the store goes
+}
+
+void OffloadRuntime::install(SessionOptions& so) {
+  if (!active()) return;
+  offload::ExpertStore* store = store_.get();
+  offload::Prefetcher* pf = prefetcher_.get();
+  const Checkpoint* ck = &model_.checkpoint();
+  so.wrap_executor = [store, pf, ck](std::unique_ptr<ExpertExecutor> inner) {
+    return std::unique_ptr<ExpertExecutor>(
+        std::make_unique<StoreExpertExecutor>(std::move(inner), *ck, *store, pf));
+  };
+  if (pf)
+    so.on_moe_input = [pf](int layer, const float* x, int64_t T) {
+      pf->on_layer_input(layer, x, T);
+    };
+}
+
+std::vector<std::string> OffloadRuntime::describe() const {
+  if (!active()) return {};
+  auto d = store_->describe();
+  d.push_back(prefetcher_ ? "prefetch: router lookahead " + std::to_string(opt_.prefetch_depth) +
+                                " layers, async"
+                          : "prefetch: off");
+  return d;
+}
+
+offload::TierTelemetry OffloadRuntime::telemetry() const {
+  if (!active()) return {};
+  if (prefetcher_) prefetcher_->flush();
+  offload::TierTelemetry t = store_->telemetry();
+  if (prefetcher_) prefetcher_->fill(t);
+  return t;
+}
+
+void OffloadRuntime::finish() const {
+  if (!active()) return;
+  offload::TierTelemetry t = telemetry();
+  std::fprintf(stderr, "strata: %s\n", t.line().c_str());
+  if (!opt_.stats_json.empty()) {
+    std::ofstream f(opt_.stats_json);
+    if (!f) throw Error("--stats-json: cannot write " + opt_.stats_json);
+    nlohmann::json j;
+    j["experts"] = t.json();
+    f << j.dump(2) << "\n";
+  }
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,70 @@
+// Routed experts served from the tiered expert store (issue 4, item 4): an ExpertExecutor that
+// wraps the numerics executor (exact or contract) and hands it the expert bytes from the host
+// expert cache instead of the mmapped checkpoint — the same bytes, so the same logits — plus the
+// OffloadRuntime that builds the store and the router-lookahead prefetcher for a Model from the
+// command line options (--host-mem, --io, --prefetch-depth, --stats-json) and installs them into
+// SessionOptions through its two hooks (wrap_executor, on_moe_input).
+// Not here: residency, reads and eviction (offload/expert_store.h), prediction
+// (offload/prefetcher.h), expert math (engine/expert_executor.h).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/expert_executor.h"
+#include "engine/session.h"
+#include "offload/expert_store.h"
+#include "offload/prefetcher.h"
+
+namespace strata::engine {
+
+struct OffloadOptions {
+  std::string host_mem;  // empty: experts stay in the mmapped checkpoint (no store)
+  std::string io = "auto";
+  int queue_depth = 32;
+  int prefetch_depth = 2;  // 0: no prefetch
+  std::string stats_json;
+  bool enabled() const { return !host_mem.empty(); }
+};
+
+// "64GiB", "512MiB", "1.5GB", "123456" (bytes), or "30%" of `expert_bytes` (the model's routed
+// expert bytes). Throws strata::Error naming --host-mem.
+uint64_t parse_host_mem(const std::string& s, uint64_t expert_bytes);
+
+class StoreExpertExecutor final : public ExpertExecutor {
+ public:
+  StoreExpertExecutor(std::unique_ptr<ExpertExecutor> inner, const Checkpoint& ck,
+                      offload::ExpertStore& store, offload::Prefetcher* prefetcher);
+  const char* name() const override { return name_.c_str(); }
+  void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x, float* y,
+           Precision p) override;
+
+ private:
+  std::unique_ptr<ExpertExecutor> inner_;
+  const Checkpoint& ck_;
+  offload::ExpertStore& store_;
+  offload::Prefetcher* prefetcher_;
+  std::string name_;
+  std::vector<std::unique_ptr<MoeWeights>> shadow_;  // [layer]: views patched to cache slots
+};
+
+class OffloadRuntime {
+ public:
+  // Inactive (install() does nothing) unless o.enabled().
+  OffloadRuntime(const Model& model, const OffloadOptions& o);
+  ~OffloadRuntime();
+  bool active() const { return store_ != nullptr; }
+  void install(SessionOptions& so);
+  std::vector<std::string> describe() const;  // start-up lines (budget, placement, backend)
+  offload::TierTelemetry telemetry() const;
+  // Prints the telemetry line to stderr and writes --stats-json (when given).
+  void finish() const;
+
+ private:
+  const Model& model_;
+  OffloadOptions opt_;
+  std::unique_ptr<offload::ExpertStore> store_;
+  std::unique_ptr<offload::Prefetcher> prefetcher_;
+};
+
+}  // namespace strata::engine
