@@ -61,9 +61,77 @@ inline __m256d pow2_pd(__m128i k) {  // exact 2^k, k in [−1022, 1023]
   return _mm256_castsi256_pd(_mm256_slli_epi64(b, 52));
 }
 
+// One token (decode): rows decoded in registers straight from the packed bytes.
+void project_one_avx2(const ProjArgs& a) {
+  const __m256i lut = _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i bias128 = _mm256_set1_epi32(128);
+  const int row_bytes = a.K / 2, nhalves = a.nbp / 8;
+  const int8_t* q = a.q[0];
+  const int32_t* e = a.e[0];
+  const int32_t* bias = a.bias[0];
+  alignas(32) uint8_t tail[32];
+  for (int o = a.r0; o < a.r1; ++o) {
+    const uint8_t* prow = a.packed + size_t(o) * size_t(row_bytes);
+    const uint8_t* srow = a.scale + size_t(o) * size_t(a.nb);
+    __m256d L[8];
+    for (auto& l : L) l = _mm256_setzero_pd();
+    for (int c = 0; c < nhalves; ++c) {
+      __m256i acc[4];
+      for (int k = 0; k < 4; ++k) {  // blocks 8c + 2k, 8c + 2k + 1
+        const int pb = (8 * c + 2 * k) * 16, rem = row_bytes - pb;
+        __m256i p;
+        if (rem >= 32) {
+          p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(prow + pb));
+        } else {
+          for (int i = 0; i < 32; ++i) tail[i] = i < rem ? prow[pb + i] : 0;
+          p = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+        }
+        const __m256i wl = _mm256_shuffle_epi8(lut, _mm256_and_si256(p, low4));
+        const __m256i wh =
+            _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(p, 4), low4));
+        const int off = (2 * c + k / 2) * 128 + (k % 2) * 32;
+        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + off));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + off + 64));
+        acc[k] = _mm256_madd_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(wl, ql), _mm256_maddubs_epi16(wh, qh)), ones);
+      }
+      const __m256i r =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+      const __m256i d =
+          _mm256_sub_epi32(_mm256_permutevar8x32_epi32(r, perm),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + c * 8)));
+      const int srem = a.nb - c * 8;
+      __m128i sb;
+      if (srem >= 8) {
+        sb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(srow + c * 8));
+      } else {
+        alignas(16) uint8_t st[16] = {};
+        for (int i = 0; i < srem; ++i) st[i] = srow[c * 8 + i];
+        sb = _mm_load_si128(reinterpret_cast<const __m128i*>(st));
+      }
+      const __m256i ex =
+          _mm256_add_epi32(_mm256_sub_epi32(_mm256_cvtepu8_epi32(sb), bias128),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + c * 8)));
+      const __m256d tlo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(d)),
+                                        pow2_pd(_mm256_castsi256_si128(ex)));
+      const __m256d thi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(d, 1)),
+                                        pow2_pd(_mm256_extracti128_si256(ex, 1)));
+      const int l = (c & 3) * 2;
+      L[l] = _mm256_add_pd(L[l], tlo);
+      L[l + 1] = _mm256_add_pd(L[l + 1], thi);
+    }
+    a.out[size_t(o - a.r0)] = lane_finish(L);
+  }
+}
+
 }  // namespace
 
 void project_avx2(const ProjArgs& a) {
+  if (a.n == 1) return project_one_avx2(a);
   RowScratch& sc = tl_scratch;
   const size_t wbytes = size_t(a.nbp) * 32;
   if (sc.w.size() < wbytes + 32) sc.w.resize(wbytes + 32);
