@@ -96,6 +96,24 @@ double rel_rms_diff(const float* a, const float* ref, int64_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// The stream state entering layer l of the golden prompt, rebuilt from the fp32 golden residual
+// streams: P = hidden[l−1]; AttnRes models bank the embedding (at layer 0) and the block sums
+// hidden[b·S − 1] for every block opening b·S < l.
+Stream layer_input(const Golden& g, const ModelConfig& c, const std::vector<float>& hid, Session& s,
+                   int l) {
+  const int64_t n = g.T * g.D;
+  Stream st = s.embed(g.prompt);  // P = embedding (layer 0 input)
+  if (l > 0) {
+    if (c.has_attn_res()) {
+      st.blocks.push_back(st.P);
+      for (int b = c.attn_res_block_size; b < l; b += c.attn_res_block_size)
+        st.blocks.emplace_back(hid.begin() + (b - 1) * n, hid.begin() + b * n);
+    }
+    st.P.assign(hid.begin() + (l - 1) * n, hid.begin() + l * n);
+  }
+  return st;
+}
+
 const char* kSets[] = {"k3-tiny", "kimi-linear-tiny"};
 
 }  // namespace
@@ -209,31 +227,18 @@ TEST_CASE("bf16 mode matches fp32 layer by layer with the same layer input", "[e
     const ModelConfig& c = model->config();
     const std::vector<float> hid = g->f32("hidden_after_layer_fp32");
     const int64_t n = g->T * g->D;
-    auto layer_input = [&](Session& s, int l) {
-      Stream st = s.embed(g->prompt);  // P = embedding (layer 0 input)
-      if (l > 0) {
-        if (c.has_attn_res()) {
-          // Banked before layer l: the embedding (at layer 0), then hidden[b·S − 1] at b·S < l.
-          st.blocks.push_back(st.P);
-          for (int b = c.attn_res_block_size; b < l; b += c.attn_res_block_size)
-            st.blocks.emplace_back(hid.begin() + (b - 1) * n, hid.begin() + b * n);
-        }
-        st.P.assign(hid.begin() + (l - 1) * n, hid.begin() + l * n);
-      }
-      return st;
-    };
     for (int l = 0; l < c.num_layers; ++l) {
       RoutingLog routing;
       SessionOptions o32;
       o32.record_routing = &routing;
       Session s32(*model, o32);
-      Stream a = layer_input(s32, l);
+      Stream a = layer_input(*g, c, hid, s32, l);
       s32.run_layer(l, a);
       SessionOptions o16;
       o16.precision = Precision::bf16;
       o16.replay_routing = &routing;
       Session s16(*model, o16);
-      Stream b = layer_input(s16, l);
+      Stream b = layer_input(*g, c, hid, s16, l);
       s16.run_layer(l, b);
       const float* ref = hid.data() + l * n;
       const double e32 = rel_rms_diff(a.P.data(), ref, n);
@@ -331,9 +336,42 @@ TEST_CASE("contract expert numerics differ only slightly from exact", "[engine][
       "[golden k3-tiny] contract vs exact experts (routing forced): max |diff| %.3g of "
       "max |logit| %.3g, rel RMS %.3g, top-1 agreement %d/%lld\n",
       d, m, rel, agree, (long long)g->T);
-  CHECK(d > 0.0f);  // the modes really differ
-  CHECK(rel < 0.05);
+  CHECK(d > 0.0f);    // the modes really differ
+  CHECK(rel < 0.05);  // end to end through 8 MoE layers and AttnRes (measured 0.043)
   CHECK(agree >= g->T * 8 / 10);
+
+  // Layer by layer with the same (golden) layer input and forced routing: only the expert
+  // arithmetic of that one layer differs.
+  const ModelConfig& c = model->config();
+  const std::vector<float> hid = g->f32("hidden_after_layer_fp32");
+  const int64_t n = g->T * g->D;
+  double worst = 0;
+  for (int l = 1; l < c.num_layers; ++l) {
+    RoutingLog r;
+    SessionOptions a;
+    a.record_routing = &r;
+    Session sa(*model, a);
+    Stream xa = layer_input(*g, c, hid, sa, l);
+    sa.run_layer(l, xa);
+    SessionOptions b;
+    b.experts = ExpertNumerics::contract;
+    b.replay_routing = &r;
+    Session sb(*model, b);
+    Stream xb = layer_input(*g, c, hid, sb, l);
+    sb.run_layer(l, xb);
+    const double e = rel_rms_diff(xb.P.data(), xa.P.data(), n);
+    std::printf(
+        "[golden k3-tiny] layer %d: contract vs exact experts, rel RMS diff of the "
+        "residual stream %.2e\n",
+        l, e);
+    worst = std::max(worst, e);
+  }
+  // 8-bit activations per 32-block: RMS quantization error ≈ step/√12 ≈ 0.23 % of the block max,
+  // ≈ 0.5 % of the block RMS, twice per expert (x and the GLU output); the latent RMSNorm passes
+  // the aggregate's relative error on to the up-projection, so ≈ 1 % of the stream (measured
+  // 0.7–1.5 %, vs 0.4–0.7 % for bf16 mode). A wrong executor would be O(100 %). Bound 3 %.
+  CHECK(worst > 0.0);
+  CHECK(worst < 0.03);
 
   // bf16 experts (Kimi-Linear) have no contract mode: a clear error, no silent fallback.
   auto g2 = load_golden("kimi-linear-tiny");
