@@ -24,30 +24,61 @@ namespace {
 struct RowScratch {
   std::vector<uint8_t, std::allocator<uint8_t>> w;  // [nbp * 32 + 64] (64 for alignment slack)
   std::vector<int32_t> ws;                          // [nbp] s_w − 128
+  std::vector<int8_t> qt;                           // [n, nbp * 32] transposed activations
 };
 thread_local RowScratch tl_scratch;
 
-// Decodes row o into w (quad layout, 64-byte aligned) and ws.
+// Dword transpose inside each 128-bit lane: out[j] dword (4L + k) = in[k] dword (4L + j).
+inline void transpose4(const __m512i in[4], __m512i out[4]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(in[0], in[1]), t1 = _mm512_unpackhi_epi32(in[0], in[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(in[2], in[3]), t3 = _mm512_unpackhi_epi32(in[2], in[3]);
+  out[0] = _mm512_unpacklo_epi64(t0, t2);
+  out[1] = _mm512_unpackhi_epi64(t0, t2);
+  out[2] = _mm512_unpacklo_epi64(t1, t3);
+  out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// The "transposed" layout of the multi-token kernel: per chunk of 16 blocks, 8 zmm s = 0..7
+// whose dword (4L + k) holds 4 bytes of block 4k + L — k-step s (even columns 8s … 8s+6 for
+// s < 4, odd columns 8(s−4)+1 … for s ≥ 4). Eight vpdpbusd then give whole block dots, one
+// per dword, with no horizontal reduction (dword 4L + k = block 4k + L, as before the vpermd).
+// Activations (quad layout): per chunk, the even halves of the 4 quads transposed, then the odd.
+inline void transpose_q(const int8_t* q, int nbp, int8_t* qt) {
+  for (int c = 0; c < nbp / 16; ++c)
+    for (int h = 0; h < 2; ++h) {
+      __m512i in[4], out[4];
+      for (int k = 0; k < 4; ++k) in[k] = _mm512_loadu_si512(q + c * 512 + k * 128 + h * 64);
+      transpose4(in, out);
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(qt + c * 512 + (h * 4 + j) * 64, out[j]);
+    }
+}
+
+// Decodes row o into w (transposed layout, 64-byte aligned) and ws (s_w − 128).
 inline void decode_row(const ProjArgs& a, int o, uint8_t* w, int32_t* ws) {
   const __m512i lut = _mm512_broadcast_i32x4(
       _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int row_bytes = a.K / 2;
   const uint8_t* prow = a.packed + size_t(o) * size_t(row_bytes);
-  for (int g = 0; g < a.nbp / 4; ++g) {
-    const int rem = row_bytes - g * 64;
-    __m512i p;
-    if (rem >= 64) {
-      p = _mm512_loadu_si512(prow + g * 64);
-    } else if (rem > 0) {
-      p = _mm512_maskz_loadu_epi8(_cvtu64_mask64((uint64_t(1) << rem) - 1), prow + g * 64);
-    } else {
-      p = _mm512_setzero_si512();
+  for (int c = 0; c < a.nbp / 16; ++c) {
+    __m512i in[4], out[4];
+    for (int k = 0; k < 4; ++k) {
+      const int g = c * 4 + k, rem = row_bytes - g * 64;
+      if (rem >= 64) {
+        in[k] = _mm512_loadu_si512(prow + g * 64);
+      } else if (rem > 0) {
+        in[k] = _mm512_maskz_loadu_epi8(_cvtu64_mask64((uint64_t(1) << rem) - 1), prow + g * 64);
+      } else {
+        in[k] = _mm512_setzero_si512();
+      }
     }
-    const __m512i lo = _mm512_and_si512(p, low4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-    _mm512_store_si512(w + g * 128, _mm512_shuffle_epi8(lut, lo));
-    _mm512_store_si512(w + g * 128 + 64, _mm512_shuffle_epi8(lut, hi));
+    transpose4(in, out);  // packed dword j of each block: columns 8j … 8j+7
+    for (int j = 0; j < 4; ++j) {
+      const __m512i lo = _mm512_and_si512(out[j], low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(out[j], 4), low4);
+      _mm512_store_si512(w + c * 512 + j * 64, _mm512_shuffle_epi8(lut, lo));
+      _mm512_store_si512(w + c * 512 + (4 + j) * 64, _mm512_shuffle_epi8(lut, hi));
+    }
   }
   const uint8_t* srow = a.scale + size_t(o) * size_t(a.nb);
   const __m512i bias128 = _mm512_set1_epi32(128);
@@ -150,16 +181,21 @@ void project_avx512(const ProjArgs& a) {
   const size_t wbytes = size_t(a.nbp) * 32;
   if (sc.w.size() < wbytes + 64) sc.w.resize(wbytes + 64);
   if (sc.ws.size() < size_t(a.nbp)) sc.ws.resize(size_t(a.nbp));
+  if (sc.qt.size() < wbytes * size_t(a.n) + 64) sc.qt.resize(wbytes * size_t(a.n) + 64);
   uint8_t* w =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(sc.w.data()) + 63) & ~uintptr_t(63));
+  int8_t* qt =
+      reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(sc.qt.data()) + 63) & ~uintptr_t(63));
   int32_t* ws = sc.ws.data();
-  // Block i of a chunk sits at dword 4·(i mod 4) + i/4 after the transpose-add tree.
+  // The tokens' activations in the transposed layout, once per call (reused by every row).
+  for (int t = 0; t < a.n; ++t) transpose_q(a.q[t], a.nbp, qt + size_t(t) * wbytes);
+  // Block i of a chunk sits at dword 4·(i mod 4) + i/4.
   const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const int nchunks = a.nbp / 16;
   for (int o = a.r0; o < a.r1; ++o) {
     decode_row(a, o, w, ws);
     for (int t = 0; t < a.n; ++t) {
-      const int8_t* q = a.q[t];
+      const int8_t* q = qt + size_t(t) * wbytes;
       const int32_t* e = a.e[t];
       const int32_t* bias = a.bias[t];
       __m512d L[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
@@ -167,21 +203,16 @@ void project_avx512(const ProjArgs& a) {
       for (int c = 0; c < nchunks; ++c) {
         const uint8_t* wc = w + c * 512;
         const int8_t* qc = q + c * 512;
-        __m512i acc[4];
+        // Two chains of four (latency), summed: exact int32 either way.
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int k = 0; k < 4; ++k) {
-          __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(wc + k * 128),
-                                          _mm512_loadu_si512(qc + k * 128));
-          acc[k] = _mm512_dpbusd_epi32(s, _mm512_load_si512(wc + k * 128 + 64),
-                                       _mm512_loadu_si512(qc + k * 128 + 64));
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_load_si512(wc + k * 64),
+                                   _mm512_load_si512(qc + k * 64));
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_load_si512(wc + (4 + k) * 64),
+                                   _mm512_load_si512(qc + (4 + k) * 64));
         }
-        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]),
-                                             _mm512_unpackhi_epi32(acc[0], acc[1]));
-        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]),
-                                             _mm512_unpackhi_epi32(acc[2], acc[3]));
-        const __m512i r =
-            _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
-        const __m512i d =
-            _mm512_sub_epi32(_mm512_permutexvar_epi32(perm, r), _mm512_loadu_si512(bias + c * 16));
+        const __m512i d = _mm512_sub_epi32(_mm512_permutexvar_epi32(perm, _mm512_add_epi32(s0, s1)),
+                                           _mm512_loadu_si512(bias + c * 16));
         const __m512i ex =
             _mm512_add_epi32(_mm512_loadu_si512(ws + c * 16), _mm512_loadu_si512(e + c * 16));
         const __m512d tlo = _mm512_scalef_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(d)),
