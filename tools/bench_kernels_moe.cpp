@@ -87,13 +87,11 @@ struct Routed {
     }
     std::vector<Mxfp4ExpertView> v;
     std::vector<int32_t> off = {0}, pt;
-    int maxp = 0;
     for (int e = 0; e < kExperts; e++) {
       if (tokens_of[size_t(e)].empty()) continue;
       v.push_back(pool.views[size_t(e)]);
       for (int t : tokens_of[size_t(e)]) pt.push_back(t);
       off.push_back(int32_t(pt.size()));
-      maxp = std::max(maxp, int(tokens_of[size_t(e)].size()));
     }
     distinct = int(v.size());
     std::vector<float> xs(size_t(T) * kH);
@@ -107,7 +105,6 @@ struct Routed {
     b.experts = views.as<Mxfp4ExpertView>(), b.group_offsets = offsets.as<int32_t>();
     b.pair_token = pair_token.as<int32_t>(), b.x = x.as<float>(), b.y = y.as<float>();
     b.G = distinct, b.P = int(pt.size()), b.T = T, b.H = kH, b.I = kI;
-    b.max_pairs_per_group = maxp;
   }
   void run(moe::ExpertPath path) {
     ok(moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr), "grouped_experts");

@@ -135,7 +135,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   // reported as such.
   const bool automatic = path == ExpertPath::automatic;
   if (automatic)
-    path = b.max_pairs_per_group >= kImmaMinPairsPerGroup ? ExpertPath::imma : ExpertPath::gemv;
+    path = b.P >= kImmaMinMeanPairsPerGroup * b.G ? ExpertPath::imma : ExpertPath::gemv;
   const auto not_supported = [](const Status& s) { return s.code == int(cudaErrorNotSupported); };
 
   if (Status s = detail::quantize_rows(b.x, b.T, b.H, ws.x, stream); !s.ok()) return s;

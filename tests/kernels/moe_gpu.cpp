@@ -100,7 +100,7 @@ struct Prepared {
   std::vector<float> x;
   std::vector<int32_t> offsets, pair_token;
   std::vector<int> pair_group;
-  int P = 0, max_pairs = 0;
+  int P = 0;
   std::vector<float> y_ref;
 };
 
@@ -119,7 +119,6 @@ Prepared prepare(const Case& c) {
   for (int g = 0; g < int(c.group_tokens.size()); g++) {
     for (int t : c.group_tokens[g]) p.pair_token.push_back(t), p.pair_group.push_back(g);
     p.offsets.push_back(int32_t(p.pair_token.size()));
-    p.max_pairs = std::max(p.max_pairs, int(c.group_tokens[g].size()));
   }
   p.P = int(p.pair_token.size());
   // The scalar contract for every pair, spread over the host's cores.
@@ -169,7 +168,6 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   b.x = d_x.as<float>();
   b.y = d_y.as<float>();
   b.G = int(c.group_slot.size()), b.P = p.P, b.T = c.T, b.H = c.H, b.I = c.I;
-  b.max_pairs_per_group = p.max_pairs;
   b.glu = c.glu;
   strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
   INFO("launch status: " << s.message);
