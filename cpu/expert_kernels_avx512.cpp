@@ -1,11 +1,15 @@
-// AVX-512 (F, BW, VNNI) projection kernel of the CPU expert FFN; see cpu/expert_kernels.h for the
-// scheme and docs/numerics.md for the arithmetic it must reproduce bit for bit.
+// AVX-512 (F, BW, VNNI) projection kernels of the CPU expert FFN and the contract GLU; see
+// cpu/expert_kernels.h for the scheme and docs/numerics.md for the arithmetic they must reproduce
+// bit for bit.
 //
-// Per output row: the MXFP4 row is decoded once into an L1 buffer of u8 (doubled E2M1 + 12) in the
-// activations' quad layout; then per token, per chunk of 16 blocks: 8 vpdpbusd give 4 dwords per
-// block, a transpose-add tree and one vpermd give the 16 block dots in block order, minus 12·Σq;
-// they become exact fp64 block terms (vcvtdq2pd, vscalefpd by e_x + s_w − 128) added to the
-// contract's 32 fp64 lanes held in four zmm registers (block b → lane b mod 32).
+// One token (decode, memory-bound): each row is decoded in registers from the packed bytes; per
+// chunk of 16 blocks, 8 vpdpbusd give 4 dwords per block, a transpose-add tree and one vpermd the
+// 16 block dots in block order, minus 12·Σq.
+// Several tokens: each row is decoded once into an L1 buffer in a transposed layout (and each
+// token's activations once per call) so that the 8 vpdpbusd of a chunk leave one whole block dot
+// per dword — no horizontal reduction per token.
+// Both then form exact fp64 block terms (vcvtdq2pd, vscalefpd by e_x + s_w − 128) and add them to
+// the contract's 32 fp64 lanes held in four zmm registers (block b → lane b mod 32).
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics headers as
 // maybe-uninitialized at -O3 (a known false positive); silence it for this file only.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
