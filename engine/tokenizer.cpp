@@ -96,7 +96,10 @@ std::string kimi_pattern() {
       "[" + ws + "]+",                                 // 8 \s+
   };
   std::string p;
-  for (const auto& b : branches) p += (p.empty() ? "" : "|") + b;
+  for (const auto& b : branches) {
+    if (!p.empty()) p += '|';
+    p += b;
+  }
   return p;
 }
 

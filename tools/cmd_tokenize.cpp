@@ -92,12 +92,17 @@ int run_tokenize(const TokenizeOptions& o) {
   const std::vector<int> ids = tok.encode(text);
   if (o.json) {
     std::string out = "{\"count\": " + std::to_string(ids.size()) + ", \"ids\": [";
-    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ", ";
+      out += std::to_string(ids[i]);
+    }
     out += "]";
     if (o.tokens) {
       out += ", \"tokens\": [";
-      for (size_t i = 0; i < ids.size(); ++i)
-        out += (i ? ", " : "") + json_bytes(tok.decode_token(ids[i]));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) out += ", ";
+        out += json_bytes(tok.decode_token(ids[i]));
+      }
       out += "]";
     }
     std::printf("%s}\n", out.c_str());
@@ -107,7 +112,10 @@ int run_tokenize(const TokenizeOptions& o) {
                   tok.is_special(id) ? "\t(special)" : "");
   } else {
     std::string out;
-    for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ' ';
+      out += std::to_string(ids[i]);
+    }
     std::printf("%s\n", out.c_str());
   }
   return 0;

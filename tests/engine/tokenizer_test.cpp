@@ -55,7 +55,10 @@ std::vector<int> reference_bpe(const std::map<std::string, int>& ranks, const st
 
 std::string show(const std::vector<int>& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size() && i < 40; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size() && i < 40; ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s + (v.size() > 40 ? ",...]" : "]");
 }
 
