@@ -10,7 +10,9 @@ prompt=${1:-"The quick brown fox"}
 shift || true
 build=build
 if [ ! -x "$build/strata" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release
   cmake --build "$build" -j "$(nproc)" --target strata
 fi
 model=${STRATA_DEMO_MODEL:-models/k3-mini}

@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 export PATH="/usr/local/cuda/bin:$PATH"
 jobs=$(nproc)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${STRATA_CMAKE_ARGS:-}
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${STRATA_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
