@@ -92,6 +92,9 @@ int run_generate(const RunOptions& o) {
   size_t max_stop = 0;
   for (const auto& s : o.stop) max_stop = std::max(max_stop, s.size());
 
+  // One typed config, printed at start-up (STYLE §10).
+  std::fprintf(stderr, "strata run: %s: %s; %s\n", o.model_dir.c_str(), describe_config(c).c_str(),
+               setup.describe().c_str());
   // Prefill.
   auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = engine::process_cpu_seconds();

@@ -77,8 +77,12 @@ TEST_CASE("strata run --print-ids reproduces the golden greedy continuation", "[
                  " --print-ids --ignore-eos -n 12 --temp 0 --threads 2");
   INFO(r.out);
   REQUIRE(r.status == 0);
-  // The first line of output is the JSON array of generated ids.
-  auto line = r.out.substr(0, r.out.find('\n'));
+  // stdout is the JSON array of generated ids (one line starting with '['); stderr has the
+  // start-up config line and the stats line.
+  const size_t at = r.out.find("\n[");
+  REQUIRE(at != std::string::npos);
+  auto line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  CHECK(r.out.find("strata run: " + g.string()) == 0);
   CHECK(nlohmann::json::parse(line) == m["greedy_ids"]);
   CHECK(r.out.find("prefill") != std::string::npos);
   CHECK(r.out.find("decode") != std::string::npos);

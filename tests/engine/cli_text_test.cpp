@@ -29,11 +29,15 @@ Result run(const std::string& args) {
   return r;
 }
 
-// The generated text: everything before the stats line, minus the newline run adds.
+// The generated text: between the config line and the stats line, minus the newline run adds.
 std::string text_of(const Result& r) {
   size_t at = r.out.find("strata run: prompt");
   REQUIRE(at != std::string::npos);
-  std::string t = r.out.substr(0, at);
+  // The first line is the start-up config line (stderr), then the text (stdout).
+  REQUIRE(r.out.rfind("strata run: ", 0) == 0);
+  const size_t begin = r.out.find('\n') + 1;
+  REQUIRE(begin <= at);
+  std::string t = r.out.substr(begin, at - begin);
   REQUIRE(!t.empty());
   REQUIRE(t.back() == '\n');
   t.pop_back();
