@@ -89,7 +89,7 @@ TEST_CASE("strata run --print-ids reproduces the golden greedy continuation", "[
   CHECK(r.out.find("peak RSS") != std::string::npos);
 }
 
-TEST_CASE("strata logits writes the golden prefill logits; dump and stop-after-layer",
+TEST_CASE("strata logits writes the golden prefill logits, dump and stop-after-layer",
           "[engine][cli]") {
   fs::path g = golden_k3();
   if (g.empty()) {

@@ -53,7 +53,7 @@ std::string q(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("strata run -p generates text; seeds reproduce; stop strings cut", "[engine][cli]") {
+TEST_CASE("strata run -p generates text, seeds reproduce, stop strings cut", "[engine][cli]") {
   auto dir = strata::test::scratch_dir("cli-text");
   Result s = run("synth --preset k3-tiny -o " + (dir / "m").string());
   INFO(s.out);
