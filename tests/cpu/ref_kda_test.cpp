@@ -7,20 +7,16 @@
 #include <vector>
 
 #include "cpu/ref/ops.h"
+#include "test_data.h"
 #include "storage/bf16.h"
 
 namespace ref = strata::cpu::ref;
 using ref::Precision;
 
-namespace {
+using strata::test::randn;
+using strata::test::to_bf16;
 
-std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+namespace {
 
 bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/ref/ops.h"
+#include "test_data.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
 #include "storage/mxfp4.h"
@@ -17,21 +18,10 @@
 namespace ref = strata::cpu::ref;
 using ref::Precision;
 
+using strata::test::randn;
+using strata::test::to_bf16;
+
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = strata::f32_to_bf16(v[i]);
-  return o;
-}
 
 bool is_bf16(float x) {
   return strata::round_bf16(x) == x || std::isnan(x);

@@ -16,6 +16,7 @@
 #include "kernels/moe/experts.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
+#include "test_data.h"
 
 namespace {
 
@@ -24,21 +25,7 @@ using strata::Mxfp4ExpertView;
 using strata::kernels::DeviceBuffer;
 namespace moe = strata::kernels::moe;
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    s += 0x9E3779B97F4A7C15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }
-  float normal() {
-    float u = std::max(uniform(), 1e-7f), v = uniform();
-    return std::sqrt(-2.0f * std::log(u)) * std::cos(6.2831853f * v);
-  }
-};
+using strata::test::Rng;
 
 size_t align256(size_t n) {
   return (n + 255) & ~size_t(255);

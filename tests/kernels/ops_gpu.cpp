@@ -19,6 +19,7 @@
 #include "kernels/ops/device_memory.h"
 #include "kernels/ops/ops.h"
 #include "kernels/runtime.h"
+#include "test_data.h"
 #include "kernels/sample/sample.h"
 #include "storage/bf16.h"
 
@@ -28,26 +29,7 @@ namespace ref = strata::cpu::ref;
 namespace ops = strata::kernels::ops;
 using strata::kernels::DeviceBuffer;
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    s += 0x9E3779B97F4A7C15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }
-  float normal() {
-    float u = std::max(uniform(), 1e-7f), v = uniform();
-    return std::sqrt(-2.0f * std::log(u)) * std::cos(6.2831853f * v);
-  }
-  std::vector<float> normals(size_t n, float scale = 1.0f, bool bf16 = false) {
-    std::vector<float> v(n);
-    for (float& x : v) x = bf16 ? strata::round_bf16(normal() * scale) : normal() * scale;
-    return v;
-  }
-};
+using strata::test::Rng;
 
 bool have_gpu() {
   if (strata::kernels::cuda_device_count() == 0) {
