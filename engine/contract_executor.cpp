@@ -1,10 +1,17 @@
-// The contract-mode expert executor: every (token, expert) pair through the scalar integer
-// contract of docs/numerics.md (strata::cpu::expert_ffn_contract), experts in parallel (TBB), each
-// output slot written by one task. In bf16 mode the fp32 contract output is rounded to bf16 like
+// The contract-mode expert executor: all the routed experts of a layer in one call of the fast
+// layer-level CPU kernels (strata::cpu::run_experts_cpu: AVX-512 VNNI / AVX2 / scalar, one TBB job
+// over (expert, row tile) items, each token quantized once for all its experts). Every path gives
+// the bits of the scalar contract (strata::cpu::expert_ffn_contract, docs/numerics.md), so this
+// executor's outputs are those of one expert_ffn_contract call per (token, expert) pair
+// (tests/engine/contract_fast_test.cpp checks the logits bit for bit, per ISA).
+// The kernels write each expert's rows contiguously into a scratch buffer held here; they are
+// then copied to their output slots. In bf16 mode the fp32 contract output is rounded to bf16 like
 // every other GEMM output of that mode (a deterministic function of the contract's bits).
-#include <tbb/parallel_for.h>
+// Not reentrant: one run() at a time per executor (the scratch buffers are reused across calls).
+#include <algorithm>
+#include <type_traits>
 
-#include "cpu/expert_contract.h"
+#include "cpu/expert_kernels.h"
 #include "engine/expert_executor.h"
 #include "storage/error.h"
 
@@ -12,42 +19,82 @@ namespace strata::engine {
 
 namespace {
 
+static_assert(std::is_same_v<int32_t, int>,
+              "ExpertTask::tokens is passed as the kernels' int rows");
+
 class ContractExecutor final : public ExpertExecutor {
  public:
+  // An explicit ISA this CPU cannot run throws here (strata::Error; no silent fallback).
+  explicit ContractExecutor(cpu::ExpertIsa isa) { opt_.isa = cpu::resolve_isa(isa); }
+
   const char* name() const override { return "contract"; }
+
   void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x, float* y,
            Precision p) override {
+    if (tasks.empty()) return;
     strata::GluParams glu;
     glu.situ = layer.glu.kind == cpu::ref::GluKind::situ;
     glu.beta1 = layer.glu.beta1;
     glu.beta2 = layer.glu.beta2;
     const int64_t Din = layer.in_dim;
-    tbb::parallel_for(size_t(0), tasks.size(), [&](size_t i) {
-      const ExpertTask& task = tasks[i];
+
+    // Rows needed: every (token, slot) pair; tokens x[0 .. T) are quantized once.
+    size_t rows = 0;
+    int T = 0;
+    for (const ExpertTask& task : tasks) {
+      STRATA_ASSERT(task.tokens.size() == task.slots.size());
+      rows += task.tokens.size();
+      for (int32_t t : task.tokens) {
+        STRATA_ASSERT(t >= 0);
+        T = std::max(T, t + 1);
+      }
+    }
+    ybuf_.resize(rows * size_t(Din));
+    jobs_.clear();
+    jobs_.reserve(tasks.size());
+    size_t row = 0;
+    for (const ExpertTask& task : tasks) {
       const ExpertWeights& w = layer.weights->experts[size_t(task.expert)];
-      strata::Mxfp4ExpertView v;
-      v.w1_packed = static_cast<const uint8_t*>(w.w1.data);
-      v.w1_scale = w.w1.scale;
-      v.w3_packed = static_cast<const uint8_t*>(w.w3.data);
-      v.w3_scale = w.w3.scale;
-      v.w2_packed = static_cast<const uint8_t*>(w.w2.data);
-      v.w2_scale = w.w2.scale;
-      v.hidden = int(Din);
-      v.inter = int(layer.intermediate);
-      for (size_t r = 0; r < task.tokens.size(); ++r) {
+      cpu::ExpertTask j;
+      j.w.w1_packed = static_cast<const uint8_t*>(w.w1.data);
+      j.w.w1_scale = w.w1.scale;
+      j.w.w3_packed = static_cast<const uint8_t*>(w.w3.data);
+      j.w.w3_scale = w.w3.scale;
+      j.w.w2_packed = static_cast<const uint8_t*>(w.w2.data);
+      j.w.w2_scale = w.w2.scale;
+      j.w.hidden = int(Din);
+      j.w.inter = int(layer.intermediate);
+      j.token_rows = task.tokens.data();
+      j.n_tokens = int(task.tokens.size());
+      j.y = ybuf_.data() + row * size_t(Din);
+      row += task.tokens.size();
+      jobs_.push_back(j);
+    }
+    xq_.quantize(x, T, int(Din));
+    cpu::run_experts_cpu(jobs_, xq_, glu, opt_);
+
+    // Each expert's rows to their output slots (slots are distinct across the layer).
+    row = 0;
+    for (const ExpertTask& task : tasks)
+      for (size_t r = 0; r < task.slots.size(); ++r, ++row) {
         float* out = y + int64_t(task.slots[r]) * Din;
-        cpu::expert_ffn_contract(v, x + int64_t(task.tokens[r]) * Din, out, glu);
+        std::copy_n(ybuf_.data() + row * size_t(Din), Din, out);
         cpu::ref::round_if(p, out, Din);
       }
-    });
   }
+
+ private:
+  cpu::CpuExpertOptions opt_;
+  cpu::QuantizedActivations xq_;  // reused: quantized layer input
+  std::vector<cpu::ExpertTask> jobs_;
+  std::vector<float> ybuf_;  // reused: [Σ tokens, Din] kernel outputs, expert by expert
 };
 
 }  // namespace
 
-std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c) {
+std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa) {
   STRATA_ASSERT(c.moe.mxfp4);
-  return std::make_unique<ContractExecutor>();
+  return std::make_unique<ContractExecutor>(isa);
 }
 
 }  // namespace strata::engine

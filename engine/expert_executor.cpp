@@ -1,13 +1,14 @@
-// Expert executors of the reference engine: exact (fp32 oracle ops) and contract (the scalar
-// integer contract of docs/numerics.md). Both run the experts of a layer in parallel (TBB, one
-// task per expert); each output slot is written by exactly one task, so results do not depend on
-// the thread count.
+// Expert executors of the reference engine: exact (fp32 oracle ops; TBB, one task per expert) and
+// contract (the integer contract of docs/numerics.md on the fast CPU kernels,
+// engine/contract_executor.cpp). Each output slot is written by exactly one task, so results do
+// not depend on the thread count.
 #include "engine/expert_executor.h"
 
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
 
+#include "cpu/expert_kernels.h"
 #include "storage/error.h"
 
 namespace strata::engine {
@@ -88,8 +89,6 @@ class ExactExecutor final : public ExpertExecutor {
 
 }  // namespace
 
-std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c);  // below / later
-
 std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const ModelConfig& c) {
   if (n == ExpertNumerics::exact) return std::make_unique<ExactExecutor>();
   if (!c.moe.mxfp4)
@@ -97,7 +96,7 @@ std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const Mod
         "--experts-numerics contract: the contract (docs/numerics.md) is defined for "
         "MXFP4 routed experts; " +
         c.source + " has bf16 experts (use exact)");
-  return make_contract_executor(c);
+  return make_contract_executor(c, cpu::ExpertIsa::automatic);
 }
 
 }  // namespace strata::engine

@@ -14,11 +14,16 @@
 #include "cpu/ref/ops.h"
 #include "engine/model.h"
 
+namespace strata::cpu {
+enum class ExpertIsa;  // cpu/expert_kernels.h
+}
+
 namespace strata::engine {
 
 enum class ExpertNumerics {
   exact,     // experts dequantised to fp32 (MXFP4 exact), fp32 math: the oracle, used vs golden
-  contract,  // docs/numerics.md integer contract (strata::cpu::expert_ffn_contract), scalar
+  contract,  // docs/numerics.md integer contract: the fast CPU expert kernels
+             // (cpu/expert_kernels.h), bit-identical to the scalar strata::cpu::expert_ffn_contract
 };
 const char* expert_numerics_name(ExpertNumerics n);
 ExpertNumerics parse_expert_numerics(const std::string& s);  // throws strata::Error
@@ -63,5 +68,9 @@ class ExpertExecutor {
 // The executor for a numerics mode. contract requires MXFP4 experts (throws strata::Error naming
 // the reason otherwise: no silent fallback, STYLE §12).
 std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const ModelConfig& c);
+// The contract executor with its kernels' ISA chosen (cpu::ExpertIsa::automatic: the best this CPU
+// runs; scalar/avx2/avx512: forced, for tests and benchmarks). An ISA this CPU cannot run throws
+// strata::Error (no silent fallback). Requires MXFP4 experts (asserted).
+std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa);
 
 }  // namespace strata::engine
