@@ -1,12 +1,18 @@
 // Helpers shared by the tests: where the sources, the shared/ folder and the strata binary are.
 #pragma once
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 namespace strata::test {
 
-inline std::filesystem::path source_dir() { return STRATA_SOURCE_DIR; }
+inline std::filesystem::path source_dir() {
+  return STRATA_SOURCE_DIR;
+}
 
 // ../shared next to the checkout (CI lays a copy of shared/ beside the clone).
 inline std::filesystem::path shared_dir() {
@@ -14,9 +20,13 @@ inline std::filesystem::path shared_dir() {
   return source_dir().parent_path() / "shared";
 }
 
-inline std::filesystem::path golden_dir() { return shared_dir() / "golden"; }
+inline std::filesystem::path golden_dir() {
+  return shared_dir() / "golden";
+}
 
-inline std::string strata_exe() { return STRATA_EXE; }
+inline std::string strata_exe() {
+  return STRATA_EXE;
+}
 
 // A fresh scratch directory under the build tree, removed and recreated.
 inline std::filesystem::path scratch_dir(const std::string& name) {
@@ -24,6 +34,26 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;
+}
+
+// Runs the strata CLI with `args` (shell syntax) and returns its exit status and its stdout and
+// stderr together. status is -1 when the process could not be started or did not exit normally.
+struct CliResult {
+  int status = -1;
+  std::string out;
+};
+
+inline CliResult run_cli(const std::string& args) {
+  const std::string cmd = strata_exe() + " " + args + " 2>&1";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
 }
 
 }  // namespace strata::test

@@ -20,22 +20,9 @@ using namespace strata;
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;  // stdout + stderr
-};
-
+using Result = strata::test::CliResult;
 Result run(const std::string& args) {
-  std::string cmd = test::strata_exe() + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return strata::test::run_cli(args);
 }
 
 fs::path golden_k3() {

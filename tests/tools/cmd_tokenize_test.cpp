@@ -13,23 +13,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct RunResult {
-  int status = -1;
-  std::string out;  // stdout and stderr
-};
-
-RunResult run_cli(const std::string& args) {
-  const std::string cmd = strata::test::strata_exe() + " " + args + " 2>&1";
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using RunResult = strata::test::CliResult;
+using strata::test::run_cli;
 
 }  // namespace
 
