@@ -25,4 +25,16 @@ std::string cuda_device_description(int i) {
   return buf;
 }
 
+bool host_register(void* p, size_t bytes, std::string* why) {
+  cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (e == cudaSuccess) return true;
+  cudaGetLastError();  // not sticky: clear it so later launches do not report it
+  if (why) *why = cudaGetErrorString(e);
+  return false;
+}
+
+void host_unregister(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 }  // namespace strata::kernels

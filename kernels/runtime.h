@@ -1,6 +1,7 @@
 // CUDA runtime queries the rest of strata needs without including CUDA headers: whether a usable
 // GPU is present (GPU tests skip cleanly when not), and a status type every launcher returns.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace strata::kernels {
@@ -10,6 +11,11 @@ int cuda_device_count();
 
 // Name and memory of device `i` ("NVIDIA H200, 139.8 GiB"), for logs.
 std::string cuda_device_description(int i);
+
+// Page-locks an existing host allocation for DMA (cudaHostRegister, portable). Returns false and
+// sets *why when it fails or when this build has no CUDA; the memory stays usable either way.
+bool host_register(void* p, size_t bytes, std::string* why);
+void host_unregister(void* p);
 
 // What every kernel launcher returns: ok, or the CUDA error string of the failed launch.
 struct Status {

@@ -8,5 +8,10 @@ int cuda_device_count() {
 std::string cuda_device_description(int) {
   return "no CUDA in this build";
 }
+bool host_register(void*, size_t, std::string* why) {
+  if (why) *why = "no CUDA in this build";
+  return false;
+}
+void host_unregister(void*) {}
 }  // namespace strata::kernels
 #endif

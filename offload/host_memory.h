@@ -1,8 +1,9 @@
 // HostArena: the one allocation that backs the host expert cache — anonymous mmap, bound with
 // hwloc to the NUMA node nearest the GPU that will read it (or left to first touch where there is
 // no GPU), populated once at start-up and poisoned (0xFF: MXFP4 scale bytes that decode to NaN,
-// STYLE §3). Pinning for DMA (cudaHostRegister) is not done here: this build keeps offload free of
-// CUDA headers; describe() says so. Not here: what goes in the arena (offload/expert_store.h).
+// STYLE §3). Where a GPU is present it is page-locked for DMA (cudaHostRegister,
+// through kernels/runtime.h, so offload stays free of CUDA headers); describe() says whether. Not
+// here: what goes in the arena (offload/expert_store.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,12 +31,15 @@ class HostArena {
   uint8_t* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
   bool bound() const { return bound_; }
+  bool pinned() const { return pinned_; }
   std::string describe() const;
 
  private:
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
   bool bound_ = false;
+  bool pinned_ = false;
+  std::string pin_note_;  // why it is not pinned
   HostPlacement where_;
 };
 
