@@ -81,18 +81,20 @@ void kda_beta(const float* b, float* beta, int64_t n) {
   for (int64_t i = 0; i < n; ++i) beta[i] = sigmoid(b[i]);
 }
 
+// Head h's recurrent state [V, K]: inside the caller's state, or a zero state in `local` when the
+// caller passes none.
+static float* head_state(float* state, std::vector<float>& local, int64_t h, int64_t V, int64_t K) {
+  if (state) return state + h * V * K;
+  local.assign(size_t(V * K), 0.0f);
+  return local.data();
+}
+
 void kda_recurrent(const float* q, const float* k, const float* v, const float* g,
                    const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
                    int64_t V, float scale) {
   parallel_for_n(H, [&](int64_t h) {
     std::vector<float> local;
-    float* S = nullptr;  // [V, K]
-    if (state) {
-      S = state + h * V * K;
-    } else {
-      local.assign(size_t(V * K), 0.0f);
-      S = local.data();
-    }
+    float* S = head_state(state, local, h, V, K);  // [V, K]
     std::vector<float> qs(static_cast<size_t>(K)), alpha(static_cast<size_t>(K));
     for (int64_t t = 0; t < T; ++t) {
       const int64_t th = t * H + h;
@@ -123,13 +125,7 @@ void kda_chunked(const float* q, const float* k, const float* v, const float* g,
   STRATA_ASSERT(chunk >= 1);
   parallel_for_n(H, [&](int64_t h) {
     std::vector<float> local;
-    float* S = nullptr;  // [V, K]
-    if (state) {
-      S = state + h * V * K;
-    } else {
-      local.assign(size_t(V * K), 0.0f);
-      S = local.data();
-    }
+    float* S = head_state(state, local, h, V, K);  // [V, K]
     const int64_t C = chunk;
     std::vector<float> G(static_cast<size_t>(C * K));    // cumulative log decay inside the chunk
     std::vector<float> Qs(static_cast<size_t>(C * K));   // scaled q
