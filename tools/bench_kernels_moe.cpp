@@ -19,6 +19,7 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/gpu_timer.h"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/paths.h"
 #include "kernels/ops/device_memory.h"
 #include "storage/error.h"
 #include "tools/bench.h"
@@ -137,6 +138,16 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     l.peak = copy_gbps;
     l.note = "weight bytes, cold (rotating 16 of 896 experts)";
     r.add(l);
+    // Exploration (temporary): the same line at other L2 prefetch distances.
+    for (int ahead : {0, 1, 2, 4, 6, 10}) {
+      moe::detail::set_gemv_l2_ahead(ahead);
+      BenchLine e = l;
+      e.name = "moe/mxfp4-gemv T=1 l2ahead=" + std::to_string(ahead);
+      e.time = to_stats(kernels::gpu_time(
+          [&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); }, nullptr, 20, 3));
+      r.add(e);
+    }
+    moe::detail::set_gemv_l2_ahead(3);
 
     // 2. Grouped experts at prefill scale, both paths.
     for (int T : {64, 256, 1024, 4096}) {

@@ -66,3 +66,55 @@ __device__ __forceinline__ double block_term_fast(int d, int e_x, int s_w) {
 }
 
 }  // namespace strata::kernels::moe::detail
+
+namespace strata::kernels::moe::detail {
+
+// The decode GEMV's leaner form of the same dot (numerics.md §3). PRMT's selector nibble is a
+// 3-bit byte index plus a mode bit, and the mode bit (here the E2M1 sign bit) makes it emit the
+// selected byte's sign replicated — 0x00, as every doubled magnitude {0,1,2,3,4,6,8,12} is
+// positive. So one PRMT of the magnitude table by four raw codes gives the positive weights with
+// the negative ones zeroed (P), and one by the codes with their sign bits flipped gives the
+// negative weights' magnitudes (N): Σ w·q = Σ P·q − Σ N·q, exact in int32. 4 PRMT + 3 helpers +
+// 4 dp4a per 8 weights instead of a signed table lookup and a per-byte select.
+__device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(lo), "r"(hi), "r"(sel));
+  return r;
+}
+
+// Eight codes of one packed word (nibble k = element k) against activations qa (elements 0..3)
+// and qb (4..7): adds Σ P·q to pos and Σ N·q to neg (both wrap mod 2^32, like the hardware).
+__device__ __forceinline__ void dot8_split(uint32_t w, uint32_t qa, uint32_t qb, int& pos,
+                                           int& neg) {
+  const uint32_t wn = w ^ 0x88888888u;
+  pos = __dp4a(int(prmt(kPos0, kPos1, w)), int(qa), pos);
+  pos = __dp4a(int(prmt(kPos0, kPos1, w >> 16)), int(qb), pos);
+  neg = __dp4a(int(prmt(kPos0, kPos1, wn)), int(qa), neg);
+  neg = __dp4a(int(prmt(kPos0, kPos1, wn >> 16)), int(qb), neg);
+}
+
+// Exact block dot d (numerics.md §3) of 16 packed weight bytes against 32 int8 activations,
+// returned biased: the bits of d + 2^31 (= d ^ 0x80000000), the low word block_term_bits wants.
+__device__ __forceinline__ uint32_t dot_block_biased(uint4 w, uint4 qa, uint4 qb) {
+  int pos = int(0x80000000u), neg = 0;
+  dot8_split(w.x, qa.x, qa.y, pos, neg);
+  dot8_split(w.y, qa.z, qa.w, pos, neg);
+  dot8_split(w.z, qb.x, qb.y, pos, neg);
+  dot8_split(w.w, qb.z, qb.w, pos, neg);
+  return uint32_t(pos) - uint32_t(neg);
+}
+
+// The contract's block term t = d · 2^k, k = e_x + s_w − 128 (contract::block_term), from the
+// biased dot by bits: the fp64 number with high word hi = (1075 + k) << 20 | 0x80000 and low word
+// d + 2^31 is exactly (1.5·2^52 + 2^31 + d)·2^k; minus the same with d = 0 it is d·2^k, exact
+// (both share one exponent and the difference fits in 17 bits), +0 for d = 0 — the bits of
+// contract::block_term for every e_x in [−155, 121] and s_w in [0, 254] (1075 + k stays within
+// [792, 1322]). A poisoned e_x (INT32_MIN) gives a finite, meaningless term; the caller outputs
+// NaN for it anyway.
+__device__ __forceinline__ double block_term_bits(uint32_t biased_dot, int e_x, int s_w) {
+  const uint32_t hi = ((uint32_t(e_x) + uint32_t(s_w) + 947u) << 20) | 0x80000u;
+  return __dsub_rn(__hiloint2double(int(hi), int(biased_dot)),
+                   __hiloint2double(int(hi), int(0x80000000u)));
+}
+
+}  // namespace strata::kernels::moe::detail

@@ -52,6 +52,9 @@ __device__ __forceinline__ void quantize_block_warp(float x, int lane, int8_t* q
 constexpr int kQuantWarps = 8;
 
 __global__ void quantize_kernel(const float* x, int rows, int K, QuantRows out) {
+  // The GEMV launched after this one may start (and load its weights) now; it waits for this
+  // grid's results itself.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int lane = threadIdx.x & 31;
   const int nb = K / c::kBlock;
   const size_t blk = size_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
@@ -61,6 +64,9 @@ __global__ void quantize_kernel(const float* x, int rows, int K, QuantRows out) 
 
 __global__ void glu_quantize_kernel(const float* gu, int rows, int K, GluParams glu,
                                     QuantRows out) {
+  // Launched as a programmatic dependent (GEMV path): gu is complete only after the wait.
+  asm volatile("griddepcontrol.launch_dependents;");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int nb = K / c::kBlock;
   const size_t blk = size_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
@@ -107,11 +113,19 @@ Status quantize_rows(const float* x, int rows, int K, const QuantRows& out, void
 }
 
 Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
-                         const QuantRows& out, void* stream) {
+                         const QuantRows& out, bool dependent, void* stream) {
   if (rows == 0) return {};
-  glu_quantize_kernel<<<quant_grid(rows, K), kQuantWarps * 32, 0,
-                        kernels::detail::as_stream(stream)>>>(gu, rows, K, glu, out);
-  return kernels::detail::launch_status();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(quant_grid(rows, K));
+  cfg.blockDim = dim3(kQuantWarps * 32);
+  cfg.stream = kernels::detail::as_stream(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  return kernels::detail::status_of(
+      cudaLaunchKernelEx(&cfg, glu_quantize_kernel, gu, rows, K, glu, out));
 }
 
 }  // namespace detail
@@ -146,7 +160,10 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   }
   if (path == ExpertPath::gemv) s = detail::gemv_gate_up(b, ws, stream);
   if (!s.ok()) return s;
-  if (s = detail::glu_quantize_rows(ws.gu, b.P, b.I, b.glu, ws.h_q, stream); !s.ok()) return s;
+  if (s = detail::glu_quantize_rows(ws.gu, b.P, b.I, b.glu, ws.h_q, path == ExpertPath::gemv,
+                                    stream);
+      !s.ok())
+    return s;
   if (path == ExpertPath::imma) {
     s = detail::imma_down(b, ws, stream);
     if (not_supported(s) && automatic) path = ExpertPath::gemv;

@@ -32,13 +32,17 @@ Workspace carve(void* base, int T, int P, int H, int I);
 
 // Quantize `rows` rows of x [rows, K] (numerics.md §2).
 Status quantize_rows(const float* x, int rows, int K, const QuantRows& out, void* stream);
-// h = glu(g, u) (numerics.md §4.2) of gu [rows, 2, K], quantized into out [rows, K].
+// h = glu(g, u) (numerics.md §4.2) of gu [rows, 2, K], quantized into out [rows, K]. dependent:
+// launch it as a programmatic dependent of the kernel before it (that kernel triggers early, this
+// one waits for its results; the GEMV path).
 Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
-                         const QuantRows& out, void* stream);
+                         const QuantRows& out, bool dependent, void* stream);
 
 // GEMV path: gu = (w1·x, w3·x) for every pair; y = w2·h_q.
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+// Exploration knob of the GEMV path (benchmarks only): rows prefetched into L2 ahead.
+void set_gemv_l2_ahead(int rows);
 
 // IMMA path: the same two steps on int8 tensor cores. Returns cudaErrorNotSupported status when
 // the shapes are outside what it handles (the dispatcher then uses the GEMV path).

@@ -51,9 +51,10 @@ struct SlotLayout {
   }
 };
 
-// Random packed codes; scale codes around 2^-7 (so g, u land in the GLU's interesting range),
-// shifted by the expert id so expert e's outputs carry e's signature.
-void fill_slot(std::vector<uint8_t>& cache, size_t base, const SlotLayout& L, int H, int I, int e) {
+// Random packed codes; scale codes scale_base + 0..6 (default 117: around 2^-7, so g, u land in
+// the GLU's interesting range), shifted by the expert id so expert e's outputs carry e's signature.
+void fill_slot(std::vector<uint8_t>& cache, size_t base, const SlotLayout& L, int H, int I, int e,
+               int scale_base) {
   Rng r{0x5eed0000ull + uint64_t(e) * 7919};
   const size_t sz[6] = {size_t(I) * H / 2,  size_t(I) * H / 32, size_t(I) * H / 2,
                         size_t(I) * H / 32, size_t(H) * I / 2,  size_t(H) * I / 32};
@@ -62,7 +63,7 @@ void fill_slot(std::vector<uint8_t>& cache, size_t base, const SlotLayout& L, in
     const bool scale = part % 2 == 1;
     for (size_t i = 0; i < sz[part]; i++) {
       uint64_t v = r.next();
-      p[i] = scale ? uint8_t(117 + int(v % 5) + e % 3) : uint8_t(v);
+      p[i] = scale ? uint8_t(scale_base + int(v % 5) + e % 3) : uint8_t(v);
     }
   }
 }
@@ -74,6 +75,7 @@ struct Case {
   std::vector<std::vector<int>> group_tokens;  // tokens routed to each group
   int poisoned_token = -1;                     // gets an Inf in x
   float x_scale = 1.0f;
+  int scale_base = 117;  // weight scale codes scale_base + 0..6 (≤ 254)
 };
 
 struct Reference {
@@ -97,7 +99,8 @@ Prepared prepare(const Case& c) {
   p.L = SlotLayout(c.H, c.I);
   p.cache.assign(p.L.bytes * size_t(c.slots), 0xFF);  // free slots stay 0xFF (NaN scales)
   for (int g = 0; g < int(c.group_slot.size()); g++)
-    fill_slot(p.cache, p.L.bytes * size_t(c.group_slot[g]), p.L, c.H, c.I, c.group_slot[g]);
+    fill_slot(p.cache, p.L.bytes * size_t(c.group_slot[g]), p.L, c.H, c.I, c.group_slot[g],
+              c.scale_base);
   Rng r{42};
   p.x.resize(size_t(c.T) * c.H);
   for (float& v : p.x) v = r.normal() * c.x_scale;
@@ -260,6 +263,30 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
       c.x_scale = 3.0f;
       c.group_slot = {5, 1, 2, 0};
       c.group_tokens = {{0, 4, 7, 12}, {}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {6}};
+      Prepared p = prepare(c);
+      check_gpu(p, moe::ExpertPath::gemv);
+      check_gpu(p, moe::ExpertPath::imma);
+    }
+  }
+}
+
+TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scales)", "[gpu]") {
+  if (!have_gpu()) return;
+  // The GEMV builds each block term d · 2^(e_x + s_w − 128) from its bits: these cases push e_x
+  // and s_w to the ends of their ranges (subnormal and near-overflow activations, scale codes 0..6
+  // and 248..254), where outputs round to 0, to subnormals or overflow to ±Inf.
+  struct Extreme {
+    float x_scale;
+    int scale_base;
+  };
+  const Extreme cases[] = {{1e-38f, 0}, {1e-38f, 248}, {1e30f, 0}, {1e30f, 248}, {3.0f, 0}};
+  for (const Extreme& ex : cases) {
+    DYNAMIC_SECTION("x_scale=" << ex.x_scale << " scale_base=" << ex.scale_base) {
+      Case c;
+      c.H = 96, c.I = 4128, c.T = 3, c.slots = 3, c.glu = situ();
+      c.x_scale = ex.x_scale, c.scale_base = ex.scale_base;
+      c.group_slot = {2, 0};
+      c.group_tokens = {{0, 1, 2}, {1}};
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
