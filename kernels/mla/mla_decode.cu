@@ -1,11 +1,22 @@
-// Absorbed MLA decode (see mla.h), three kernels:
-//   absorb_q  (grid: head × 128-column tile) — q_lat = bf16(W_UKᵀ q_nope) for the whole batch, so
-//             each W_UK_h column is read once per call; q_pe copied beside it.
-//   attn_split (grid: split × head group of 16 × sequence) — one block streams its slice of the
-//             sequence's latent cache once for 16 heads: scores over [ĉ | k_pe] (576) and
-//             ctx = Σ p ĉ on tensor cores (bf16 mma.sync, fp32 accumulate; p rounded to bf16),
-//             fp32 online softmax (exp2 domain); writes (m, l, unnormalised ctx).
-//   merge_out (grid: head × sequence) — merges the splits' softmax states, then o = W_UV·ctx.
+// Absorbed MLA decode (see mla.h), four kernels:
+//   absorb_q  (grid: head × 256-column half) — q_lat = bf16(W_UKᵀ q_nope) for the whole batch;
+//             each thread keeps its 16×8 slice of W_UK_h in registers for all sequences; q_pe
+//             copied beside it, so q_lat rows are the 576-wide bf16 queries of the cache rows.
+//   attn_split (grid: split × group of 48 heads × sequence) — one block streams its slice of the
+//             sequence's latent cache through shared memory once (cp.async, 2 stages of 64 rows)
+//             for 48 heads, so the cache is read from DRAM about once (the second head group of a
+//             split runs beside the first and mostly hits L2). 12 warps: warp (m, q) owns heads
+//             16m .. 16m+15 and, for QKᵀ, the 144-wide k-slice q of [ĉ | k_pe] (its q_lat
+//             fragments live in registers), for P·Ĉ the 128 value columns 128q .. 128q+127
+//             (bf16 mma.sync, fp32 accumulate; P rounded to bf16). The four k-slice partial
+//             scores of a head group are summed through shared memory; fp32 online softmax in
+//             the exp2 domain; writes (m, l, unnormalised ctx) per split.
+//   merge_ctx (grid: head × sequence) — merges the splits' softmax states into ctx (fp32).
+//   out_uv    (grid: head × 32-row quarter of W_UV_h) — o = bf16(W_UV·ctx), weights in registers.
+// Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP. With m16n8k16 tiles every
+// 16-head group re-reads each cache tile from shared memory through ldmatrix
+// (6 × (576 + 512) × 2 B per row = 1.7 GB at 128 B/clk/SM ≈ 51 µs on 132 SMs): the shared-memory
+// floor of this mma.sync design; the DRAM floor is 35 µs.
 #include <algorithm>
 #include <cmath>
 
@@ -19,16 +30,25 @@ namespace {
 using namespace strata::kernels::detail;
 
 constexpr int kKv = kNope + kV;
-constexpr int HG = 16;  // heads per attention block (the M of one m16n8k16 tile)
-constexpr int BK = 64;  // cache rows per tile
-constexpr int kThreads = 128;
-constexpr int KSTR = kCacheDim + 8;  // bf16 row stride: 8 rows of a fragment hit distinct banks
-constexpr int SSTR = BK + 4;
-constexpr int PSTR = BK + 8;
-constexpr size_t kSplitSmem =
-    2 * size_t(HG + BK) * KSTR + 4 * size_t(HG) * SSTR + 2 * size_t(HG) * PSTR + 4 * HG;
-constexpr int kMinSplitLen = 256;
-constexpr int kMaxSplits = 64;  // merge_out keeps one weight per split in shared memory
+constexpr int HC = 48;                  // heads per attention block
+constexpr int MT = HC / 16;             // 16-head m-tiles per block
+constexpr int QW = 4;                   // warps per m-tile
+constexpr int kWarps = MT * QW;         // 12
+constexpr int kThreads = kWarps * 32;   // 384
+constexpr int BK = 64;                  // cache rows per tile
+constexpr int KSLICE = kCacheDim / QW;  // 144: QKᵀ k-slice of one warp (9 k-steps)
+constexpr int VSLICE = kLatent / QW;    // 128: P·Ĉ columns of one warp
+constexpr int KSTR = kCacheDim + 8;  // bf16 row stride (1168 B): ldmatrix rows hit distinct banks
+constexpr int SPSTR = BK + 4;        // fp32 partial-score row stride
+constexpr int PSTR = BK + 8;         // bf16 P row stride (144 B)
+constexpr int kStages = 2;
+constexpr size_t kTileBytes = size_t(BK) * KSTR * 2;
+constexpr size_t kPartBytes = size_t(kWarps) * 16 * SPSTR * 4;  // partial scores
+constexpr size_t kPBytes = size_t(MT) * 16 * PSTR * 2;
+constexpr size_t kStatBytes = size_t(MT) * QW * 16 * 4;  // row maxima (then row sums)
+constexpr size_t kSplitSmem = kStages * kTileBytes + kPartBytes + kPBytes + kStatBytes;
+static_assert(kSplitSmem <= 227 * 1024, "attn_split shared memory");
+constexpr int kMaxSplits = 128;  // merge_ctx keeps one weight per split in shared memory
 
 struct Lens {
   int32_t len[kMaxSeqs];
@@ -39,212 +59,297 @@ struct Plan {
   int64_t chunk = 0;  // positions per split, a multiple of BK
 };
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v < 1)
+      v = 132;
+    return v;
+  }();
+  return n;
+}
+
+// Split count that minimises (waves of one-block-per-SM) × (tiles per split + a fixed cost of about
+// two tiles for the prologue, the q fragments and the partial-state write).
 Plan plan_splits(int H, int B, int64_t max_len) {
+  const int64_t tiles = (max_len + BK - 1) / BK;
+  const int64_t per_split = int64_t(B) * ((H + HC - 1) / HC);
+  const int64_t sms = sm_count();
+  int64_t best_cost = INT64_MAX, best_chunk = tiles;
+  for (int64_t s = 1; s <= std::min<int64_t>(kMaxSplits, tiles); s++) {
+    const int64_t ct = (tiles + s - 1) / s;
+    const int64_t actual = (tiles + ct - 1) / ct;
+    const int64_t waves = (actual * per_split + sms - 1) / sms;
+    const int64_t cost = waves * (ct + 2);
+    if (cost < best_cost) best_cost = cost, best_chunk = ct;
+  }
   Plan p;
-  const int groups = (H + HG - 1) / HG;
-  const int64_t want = (2 * 132 + int64_t(B) * groups - 1) / (int64_t(B) * groups);
-  const int64_t cap = std::max<int64_t>(1, (max_len + kMinSplitLen - 1) / kMinSplitLen);
-  int64_t splits = std::max<int64_t>(1, std::min({want, cap, int64_t(kMaxSplits)}));
-  int64_t chunk = (max_len + splits - 1) / splits;
-  chunk = std::max<int64_t>(BK, (chunk + BK - 1) / BK * BK);
-  p.splits = int((max_len + chunk - 1) / chunk);
-  if (p.splits < 1) p.splits = 1;
-  p.chunk = chunk;
+  p.chunk = best_chunk * BK;
+  p.splits = int((tiles + best_chunk - 1) / best_chunk);
   return p;
 }
 
 struct Ws {
-  float* qf;   // [B, H, 576]
-  float* ctx;  // [B, splits, H, 512]
-  float* ml;   // [B, splits, H, 2]
+  uint16_t* qlat;  // [B, H, 576] bf16: [q_lat | q_pe]
+  float* part;     // [B, splits, H, 512] unnormalised ctx per split
+  float* ctx;      // [B, H, 512] merged, normalised ctx
+  float* ml;       // [B, splits, H, 2] (running max, sum) per split
 };
+
+size_t ws_bytes(int H, int B, int splits) {
+  return size_t(B) * H * kCacheDim * 2 +
+         sizeof(float) * size_t(B) * H * (size_t(splits) * (kLatent + 2) + kLatent);
+}
 
 Ws carve(void* base, int H, int B, int splits) {
   Ws w;
-  w.qf = static_cast<float*>(base);
-  w.ctx = w.qf + int64_t(B) * H * kCacheDim;
-  w.ml = w.ctx + int64_t(B) * splits * H * kLatent;
+  w.qlat = static_cast<uint16_t*>(base);
+  w.part = reinterpret_cast<float*>(w.qlat + int64_t(B) * H * kCacheDim);
+  w.ctx = w.part + int64_t(B) * splits * H * kLatent;
+  w.ml = w.ctx + int64_t(B) * H * kLatent;
   return w;
 }
 
-constexpr int kAbsorbB = 32;  // sequences per pass of absorb_q
-
-__global__ void __launch_bounds__(128)
-    absorb_q(int H, int B, const uint16_t* q, const uint16_t* kv_b, float* qf) {
-  const int h = blockIdx.x, c = blockIdx.y * 128 + threadIdx.x;
-  __shared__ float qs[kAbsorbB][kNope];
-  const uint16_t* wk = kv_b + int64_t(h) * kKv * kLatent + c;  // W_UK_h column c, stride 512
-  for (int b0 = 0; b0 < B; b0 += kAbsorbB) {
-    const int nb = min(kAbsorbB, B - b0);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < nb * kNope; idx += 128) {
-      const int b = idx / kNope, d = idx % kNope;
-      qs[b][d] = bf(q[(int64_t(b0 + b) * H + h) * kQDim + d]);
-    }
-    __syncthreads();
-    float acc[kAbsorbB];
+// Block (h, half): thread (warp w, lane) owns columns half·256 + 8·lane .. +7 over d = 16w .. +15.
+__global__ void __launch_bounds__(256)
+    absorb_q(int H, int B, const uint16_t* q, const uint16_t* kv_b, uint16_t* qlat) {
+  const int h = blockIdx.x, half = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __shared__ float qs[kNope];
+  __shared__ __align__(16) float red[8][256];
+  const int col = half * 256 + lane * 8;
+  uint4 w[16];
+  const uint16_t* wk = kv_b + (int64_t(h) * kKv + warp * 16) * kLatent + col;
 #pragma unroll
-    for (int b = 0; b < kAbsorbB; b++) acc[b] = 0.f;
-    for (int d = 0; d < kNope; d++) {
-      const float w = bf(wk[int64_t(d) * kLatent]);
+  for (int i = 0; i < 16; i++) w[i] = *reinterpret_cast<const uint4*>(wk + int64_t(i) * kLatent);
+  for (int b = 0; b < B; b++) {
+    const uint16_t* qb = q + (int64_t(b) * H + h) * kQDim;
+    if (tid < kNope) qs[tid] = bf(qb[tid]);
+    __syncthreads();
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int b = 0; b < kAbsorbB; b++) acc[b] += qs[b][d] * w;
+    for (int i = 0; i < 16; i++) {
+      const float x = qs[warp * 16 + i];
+      const uint32_t u[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        acc[2 * j] += x * __uint_as_float(u[j] << 16);
+        acc[2 * j + 1] += x * __uint_as_float(u[j] & 0xffff0000u);
+      }
     }
-    for (int b = 0; b < nb; b++) {
-      float* dst = qf + (int64_t(b0 + b) * H + h) * kCacheDim;
-      dst[c] = round_bf(acc[b]);
-      if (blockIdx.y == 0 && threadIdx.x < kRope)
-        dst[kLatent + threadIdx.x] = bf(q[(int64_t(b0 + b) * H + h) * kQDim + kNope + threadIdx.x]);
-    }
+    *reinterpret_cast<float4*>(&red[warp][lane * 8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    *reinterpret_cast<float4*>(&red[warp][lane * 8 + 4]) =
+        make_float4(acc[4], acc[5], acc[6], acc[7]);
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s += red[i][tid];
+    uint16_t* dst = qlat + (int64_t(b) * H + h) * kCacheDim;
+    dst[half * 256 + tid] = to_bf(s);
+    if (half == 0 && tid < kRope) dst[kLatent + tid] = qb[kNope + tid];
+    __syncthreads();
   }
 }
 
-// One block = 16 heads × one split of one sequence; 4 warps. Per tile of 64 cache rows: scores
-// S[16 heads, 64] = Q[16, 576] · Kᵀ on tensor cores (warp w: rows 16w .. 16w+15), fp32 online
-// softmax in shared memory, P rounded to bf16, ctx[16, 512] += P · Ĉ (warp w: columns
-// 128w .. 128w+127, accumulators in registers).
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     attn_split(int H, const uint16_t* cache, int64_t cache_stride, const Lens lens, int64_t chunk,
                int splits, float qscale, Ws ws) {
-  const int split = blockIdx.x, hg = blockIdx.y, b = blockIdx.z;
+  const int split = blockIdx.x, hb = blockIdx.y * HC, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  extern __shared__ __align__(16) float sm[];
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(sm);              // [HG][KSTR] bf16
-  uint16_t* Ks = Qs + HG * KSTR;                               // [BK][KSTR] bf16
-  float* Ss = reinterpret_cast<float*>(Ks + BK * KSTR);        // [HG][SSTR]
-  uint16_t* Ps = reinterpret_cast<uint16_t*>(Ss + HG * SSTR);  // [HG][PSTR] bf16
-  float* As = reinterpret_cast<float*>(Ps + HG * PSTR);        // [HG]
-  const int h0 = hg * HG;
+  const int mt = warp / QW, qw = warp % QW;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);                   // [2][BK][KSTR]
+  float* Sp = reinterpret_cast<float*>(smem + kStages * kTileBytes);  // [12][16][SPSTR]
+  uint16_t* Ps =
+      reinterpret_cast<uint16_t*>(smem + kStages * kTileBytes + kPartBytes);  // [MT][16][PSTR]
+  float* St =
+      reinterpret_cast<float*>(smem + kStages * kTileBytes + kPartBytes + kPBytes);  // [MT][QW][16]
   const int len = lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
-  for (int idx = tid; idx < HG * kCacheDim; idx += kThreads) {
-    const int hh = idx / kCacheDim, c = idx % kCacheDim;
-    Qs[hh * KSTR + c] =
-        h0 + hh < H ? to_bf(ws.qf[(int64_t(b) * H + h0 + hh) * kCacheDim + c]) : uint16_t(0);
-  }
+  const int ntiles = se > sb ? int((se - sb + BK - 1) / BK) : 0;
   const uint16_t* cb = cache + int64_t(b) * cache_stride;
-  const int sh = tid / 8, sl = tid % 8;  // softmax role: head sh, rows sl + 8j
-  float m = -INFINITY, l = 0.f;
-  float acc[16][4];
-#pragma unroll
-  for (int nt = 0; nt < 16; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-  for (int64_t s0 = sb; s0 < se; s0 += BK) {
-    __syncthreads();
+
+  auto load_tile = [&](int stage, int64_t s0) {
+    uint16_t* dst = Ks + stage * BK * KSTR;
     for (int idx = tid; idx < BK * (kCacheDim / 8); idx += kThreads) {
       const int j = idx / (kCacheDim / 8), c8 = (idx % (kCacheDim / 8)) * 8;
-      const int64_t s = s0 + j;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (s < se) v = *reinterpret_cast<const uint4*>(cb + s * kCacheDim + c8);
-      *reinterpret_cast<uint4*>(Ks + j * KSTR + c8) = v;
+      const bool valid = s0 + j < se;
+      cp_async16(dst + j * KSTR + c8, cb + (valid ? s0 + j : sb) * kCacheDim + c8, valid ? 16 : 0);
     }
-    __syncthreads();
-    {  // scores of rows 16·warp .. +15
-      float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll 4
-      for (int k0 = 0; k0 < kCacheDim; k0 += 16) {
-        uint32_t a[4];
-        a[0] = ld32(Qs + g * KSTR + k0 + 2 * t);
-        a[1] = ld32(Qs + (g + 8) * KSTR + k0 + 2 * t);
-        a[2] = ld32(Qs + g * KSTR + k0 + 8 + 2 * t);
-        a[3] = ld32(Qs + (g + 8) * KSTR + k0 + 8 + 2 * t);
+    cp_async_commit();
+  };
+  if (ntiles > 0) load_tile(0, sb);
+
+  // q fragments of rows hb + 16mt + {g, g+8}, k-slice qw (9 k-steps).
+  uint32_t qa[KSLICE / 16][4];
+  {
+    const int h_lo = hb + mt * 16 + g, h_hi = h_lo + 8;
+    const uint16_t* q_lo = ws.qlat + (int64_t(b) * H + h_lo) * kCacheDim + qw * KSLICE + 2 * t;
+    const uint16_t* q_hi = ws.qlat + (int64_t(b) * H + h_hi) * kCacheDim + qw * KSLICE + 2 * t;
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-          const uint16_t* kr = Ks + (warp * 16 + nt * 8 + g) * KSTR + k0 + 2 * t;
-          mma16816(c[nt], a, ld32(kr), ld32(kr + 8));
+    for (int kk = 0; kk < KSLICE / 16; kk++) {
+      qa[kk][0] = h_lo < H ? ld32(q_lo + kk * 16) : 0u;
+      qa[kk][1] = h_hi < H ? ld32(q_hi + kk * 16) : 0u;
+      qa[kk][2] = h_lo < H ? ld32(q_lo + kk * 16 + 8) : 0u;
+      qa[kk][3] = h_hi < H ? ld32(q_hi + kk * 16 + 8) : 0u;
+    }
+  }
+  // Softmax role: head r of the m-tile, keys 16qw + 8hh .. +7 of each tile.
+  const int r = lane & 15, hh = lane >> 4;
+  float m_r = -INFINITY, l_r = 0.f;          // running max / this warp's share of the sum, head r
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of heads g, g+8 (P·Ĉ layout)
+  float acc[VSLICE / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < VSLICE / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  float* sp_mine = Sp + warp * 16 * SPSTR;
+  float* st = St + mt * QW * 16;
+  uint16_t* ps = Ps + mt * 16 * PSTR;
+  const int bar = 1 + mt;
+
+  for (int it = 0; it < ntiles; it++) {
+    const int64_t s0 = sb + int64_t(it) * BK;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < ntiles) load_tile((it + 1) & 1, s0 + BK);
+    const uint16_t* kt = Ks + (it & 1) * BK * KSTR;
+    // Partial scores over this warp's k-slice, [16 heads, 64 keys] in two halves of 32 keys
+    // (fewer live accumulators next to the 64 ctx and 36 q registers).
+    const uint16_t* kbase =
+        kt + ((lane & 7) + (lane >> 4) * 8) * KSTR + qw * KSLICE + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int nh = 0; nh < 2; nh++) {
+      float c[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KSLICE / 16; kk++) {
+#pragma unroll
+        for (int nb = 0; nb < 2; nb++) {
+          uint32_t kf[4];
+          ldsm_x4(kf, kbase + (nh * 32 + nb * 16) * KSTR + kk * 16);
+          mma16816(c[2 * nb], qa[kk], kf[0], kf[1]);
+          mma16816(c[2 * nb + 1], qa[kk], kf[2], kf[3]);
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 2; nt++) {
-        const int j = warp * 16 + nt * 8 + 2 * t;
-        const bool v0 = s0 + j < se, v1 = s0 + j + 1 < se;
-        Ss[g * SSTR + j] = v0 ? c[nt][0] * qscale : -INFINITY;
-        Ss[g * SSTR + j + 1] = v1 ? c[nt][1] * qscale : -INFINITY;
-        Ss[(g + 8) * SSTR + j] = v0 ? c[nt][2] * qscale : -INFINITY;
-        Ss[(g + 8) * SSTR + j + 1] = v1 ? c[nt][3] * qscale : -INFINITY;
+      for (int nt = 0; nt < 4; nt++) {
+        const int col = nh * 32 + nt * 8 + 2 * t;
+        *reinterpret_cast<float2*>(sp_mine + g * SPSTR + col) = make_float2(c[nt][0], c[nt][1]);
+        *reinterpret_cast<float2*>(sp_mine + (g + 8) * SPSTR + col) =
+            make_float2(c[nt][2], c[nt][3]);
       }
     }
-    __syncthreads();
-    {  // online softmax of head sh over this tile
-      float sc[BK / 8], mx = -INFINITY;
+    named_bar(bar, QW * 32);
+    // Scores of head r, keys 16qw + 8hh .. +7: the sum of the four k-slices.
+    float sc[8];
+    {
+      const int k0 = qw * 16 + hh * 8;
 #pragma unroll
-      for (int j = 0; j < BK / 8; j++) {
-        sc[j] = Ss[sh * SSTR + sl + 8 * j];
+      for (int j = 0; j < 8; j++) sc[j] = 0.f;
+#pragma unroll
+      for (int p = 0; p < QW; p++) {
+        const float* src = Sp + ((mt * QW + p) * 16 + r) * SPSTR + k0;
+        const float4 x0 = *reinterpret_cast<const float4*>(src);
+        const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
+        sc[0] += x0.x, sc[1] += x0.y, sc[2] += x0.z, sc[3] += x0.w;
+        sc[4] += x1.x, sc[5] += x1.y, sc[6] += x1.z, sc[7] += x1.w;
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        sc[j] = s0 + k0 + j < se ? sc[j] * qscale : -INFINITY;
         mx = fmaxf(mx, sc[j]);
       }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_new = fmaxf(m, mx);  // finite: row s0 < se is always valid
-      const float alpha = exp2f(m - m_new);
-      float ps = 0.f;
-#pragma unroll
-      for (int j = 0; j < BK / 8; j++) {
-        const uint16_t pb = to_bf(exp2f(sc[j] - m_new));
-        Ps[sh * PSTR + sl + 8 * j] = pb;
-        ps += bf(pb);
-      }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-      l = l * alpha + ps;
-      m = m_new;
-      if (sl == 0) As[sh] = alpha;
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      if (hh == 0) st[qw * 16 + r] = mx;
     }
-    __syncthreads();
-    {  // ctx[:, 128·warp ..] = alpha · ctx + P · Ĉ
-      const float a_lo = As[g], a_hi = As[g + 8];
+    named_bar(bar, QW * 32);
+    {  // new running maxima (identical in every warp of the m-tile), P = bf16(exp2(s − m))
+      float mr = m_r, ml = m_lo, mh = m_hi;
 #pragma unroll
-      for (int nt = 0; nt < 16; nt++) {
+      for (int p = 0; p < QW; p++) {
+        mr = fmaxf(mr, st[p * 16 + r]);
+        ml = fmaxf(ml, st[p * 16 + g]);
+        mh = fmaxf(mh, st[p * 16 + g + 8]);
+      }
+      // finite: the tile's first row is valid
+      const float alpha_r = exp2f(m_r - mr);
+      uint32_t pk[4];
+      float psum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint16_t p0 = to_bf(exp2f(sc[2 * j] - mr)), p1 = to_bf(exp2f(sc[2 * j + 1] - mr));
+        psum += bf(p0) + bf(p1);
+        pk[j] = uint32_t(p0) | (uint32_t(p1) << 16);
+      }
+      psum += __shfl_xor_sync(0xffffffffu, psum, 16);
+      l_r = l_r * alpha_r + psum;
+      m_r = mr;
+      *reinterpret_cast<uint4*>(ps + r * PSTR + qw * 16 + hh * 8) =
+          make_uint4(pk[0], pk[1], pk[2], pk[3]);
+      const float a_lo = exp2f(m_lo - ml), a_hi = exp2f(m_hi - mh);
+      m_lo = ml;
+      m_hi = mh;
+#pragma unroll
+      for (int nt = 0; nt < VSLICE / 8; nt++) {
         acc[nt][0] *= a_lo;
         acc[nt][1] *= a_lo;
         acc[nt][2] *= a_hi;
         acc[nt][3] *= a_hi;
       }
+    }
+    named_bar(bar, QW * 32);
+    {  // ctx[16 heads, 128·qw ..] += P · Ĉ
+      const uint16_t* pa = ps + ((lane & 7) + ((lane >> 3) & 1) * 8) * PSTR + (lane >> 4) * 8;
+      const uint16_t* vb =
+          kt + ((lane & 7) + ((lane >> 3) & 1) * 8) * KSTR + qw * VSLICE + (lane >> 4) * 8;
 #pragma unroll
-      for (int k0 = 0; k0 < BK; k0 += 16) {
+      for (int kk = 0; kk < BK / 16; kk++) {
         uint32_t a[4];
-        a[0] = ld32(Ps + g * PSTR + k0 + 2 * t);
-        a[1] = ld32(Ps + (g + 8) * PSTR + k0 + 2 * t);
-        a[2] = ld32(Ps + g * PSTR + k0 + 8 + 2 * t);
-        a[3] = ld32(Ps + (g + 8) * PSTR + k0 + 8 + 2 * t);
-        const uint16_t* r0 = Ks + (k0 + 2 * t) * KSTR + warp * 128 + g;
+        ldsm_x4(a, pa + kk * 16);
 #pragma unroll
-        for (int nt = 0; nt < 16; nt++) {
-          const uint16_t* r = r0 + nt * 8;
-          const uint32_t b0 = uint32_t(r[0]) | (uint32_t(r[KSTR]) << 16);
-          const uint32_t b1 = uint32_t(r[8 * KSTR]) | (uint32_t(r[9 * KSTR]) << 16);
-          mma16816(acc[nt], a, b0, b1);
+        for (int nb = 0; nb < VSLICE / 16; nb++) {
+          uint32_t vf[4];
+          ldsm_x4_trans(vf, vb + kk * 16 * KSTR + nb * 16);
+          mma16816(acc[2 * nb], a, vf[0], vf[1]);
+          mma16816(acc[2 * nb + 1], a, vf[2], vf[3]);
         }
       }
     }
   }
   // Partial state of this split (an empty split leaves m = −inf, l = 0, ctx = 0).
-  const int64_t row0 = (int64_t(b) * splits + split) * H;
-  if (sl == 0 && h0 + sh < H) {
-    ws.ml[(row0 + h0 + sh) * 2] = m;
-    ws.ml[(row0 + h0 + sh) * 2 + 1] = l;
-  }
+  __syncthreads();
+  if (hh == 0) st[qw * 16 + r] = l_r;
+  __syncthreads();
+  const int64_t row0 = (int64_t(b) * splits + split) * H + hb + mt * 16;
+  if (qw == 0 && hh == 0 && hb + mt * 16 + r < H) {
+    float l = 0.f;
 #pragma unroll
-  for (int nt = 0; nt < 16; nt++) {
-    const int col = warp * 128 + nt * 8 + 2 * t;
-    if (h0 + g < H) {
-      float* d = ws.ctx + (row0 + h0 + g) * kLatent + col;
-      d[0] = acc[nt][0];
-      d[1] = acc[nt][1];
-    }
-    if (h0 + g + 8 < H) {
-      float* d = ws.ctx + (row0 + h0 + g + 8) * kLatent + col;
-      d[0] = acc[nt][2];
-      d[1] = acc[nt][3];
-    }
+    for (int p = 0; p < QW; p++) l += st[p * 16 + r];
+    ws.ml[(row0 + r) * 2] = m_r;
+    ws.ml[(row0 + r) * 2 + 1] = l;
+  }
+  const bool lo_ok = hb + mt * 16 + g < H, hi_ok = hb + mt * 16 + g + 8 < H;
+#pragma unroll
+  for (int nt = 0; nt < VSLICE / 8; nt++) {
+    const int col = qw * VSLICE + nt * 8 + 2 * t;
+    if (lo_ok)
+      *reinterpret_cast<float2*>(ws.part + (row0 + g) * kLatent + col) =
+          make_float2(acc[nt][0], acc[nt][1]);
+    if (hi_ok)
+      *reinterpret_cast<float2*>(ws.part + (row0 + g + 8) * kLatent + col) =
+          make_float2(acc[nt][2], acc[nt][3]);
   }
 }
 
-__global__ void __launch_bounds__(128)
-    merge_out(int H, int splits, const uint16_t* kv_b, Ws ws, uint16_t* out) {
+// Block (h, b), 512 threads: thread (group = tid / 128, c4 = tid % 128) sums splits ≡ group mod 4
+// for columns 4·c4 .. +3; the four groups are added in a fixed order.
+__global__ void __launch_bounds__(512) merge_ctx(int H, int splits, Ws ws) {
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  __shared__ float ctx[kLatent];
-  __shared__ float wsplit[64];
+  __shared__ float wsplit[kMaxSplits];
   __shared__ float inv_l;
+  __shared__ __align__(16) float4 red[4][kLatent / 4];
   if (warp == 0) {
     float M = -INFINITY;
     for (int i = lane; i < splits; i += 32)
@@ -254,30 +359,77 @@ __global__ void __launch_bounds__(128)
     for (int i = lane; i < splits; i += 32) {
       const float* ml = ws.ml + ((int64_t(b) * splits + i) * H + h) * 2;
       const float w = ml[1] > 0.f ? exp2f(ml[0] - M) : 0.f;
-      if (i < 64) wsplit[i] = w;
+      wsplit[i] = w;
       L += w * ml[1];
     }
     L = warp_sum(L);
     if (lane == 0) inv_l = 1.0f / L;
   }
   __syncthreads();
-  for (int c = tid; c < kLatent; c += 128) {
-    float a = 0.f;
-    for (int i = 0; i < splits; i++) {
-      const float w = wsplit[i];
-      if (w != 0.f) a += w * ws.ctx[((int64_t(b) * splits + i) * H + h) * kLatent + c];
+  const int grp = tid / 128, c4 = tid % 128;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int i = grp; i < splits; i += 4) {
+    const float w = wsplit[i];
+    if (w != 0.f) {
+      const float4 x = reinterpret_cast<const float4*>(
+          ws.part + ((int64_t(b) * splits + i) * H + h) * kLatent)[c4];
+      a.x += w * x.x, a.y += w * x.y, a.z += w * x.z, a.w += w * x.w;
     }
-    ctx[c] = a * inv_l;
   }
+  red[grp][c4] = a;
   __syncthreads();
-  const uint16_t* wuv = kv_b + (int64_t(h) * kKv + kNope) * kLatent;  // [128, 512]
-  for (int v = warp; v < kV; v += 4) {
-    float a = 0.f;
+  if (grp == 0) {
+    const float il = inv_l;
+    float4 s = red[0][c4];
 #pragma unroll
-    for (int i = 0; i < kLatent / 32; i++)
-      a += bf(wuv[int64_t(v) * kLatent + lane + 32 * i]) * ctx[lane + 32 * i];
-    a = warp_sum(a);
-    if (lane == 0) out[(int64_t(b) * H + h) * kV + v] = to_bf(a);
+    for (int k = 1; k < 4; k++) {
+      const float4 x = red[k][c4];
+      s.x += x.x, s.y += x.y, s.z += x.z, s.w += x.w;
+    }
+    reinterpret_cast<float4*>(ws.ctx + (int64_t(b) * H + h) * kLatent)[c4] =
+        make_float4(s.x * il, s.y * il, s.z * il, s.w * il);
+  }
+}
+
+// Block (h, quarter), 256 threads: warp w owns rows quarter·32 + 4w .. +3 of W_UV_h; lane holds
+// columns 8·lane .. +7 and 256 + 8·lane .. +7 of each (in registers, reused for every sequence).
+__global__ void __launch_bounds__(256)
+    out_uv(int H, int B, const uint16_t* kv_b, const float* ctx, uint16_t* out) {
+  const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int v0 = blockIdx.y * 32 + warp * 4;
+  const uint16_t* wuv = kv_b + (int64_t(h) * kKv + kNope + v0) * kLatent + lane * 8;
+  uint4 w[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    w[i][0] = *reinterpret_cast<const uint4*>(wuv + int64_t(i) * kLatent);
+    w[i][1] = *reinterpret_cast<const uint4*>(wuv + int64_t(i) * kLatent + 256);
+  }
+  for (int b = 0; b < B; b++) {
+    const float* c = ctx + (int64_t(b) * H + h) * kLatent + lane * 8;
+    float x[16];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      const float4 c0 = *reinterpret_cast<const float4*>(c + 256 * k);
+      const float4 c1 = *reinterpret_cast<const float4*>(c + 256 * k + 4);
+      x[8 * k + 0] = c0.x, x[8 * k + 1] = c0.y, x[8 * k + 2] = c0.z, x[8 * k + 3] = c0.w;
+      x[8 * k + 4] = c1.x, x[8 * k + 5] = c1.y, x[8 * k + 6] = c1.z, x[8 * k + 7] = c1.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float a = 0.f;
+#pragma unroll
+      for (int k = 0; k < 2; k++) {
+        const uint32_t u[4] = {w[i][k].x, w[i][k].y, w[i][k].z, w[i][k].w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          a += __uint_as_float(u[j] << 16) * x[8 * k + 2 * j];
+          a += __uint_as_float(u[j] & 0xffff0000u) * x[8 * k + 2 * j + 1];
+        }
+      }
+      a = warp_sum(a);
+      if (lane == 0) out[(int64_t(b) * H + h) * kV + v0 + i] = to_bf(a);
+    }
   }
 }
 
@@ -285,7 +437,7 @@ __global__ void __launch_bounds__(128)
 
 size_t decode_workspace_bytes(int H, int B, int64_t max_len) {
   const Plan p = plan_splits(H, B, std::max<int64_t>(max_len, 1));
-  return sizeof(float) * (size_t(B) * H * kCacheDim + size_t(B) * p.splits * H * (kLatent + 2));
+  return ws_bytes(H, B, p.splits);
 }
 
 Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
@@ -306,21 +458,20 @@ Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_str
   }
   const Plan plan = plan_splits(H, B, max_len);
   if (plan.splits > kMaxSplits)
-    return invalid("mla decode: more than 64 splits (internal plan error)");
-  if (workspace_bytes < decode_workspace_bytes(H, B, max_len))
+    return invalid("mla decode: more than 128 splits (internal plan error)");
+  if (workspace_bytes < ws_bytes(H, B, plan.splits))
     return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Ws ws = carve(workspace, H, B, plan.splits);
-  static const bool attrs = [] {
-    cudaFuncSetAttribute(attn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem));
-    return true;
-  }();
-  (void)attrs;
-  absorb_q<<<dim3(H, kLatent / 128), 128, 0, s>>>(H, B, q, kv_b, ws.qf);
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      attn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem));
+  if (attr != cudaSuccess) return status_of(attr);
+  absorb_q<<<dim3(H, 2), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  attn_split<<<dim3(plan.splits, (H + HG - 1) / HG, B), kThreads, kSplitSmem, s>>>(
+  attn_split<<<dim3(plan.splits, (H + HC - 1) / HC, B), kThreads, kSplitSmem, s>>>(
       H, cache, cache_stride, lens, plan.chunk, plan.splits, qscale, ws);
-  merge_out<<<dim3(H, B), 128, 0, s>>>(H, plan.splits, kv_b, ws, out);
+  merge_ctx<<<dim3(H, B), 512, 0, s>>>(H, plan.splits, ws);
+  out_uv<<<dim3(H, kV / 32), 256, 0, s>>>(H, B, kv_b, ws.ctx, out);
   return launch_status();
 }
 

@@ -157,6 +157,17 @@ TEST_CASE("mla gpu decode: K3 shape (96 heads), 2 sequences", "[gpu][mla]") {
   run_decode_case(96, {4097, 20000}, 32);
 }
 
+TEST_CASE("mla gpu decode: K3 shape, 5 sequences: one row, tile edges, empty splits",
+          "[gpu][mla]") {
+  // Splits are planned from the longest sequence, so the short ones leave most splits empty.
+  run_decode_case(96, {1, 63, 64, 65, 70001}, 35);
+}
+
+TEST_CASE("mla gpu decode: head count not a multiple of the 48-head block (100 heads)",
+          "[gpu][mla]") {
+  run_decode_case(100, {3000, 17}, 36);
+}
+
 TEST_CASE("mla gpu decode: long caches (256K with 8 heads; 1M with 2 heads)", "[gpu][mla]") {
   run_decode_case(8, {262147}, 33);
   run_decode_case(2, {1048576}, 34);
