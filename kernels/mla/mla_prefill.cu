@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/kda/cuda_util.cuh"
@@ -52,13 +54,12 @@ __device__ __forceinline__ uint32_t pack_bf(float lo, float hi) {
   return uint32_t(to_bf(lo)) | (uint32_t(to_bf(hi)) << 16);
 }
 
-// Flash-style causal attention on tensor cores (FA2 structure): block = 64 queries of one head,
-// 4 warps × 16 query rows; per tile of 64 keys, S = Q Kᵀ by bf16 mma.sync (fp32 accumulate),
-// fp32 online softmax in registers (exp2 domain), P rounded to bf16 and fed from registers as the
-// A operand of O += P V.
+// The first version (v1, kept reachable with STRATA_MLA_PREFILL=v1 while v2 is new): block = 64
+// queries of one head, 4 warps × 16 query rows; tiles of 64 keys loaded synchronously into shared
+// memory, fragments read with 32-bit shared loads.
 __global__ void __launch_bounds__(kThreads)
-    attn_prefill(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache, int64_t S,
-                 int64_t T, uint16_t* out, float qscale) {
+    attn_prefill_v1(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache, int64_t S,
+                    int64_t T, uint16_t* out, float qscale) {
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles first
   const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -192,6 +193,422 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- v2: FA2 structure with a cp.async pipeline and ldmatrix fragments ----------------------
+// Block = 128 queries of one head, 8 warps × 16 query rows, so every K/V tile in shared memory
+// feeds twice as many queries as in v1. Tiles of 64 keys stream through a 3-stage cp.async ring
+// (tiles j+1 and j+2 in flight while tile j is computed; one barrier per tile). Q fragments stay
+// in registers for the whole block; K fragments come from ldmatrix, V fragments from
+// ldmatrix.trans. The causal mask is applied only on the tiles that cross a warp's diagonal, and
+// a warp skips the tiles that lie wholly above its rows.
+constexpr int kBQ2 = 128, kBK2 = 64, kWarps2 = 8, kThreads2 = 32 * kWarps2, kStages2 = 3;
+constexpr int kKst = kQDim + 8;  // bf16 row stride of Q and K tiles: rows 400 B apart, so the 8
+                                 // row addresses of an ldmatrix hit distinct bank groups
+constexpr int kVst = kV + 8;     // bf16 row stride of V tiles (272 B)
+constexpr int kQElems2 = kBQ2 * kKst;
+constexpr int kStageElems2 = kBK2 * kKst + kBK2 * kVst;
+constexpr size_t kAttnSmem2 =
+    sizeof(uint16_t) * (size_t(kQElems2) + size_t(kStages2) * kStageElems2);
+static_assert(kAttnSmem2 <= 227 * 1024, "attn_prefill tiles exceed sm_90 shared memory");
+static_assert(kBQ2 == 16 * kWarps2, "one warp per 16 query rows");
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global → shared copy that bypasses L1; a false `valid` writes 16 zero bytes instead.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8×8 bf16 matrices; lane l supplies the row address of matrix l/8, row l%8.
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                        uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1,
+                                              uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// 2^x on the SFU (ex2.approx, relative error ~2^-22; results below 2^-126 flush to 0, far below
+// the bf16 resolution of P).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats → bf16x2 (round to nearest even): lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+  uint32_t u;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(u) : "f"(hi), "f"(lo));
+  return u;
+}
+
+// Prefill attention variants (STRATA_MLA_PREFILL, see prefill_variant()).
+enum PrefillMode : int {
+  kMmaQRegs = 0,   // S = QKᵀ by mma.sync, Q fragments in registers (v2, the default)
+  kMmaQSmem = 1,   // as kMmaQRegs, Q fragments re-read from shared memory per key tile (v2s)
+  kWgmmaS = 2,     // S = QKᵀ by wgmma (one warpgroup per 64 query rows, K read from shared
+                   // memory once per warpgroup instead of once per warp), P·V by mma.sync (v3)
+  kWgmmaSPV = 3,   // S = QKᵀ and O += P·V by wgmma (P from registers, V as an MN-major operand
+                   // in core-matrix layout: leading byte offset along the keys) (v4)
+  kWgmmaSPVx = 4,  // as kWgmmaSPV with the two byte offsets of V's descriptor exchanged (v4x)
+};
+constexpr bool wgmma_s(int mode) {
+  return mode >= kWgmmaS;
+}
+constexpr bool wgmma_pv(int mode) {
+  return mode >= kWgmmaSPV;
+}
+
+// Byte offset of the 16-byte chunk c8 (dims 8·c8 ..) of key j in a K tile. mma.sync modes: padded
+// rows (ldmatrix). kWgmmaS: the canonical no-swizzle K-major wgmma layout of 8×8 core matrices
+// (8 keys × 16 bytes, 128 contiguous bytes): core (dim block c8, key block j/8) at
+// c8·1024 + (j/8)·128, so the descriptor's leading (K-direction) byte offset is 1024 and its
+// stride (N-direction) byte offset 128.
+template <int kMode>
+__device__ __forceinline__ int k_chunk_offset(int j, int c8) {
+  if constexpr (wgmma_s(kMode)) return c8 * 1024 + (j / 8) * 128 + (j % 8) * 16;
+  return 2 * (j * kKst + c8 * 8);
+}
+// Byte offset of the chunk c8 (values 8·c8 ..) of key j in a V tile. mma.sync P·V: padded rows
+// (ldmatrix.trans). wgmma P·V: V is B = [keys × values] with the values contiguous (MN-major);
+// the 8×8 core matrices (8 keys × 8 values, one 16-byte row per key) lie at c8·1024 + (j/8)·128:
+// 128 bytes between key blocks (K direction), 1024 between value blocks (N direction).
+template <int kMode>
+__device__ __forceinline__ int v_chunk_offset(int j, int c8) {
+  if constexpr (wgmma_pv(kMode)) return c8 * 1024 + (j / 8) * 128 + (j % 8) * 16;
+  return 2 * (j * kVst + c8 * 8);
+}
+
+// Issue the copies of key tile s0 (64 rows: K = [k_nope | k_pe], V) into one ring stage. Rows at
+// or past S are zero-filled: their scores are masked, and zero V keeps 0·V finite. Each warp
+// instruction copies 4 chunks (64 contiguous bytes) of 8 consecutive keys: in every layout above
+// the 8 keys' chunks land in distinct 16-byte bank groups, so the shared-memory writes are
+// conflict-free (one chunk column of the core-matrix layouts is 128 contiguous bytes).
+// kv_row / pe_row: this thread's row of tile 0 in the expanded kv buffer / the latent cache, at
+// its first chunk.
+template <int kMode>
+__device__ __forceinline__ void load_kv_tile(uint32_t stage, const uint16_t* kv_row,
+                                             const uint16_t* pe_row, int64_t H, int64_t S,
+                                             int64_t s0, int lj, int lc) {
+  // This thread's key is lj of the tile (warp·8 + lane%8), its chunks lc, lc+4, lc+8, ...
+  const bool ok = s0 + lj < S;
+  const int64_t t = ok ? s0 : -int64_t(lj);  // zero-filled: reads nothing; point at row 0
+  const uint16_t* src = kv_row + t * H * kKv;
+  const uint32_t vs = stage + uint32_t(2 * kBK2 * kKst);
+  // [k_nope | v] of one position and head: 512 contiguous bytes = 32 chunks (16 K, 16 V).
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const int c = i * 4 + lc;
+    const uint32_t dst = c < 16 ? stage + uint32_t(k_chunk_offset<kMode>(lj, c))
+                                : vs + uint32_t(v_chunk_offset<kMode>(lj, c - 16));
+    cp_async16(dst, src + i * 32, ok);
+  }
+  // k_pe (64 values = 8 chunks) from the latent cache row, shared by all heads.
+  const uint16_t* pe = pe_row + t * kCacheDim;
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+    cp_async16(stage + uint32_t(k_chunk_offset<kMode>(lj, kNope / 8 + i * 4 + lc)), pe + i * 32,
+               ok);
+}
+
+// wgmma helpers (sm_90a). The descriptor of a no-swizzle K-major operand: start address, leading
+// (K-direction) and stride (M/N-direction) byte offsets, each in 16-byte units.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lead_bytes,
+                                               uint32_t stride_bytes) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead_bytes >> 4) << 16) |
+         (uint64_t(stride_bytes >> 4) << 32);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Makes later reads of the accumulators depend on the wait above (no hoisting past it).
+__device__ __forceinline__ void reg_fence(float& x) {
+  asm volatile("" : "+f"(x)::"memory");
+}
+// Generic-proxy writes (cp.async) → async-proxy reads (wgmma) of shared memory.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// D[64×64] += A[64×16] · B[16×64]: A from registers (each warp of the warpgroup holds its 16 rows
+// in the mma.m16n8k16 A layout), B from shared memory (descriptor); D in the m16n8 C layout per
+// 8-column block: d[4n..4n+3] = sc[n][0..3].
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[kBK2 / 8][4], const uint32_t* a,
+                                                uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// O[64×128] += P[64×16] · V[16×128]: P from registers (mma A layout per warp), V from shared
+// memory as an MN-major (transposed, imm-trans-b = 1) operand; O in the m16n8 C layout per 8-column
+// block.
+__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[kV / 8][4], const uint32_t* a,
+                                                    uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(kThreads2, 1)
+    attn_prefill(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache, int64_t S,
+                 int64_t T, uint16_t* out, float qscale, int head_group) {
+  // 1-D grid of n_q·H blocks in this order: groups of head_group heads; within a group the longest
+  // (latest) query tiles first, the group's heads innermost. The ~132 resident blocks then stream
+  // the keys of a few heads that fit in L2 together, and the short tiles fill the tail.
+  const int n_q = int((T + kBQ2 - 1) / kBQ2);
+  const int b = blockIdx.x, grp = b / (n_q * head_group);
+  const int g_heads = std::min(head_group, H - grp * head_group), r = b - grp * n_q * head_group;
+  const int qt = n_q - 1 - r / g_heads, h = grp * head_group + r % g_heads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = lane % 4;
+  extern __shared__ __align__(128) uint16_t smem2[];
+  uint16_t* Qs = smem2;  // [kBQ2][kKst], then kStages2 × {K [kBK2][kKst], V [kBK2][kVst]}
+  const int64_t t0 = int64_t(qt) * kBQ2, base = S - T;
+  const int64_t last_pos = std::min<int64_t>(base + t0 + kBQ2 - 1, S - 1);
+  const int n_tiles = int(last_pos / kBK2) + 1;
+
+  // Q tile (rows past T zero-filled) and the first two key tiles.
+#pragma unroll
+  for (int i = 0; i < kBQ2 * (kQDim / 8) / kThreads2; i++) {
+    const int idx = tid + i * kThreads2, r = idx / (kQDim / 8), c = idx % (kQDim / 8);
+    const int64_t tt = t0 + r;
+    const bool ok = tt < T;
+    cp_async16(smem_addr(Qs + r * kKst + c * 8), q + ((ok ? tt : 0) * H + h) * kQDim + c * 8, ok);
+  }
+  const int lj = warp * 8 + lane % 8, lc = lane / 8;
+  const uint16_t* kv_row = kv + (int64_t(lj) * H + h) * kKv + lc * 8;
+  const uint16_t* pe_row = cache + int64_t(lj) * kCacheDim + kLatent + lc * 8;
+  const uint32_t ring = smem_addr(Qs + kQElems2);
+  load_kv_tile<kMode>(ring, kv_row, pe_row, H, S, 0, lj, lc);
+  cp_async_commit();
+  if (n_tiles > 1)
+    load_kv_tile<kMode>(ring + 2u * kStageElems2, kv_row, pe_row, H, S, kBK2, lj, lc);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+
+  // Q fragments (A operand, 12 k-steps of 16): matrices (rows 0-7 | 8-15) × (cols 0-7 | 8-15).
+  const uint32_t q_addr = smem_addr(Qs + (warp * 16 + lane % 16) * kKst + (lane / 16) * 8);
+  constexpr bool kQInRegs = kMode != kMmaQSmem;
+  uint32_t qa[kQInRegs ? kQDim / 16 : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int ks = 0; ks < kQDim / 16; ks++)
+      ldsm_x4(q_addr + ks * 32, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
+  }
+  // Positions of this thread's two rows (g and g + 8 of the warp's 16) and of the warp's rows.
+  const int64_t wpos0 = base + t0 + warp * 16, wpos1 = wpos0 + 15;
+  const int64_t pos_lo = wpos0 + lane / 4, pos_hi = pos_lo + 8;
+  // Per-lane ldmatrix offsets (bytes) inside a stage: K as B of S = QKᵀ (matrices: keys 0-7 dims
+  // 0-7 | keys 0-7 dims 8-15 | keys 8-15 dims 0-7 | keys 8-15 dims 8-15) and V as B of O = PV via
+  // .trans (keys 0-7 | keys 8-15) × (values 0-7 | 8-15).
+  const uint32_t k_off = 2u * uint32_t((lane % 8 + (lane / 16) * 8) * kKst + ((lane / 8) % 2) * 8);
+  const uint32_t v_off = 2u * uint32_t(kBK2 * kKst + (lane % 16) * kVst + (lane / 16) * 8);
+
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;  // m: scaled (log2) domain
+  float o[kV / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+
+  for (int j = 0; j < n_tiles; j++) {
+    cp_async_wait<1>();  // tile j has landed (this thread's copies) ...
+    if constexpr (wgmma_s(kMode)) fence_proxy_async();  // ... visible to wgmma ...
+    __syncthreads();  // ... everyone's, and every warp is done with tile j - 1's stage
+    if (j + 2 < n_tiles) {
+      load_kv_tile<kMode>(ring + 2u * uint32_t(((j + 2) % kStages2) * kStageElems2), kv_row, pe_row,
+                          H, S, int64_t(j + 2) * kBK2, lj, lc);
+    }
+    cp_async_commit();  // (empty near the end: keeps the group count uniform)
+    const int64_t s0 = int64_t(j) * kBK2;
+    // Skip the tile when it lies wholly above the diagonal of this warp's rows (kWgmmaS: of the
+    // warpgroup's 64 rows, as the four warps issue each wgmma together).
+    if (s0 > (wgmma_s(kMode) ? wpos0 - (warp % 4) * 16 + 63 : wpos1)) continue;
+    const uint32_t stage = smem_addr(Qs + kQElems2 + (j % kStages2) * kStageElems2);
+
+    float sc[kBK2 / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kBK2 / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+    if constexpr (wgmma_s(kMode)) {
+#pragma unroll
+      for (int nt = 0; nt < kBK2 / 8; nt++)
+        for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kQDim / 16; ks++)  // 16 dims = 2 K-direction core matrices
+        wgmma_m64n64k16(sc, qa[ks], wgmma_desc(stage + uint32_t(ks * 2 * 1024), 1024, 128));
+      wgmma_commit();
+      wgmma_wait_all();
+#pragma unroll
+      for (int nt = 0; nt < kBK2 / 8; nt++)
+        for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kQDim / 16; ks++) {
+        uint32_t qf[4];
+        if constexpr (kQInRegs) {
+          qf[0] = qa[ks][0], qf[1] = qa[ks][1], qf[2] = qa[ks][2], qf[3] = qa[ks][3];
+        } else {
+          ldsm_x4(q_addr + ks * 32, qf[0], qf[1], qf[2], qf[3]);
+        }
+#pragma unroll
+        for (int np = 0; np < kBK2 / 16; np++) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(stage + k_off + 2u * uint32_t(np * 16 * kKst + ks * 16), b0, b1, b2, b3);
+          mma16816(sc[2 * np], qf, b0, b1);
+          mma16816(sc[2 * np + 1], qf, b2, b3);
+        }
+      }
+    }
+    if (s0 + kBK2 - 1 > wpos0 || s0 + kBK2 > S) {  // the diagonal (or the end of the cache)
+#pragma unroll
+      for (int nt = 0; nt < kBK2 / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int64_t sp = s0 + nt * 8 + 2 * t + e;
+          if (sp > pos_lo || sp >= S) sc[nt][e] = -INFINITY;
+          if (sp > pos_hi || sp >= S) sc[nt][2 + e] = -INFINITY;
+        }
+      }
+    }
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kBK2 / 8; nt++) {
+      mx_lo = fmaxf(mx_lo, fmaxf(sc[nt][0], sc[nt][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+    }
+    // New running max in the scaled domain (qscale > 0 commutes with max). A row with no valid key
+    // so far keeps -inf; subtracting 0 then gives p = 0 and a = 0 instead of NaN.
+    const float mn_lo = fmaxf(m_lo, mx_lo * qscale), mn_hi = fmaxf(m_hi, mx_hi * qscale);
+    const float sub_lo = mn_lo == -INFINITY ? 0.f : mn_lo,
+                sub_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+    const float a_lo = fast_exp2(m_lo - sub_lo), a_hi = fast_exp2(m_hi - sub_hi);
+    m_lo = mn_lo, m_hi = mn_hi;
+    uint32_t pa[kBK2 / 16][4];
+    float ps_lo = 0.f, ps_hi = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kBK2 / 8; nt++) {
+      const float p0 = fast_exp2(fmaf(sc[nt][0], qscale, -sub_lo));
+      const float p1 = fast_exp2(fmaf(sc[nt][1], qscale, -sub_lo));
+      const float p2 = fast_exp2(fmaf(sc[nt][2], qscale, -sub_hi));
+      const float p3 = fast_exp2(fmaf(sc[nt][3], qscale, -sub_hi));
+      ps_lo += p0 + p1;
+      ps_hi += p2 + p3;
+      pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf2(p0, p1);
+      pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf2(p2, p3);
+    }
+    l_lo = l_lo * a_lo + ps_lo;  // per-thread partial row sums, reduced over the quad at the end
+    l_hi = l_hi * a_hi + ps_hi;
+#pragma unroll
+    for (int nt = 0; nt < kV / 8; nt++) {
+      o[nt][0] *= a_lo;
+      o[nt][1] *= a_lo;
+      o[nt][2] *= a_hi;
+      o[nt][3] *= a_hi;
+    }
+    if constexpr (wgmma_pv(kMode)) {
+      // 16 keys = 2 key blocks of V per k-step; descriptor offsets (leading, stride) in bytes.
+      constexpr uint32_t kLead = kMode == kWgmmaSPV ? 128 : 1024;
+      constexpr uint32_t kStride = kMode == kWgmmaSPV ? 1024 : 128;
+      const uint32_t v_base = stage + uint32_t(2 * kBK2 * kKst);
+#pragma unroll
+      for (int nt = 0; nt < kV / 8; nt++)
+        for (int e = 0; e < 4; e++) reg_fence(o[nt][e]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK2 / 16; kk++)
+        wgmma_m64n128k16_tb(o, pa[kk], wgmma_desc(v_base + uint32_t(kk * 2 * 128), kLead, kStride));
+      wgmma_commit();
+      wgmma_wait_all();
+#pragma unroll
+      for (int nt = 0; nt < kV / 8; nt++)
+        for (int e = 0; e < 4; e++) reg_fence(o[nt][e]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kBK2 / 16; kk++) {
+#pragma unroll
+        for (int np = 0; np < kV / 16; np++) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(stage + v_off + 2u * uint32_t(kk * 16 * kVst + np * 16), b0, b1, b2, b3);
+          mma16816(o[2 * np], pa[kk], b0, b1);
+          mma16816(o[2 * np + 1], pa[kk], b2, b3);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  const int64_t t_lo = t0 + warp * 16 + lane / 4, t_hi = t_lo + 8;
+  const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) {
+    const int col = nt * 8 + 2 * t;
+    if (t_lo < T)
+      *reinterpret_cast<uint32_t*>(out + (t_lo * H + h) * kV + col) =
+          pack_bf2(o[nt][0] * i_lo, o[nt][1] * i_lo);
+    if (t_hi < T)
+      *reinterpret_cast<uint32_t*>(out + (t_hi * H + h) * kV + col) =
+          pack_bf2(o[nt][2] * i_hi, o[nt][3] * i_hi);
+  }
+}
+
 struct Lt {
   cublasLtHandle_t handle = nullptr;
   cublasStatus_t status = CUBLAS_STATUS_NOT_INITIALIZED;
@@ -253,6 +670,23 @@ Status expand_kv(int H, const uint16_t* cache, int64_t S, const uint16_t* kv_b, 
   return Status{};
 }
 
+// STRATA_MLA_PREFILL selects the attention kernel while v2 is new: "v1" the previous kernel (the
+// escape hatch), "v2s" v2 with Q re-read from shared memory, "v3" S = QKᵀ on wgmma, "v4"/"v4x" both
+// products on wgmma (two readings of the V descriptor); unset or anything else v2. Read once; to be
+// removed once v2 has a track record on the H200.
+int prefill_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("STRATA_MLA_PREFILL");
+    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
+    if (e != nullptr && std::strcmp(e, "v2s") == 0) return 3;
+    if (e != nullptr && std::strcmp(e, "v3") == 0) return 4;
+    if (e != nullptr && std::strcmp(e, "v4") == 0) return 5;
+    if (e != nullptr && std::strcmp(e, "v4x") == 0) return 6;
+    return 2;
+  }();
+  return v;
+}
+
 }  // namespace
 
 Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
@@ -275,7 +709,8 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   if (H < 1 || T < 1 || T > S) return invalid("mla prefill: need H >= 1 and 1 <= T <= S");
   if (workspace_bytes < prefill_workspace_bytes(H, S))
     return invalid("mla prefill: workspace smaller than prefill_workspace_bytes(H, S)");
-  if ((T + BQ - 1) / BQ > int64_t(1) << 30 || H > 65535) return invalid("mla prefill: too large");
+  if ((T + BQ - 1) / BQ * H > (int64_t(1) << 31) - 1 || H > 65535)
+    return invalid("mla prefill: too large");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint16_t* kv = static_cast<uint16_t*>(workspace);
   const size_t kv_bytes = (size_t(S) * size_t(H) * kKv * sizeof(uint16_t) + 255) & ~size_t(255);
@@ -283,14 +718,38 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
                             kGemmScratch, s);
       !st.ok())
     return st;
+  const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
+  const int variant = prefill_variant();
+  if (variant == 1) {
+    static const bool attrs = [] {
+      cudaFuncSetAttribute(attn_prefill_v1, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kAttnSmem));
+      return true;
+    }();
+    (void)attrs;
+    attn_prefill_v1<<<dim3(unsigned((T + BQ - 1) / BQ), H), kThreads, kAttnSmem, s>>>(
+        H, q, kv, cache, S, T, out, qscale);
+    return launch_status();
+  }
   static const bool attrs = [] {
-    cudaFuncSetAttribute(attn_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAttnSmem));
+    for (auto* k : {attn_prefill<kMmaQRegs>, attn_prefill<kMmaQSmem>, attn_prefill<kWgmmaS>,
+                    attn_prefill<kWgmmaSPV>, attn_prefill<kWgmmaSPVx>})
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAttnSmem2));
     return true;
   }();
   (void)attrs;
-  const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  attn_prefill<<<dim3(unsigned((T + BQ - 1) / BQ), H), kThreads, kAttnSmem, s>>>(H, q, kv, cache, S,
-                                                                                 T, out, qscale);
+  // Heads per group: as many as keep the group's keys and values (S·640 bytes per head) within
+  // ~24 MB of the 50 MB L2.
+  const int64_t per_head_bytes = S * int64_t(kKv + kRope) * int64_t(sizeof(uint16_t));
+  const int head_group = int(std::clamp<int64_t>((int64_t(24) << 20) / per_head_bytes, 1, H));
+  const int64_t blocks = (T + kBQ2 - 1) / kBQ2 * H;
+  auto* kernel = variant == 3   ? attn_prefill<kMmaQSmem>
+                 : variant == 4 ? attn_prefill<kWgmmaS>
+                 : variant == 5 ? attn_prefill<kWgmmaSPV>
+                 : variant == 6 ? attn_prefill<kWgmmaSPVx>
+                                : attn_prefill<kMmaQRegs>;
+  kernel<<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(H, q, kv, cache, S, T, out, qscale,
+                                                         head_group);
   return launch_status();
 }
 
