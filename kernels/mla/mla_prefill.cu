@@ -1,14 +1,14 @@
 // MLA latent-cache write and prefill attention (see mla.h). Prefill expands the latent cache to
 // per-head [k_nope | v] with one cuBLASLt GEMM, then a flash-style kernel walks the causal key
-// tiles on tensor cores (bf16 mma.sync, fp32 accumulate) with an fp32 online softmax (exp2 domain:
-// scores are scaled by scale·log2 e); P is rounded to bf16 for the P·V product.
+// tiles on tensor cores (bf16 wgmma / mma.sync, fp32 accumulate) with an fp32 online softmax (exp2
+// domain: scores are scaled by scale·log2 e); P is rounded to bf16 for the P·V product.
 #include <cublasLt.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
+#include <string_view>
 
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
@@ -193,13 +193,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- v2: FA2 structure with a cp.async pipeline and ldmatrix fragments ----------------------
-// Block = 128 queries of one head, 8 warps × 16 query rows, so every K/V tile in shared memory
-// feeds twice as many queries as in v1. Tiles of 64 keys stream through a 3-stage cp.async ring
-// (tiles j+1 and j+2 in flight while tile j is computed; one barrier per tile). Q fragments stay
-// in registers for the whole block; K fragments come from ldmatrix, V fragments from
-// ldmatrix.trans. The causal mask is applied only on the tiles that cross a warp's diagonal, and
-// a warp skips the tiles that lie wholly above its rows.
+// ---- v2/v3/v4: FA2 structure with a cp.async pipeline ---------------------------------------
+// Block = 128 queries of one head, 8 warps × 16 query rows (two warpgroups × 64), so every K/V
+// tile in shared memory feeds twice as many queries as in v1. Tiles of 64 keys stream through a
+// 3-stage cp.async ring (tiles j+1 and j+2 in flight while tile j is computed; one barrier per
+// tile). Q fragments stay in registers for the whole block. S = QKᵀ by wgmma (v3, v4: K read by
+// the tensor cores straight from shared memory) or by mma.sync with ldmatrix fragments (v2);
+// O += P·V by mma.sync with ldmatrix.trans V fragments (v2, v3) or by wgmma (v4). The causal mask
+// is applied only on the tiles that cross a warp's diagonal, and a warp (wgmma: a warpgroup)
+// skips the tiles that lie wholly above its rows.
 constexpr int kBQ2 = 128, kBK2 = 64, kWarps2 = 8, kThreads2 = 32 * kWarps2, kStages2 = 3;
 constexpr int kKst = kQDim + 8;  // bf16 row stride of Q and K tiles: rows 400 B apart, so the 8
                                  // row addresses of an ldmatrix hit distinct bank groups
@@ -258,15 +260,14 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
   return u;
 }
 
-// Prefill attention variants (STRATA_MLA_PREFILL, see prefill_variant()).
+// Prefill attention variants (STRATA_MLA_PREFILL, see prefill_variant()). Measured on the H200
+// (strata bench kernels, T = 16K): kMma 291 TFLOP/s, kWgmmaS 311, kWgmmaSPV 280.
 enum PrefillMode : int {
-  kMmaQRegs = 0,   // S = QKᵀ by mma.sync, Q fragments in registers (v2, the default)
-  kMmaQSmem = 1,   // as kMmaQRegs, Q fragments re-read from shared memory per key tile (v2s)
-  kWgmmaS = 2,     // S = QKᵀ by wgmma (one warpgroup per 64 query rows, K read from shared
-                   // memory once per warpgroup instead of once per warp), P·V by mma.sync (v3)
-  kWgmmaSPV = 3,   // S = QKᵀ and O += P·V by wgmma (P from registers, V as an MN-major operand
-                   // in core-matrix layout: leading byte offset along the keys) (v4)
-  kWgmmaSPVx = 4,  // as kWgmmaSPV with the two byte offsets of V's descriptor exchanged (v4x)
+  kMma = 0,       // S = QKᵀ and O += P·V by mma.sync, fragments from ldmatrix (v2)
+  kWgmmaS = 1,    // S = QKᵀ by wgmma (one warpgroup per 64 query rows, K read from shared
+                  // memory once per warpgroup instead of once per warp), P·V by mma.sync (v3)
+  kWgmmaSPV = 2,  // S = QKᵀ and O += P·V by wgmma (P from registers, V as an MN-major operand
+                  // in core-matrix layout: leading byte offset along the keys) (v4)
 };
 constexpr bool wgmma_s(int mode) {
   return mode >= kWgmmaS;
@@ -439,9 +440,8 @@ __global__ void __launch_bounds__(kThreads2, 1)
 
   // Q fragments (A operand, 12 k-steps of 16): matrices (rows 0-7 | 8-15) × (cols 0-7 | 8-15).
   const uint32_t q_addr = smem_addr(Qs + (warp * 16 + lane % 16) * kKst + (lane / 16) * 8);
-  constexpr bool kQInRegs = kMode != kMmaQSmem;
-  uint32_t qa[kQInRegs ? kQDim / 16 : 1][4];
-  if constexpr (kQInRegs) {
+  uint32_t qa[kQDim / 16][4];
+  {
 #pragma unroll
     for (int ks = 0; ks < kQDim / 16; ks++)
       ldsm_x4(q_addr + ks * 32, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
@@ -494,18 +494,12 @@ __global__ void __launch_bounds__(kThreads2, 1)
     } else {
 #pragma unroll
       for (int ks = 0; ks < kQDim / 16; ks++) {
-        uint32_t qf[4];
-        if constexpr (kQInRegs) {
-          qf[0] = qa[ks][0], qf[1] = qa[ks][1], qf[2] = qa[ks][2], qf[3] = qa[ks][3];
-        } else {
-          ldsm_x4(q_addr + ks * 32, qf[0], qf[1], qf[2], qf[3]);
-        }
 #pragma unroll
         for (int np = 0; np < kBK2 / 16; np++) {
           uint32_t b0, b1, b2, b3;
           ldsm_x4(stage + k_off + 2u * uint32_t(np * 16 * kKst + ks * 16), b0, b1, b2, b3);
-          mma16816(sc[2 * np], qf, b0, b1);
-          mma16816(sc[2 * np + 1], qf, b2, b3);
+          mma16816(sc[2 * np], qa[ks], b0, b1);
+          mma16816(sc[2 * np + 1], qa[ks], b2, b3);
         }
       }
     }
@@ -670,19 +664,14 @@ Status expand_kv(int H, const uint16_t* cache, int64_t S, const uint16_t* kv_b, 
   return Status{};
 }
 
-// STRATA_MLA_PREFILL selects the attention kernel while v2 is new: "v1" the previous kernel (the
-// escape hatch), "v2s" v2 with Q re-read from shared memory, "v3" S = QKᵀ on wgmma, "v4"/"v4x" both
-// products on wgmma (two readings of the V descriptor); unset or anything else v2. Read once; to be
-// removed once v2 has a track record on the H200.
+// STRATA_MLA_PREFILL selects the attention kernel while the new ones build a track record:
+// unset (or anything else) the default v3 (kWgmmaS, the fastest measured), "v2" kMma, "v4"
+// kWgmmaSPV, "v1" the first kernel (the escape hatch). Read once.
 int prefill_variant() {
   static const int v = [] {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
-    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
-    if (e != nullptr && std::strcmp(e, "v2s") == 0) return 3;
-    if (e != nullptr && std::strcmp(e, "v3") == 0) return 4;
-    if (e != nullptr && std::strcmp(e, "v4") == 0) return 5;
-    if (e != nullptr && std::strcmp(e, "v4x") == 0) return 6;
-    return 2;
+    const std::string_view name = e != nullptr ? e : "";
+    return name == "v1" ? 1 : name == "v2" ? 2 : name == "v4" ? 4 : 3;
   }();
   return v;
 }
@@ -732,8 +721,7 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
     return launch_status();
   }
   static const bool attrs = [] {
-    for (auto* k : {attn_prefill<kMmaQRegs>, attn_prefill<kMmaQSmem>, attn_prefill<kWgmmaS>,
-                    attn_prefill<kWgmmaSPV>, attn_prefill<kWgmmaSPVx>})
+    for (auto* k : {attn_prefill<kMma>, attn_prefill<kWgmmaS>, attn_prefill<kWgmmaSPV>})
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAttnSmem2));
     return true;
   }();
@@ -743,11 +731,9 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   const int64_t per_head_bytes = S * int64_t(kKv + kRope) * int64_t(sizeof(uint16_t));
   const int head_group = int(std::clamp<int64_t>((int64_t(24) << 20) / per_head_bytes, 1, H));
   const int64_t blocks = (T + kBQ2 - 1) / kBQ2 * H;
-  auto* kernel = variant == 3   ? attn_prefill<kMmaQSmem>
-                 : variant == 4 ? attn_prefill<kWgmmaS>
-                 : variant == 5 ? attn_prefill<kWgmmaSPV>
-                 : variant == 6 ? attn_prefill<kWgmmaSPVx>
-                                : attn_prefill<kMmaQRegs>;
+  auto* kernel = variant == 2   ? attn_prefill<kMma>
+                 : variant == 4 ? attn_prefill<kWgmmaSPV>
+                                : attn_prefill<kWgmmaS>;
   kernel<<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(H, q, kv, cache, S, T, out, qscale,
                                                          head_group);
   return launch_status();
