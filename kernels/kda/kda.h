@@ -85,9 +85,18 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
 
 // One decode step for a batch of B sequences (row b of `in` is sequence b's new token; state
 // entry b is its state). y: [B, H·V] bf16; o_raw (optional, may be nullptr): [B, H·V] bf16, the
-// recurrence output before the gated norm.
+// recurrence output before the gated norm. `split`: CTAs per (head, sequence), each updating
+// 128/split state rows (1, 2, 4 or 8; a thread-block cluster when > 1); 0 picks
+// decode_split_for(B). Every split gives the same state and conv state; y may differ in the
+// summation order of the norm's sum of squares only. q, k, z and the conv state must be 8-byte
+// aligned with qkv_stride a multiple of 4; the recurrent state, conv_q, conv_k and dt_bias
+// 16-byte aligned (cudaMalloc'd buffers are).
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
-              void* stream);
+              void* stream, int split = 0);
+
+// The split decode() uses for B sequences: many CTAs per head while B·H CTAs would leave SMs
+// idle or each with one long dependent chain, one when there are CTAs enough.
+int decode_split_for(int B);
 
 // FLOPs of the KDA core for T tokens (issue 7's effective-rate formula): T·H·(10·64·d + 6·d²).
 inline double effective_flops(int64_t T, int H, int d = 128) {

@@ -32,6 +32,7 @@ struct KdaCase {
   int decode_steps = 0;
   bool random_initial_state = true;
   int64_t max_chunks = 0;  // > 0 forces several passes per call
+  int decode_split = 0;    // CTAs per head in decode (0: decode_split_for(N))
 };
 
 constexpr int D = 128;
@@ -134,7 +135,9 @@ void run_kda_case(const KdaCase& kc, uint32_t seed) {
     dy.fill_bytes(0xff);  // NaN: every row must be written
     kk::Inputs in{dq.p, dk.p, dv.p, HK, dz.p, db.p, dg.p};
     if (decode) {
-      REQUIRE(kk::decode(p, in, N, st, dy.p, nullptr, nullptr).ok());
+      auto s = kk::decode(p, in, N, st, dy.p, nullptr, nullptr, kc.decode_split);
+      INFO(s.message);
+      REQUIRE(s.ok());
     } else {
       const int64_t max_len = *std::max_element(lens.begin(), lens.end());
       const size_t wsb = kk::prefill_workspace_bytes(H, N, max_len, kc.max_chunks);
@@ -224,6 +227,36 @@ TEST_CASE("kda gpu: long sequence (256K tokens) in many passes equals the recurr
   run_kda_case(c, 14);
 }
 
+// Decode alone (no prefill call: one empty call fixes the sequence count) from a random state,
+// with every split of the state rows over CTAs: the same recurrence whichever CTA owns a row, the
+// q/k conv state written once after every CTA of the head has read it.
+TEST_CASE("kda gpu: decode with 1, 2, 4 and 8 CTAs per head, K3 shape, 3 sequences", "[gpu][kda]") {
+  for (int split : {1, 2, 4, 8}) {
+    INFO("split " << split);
+    KdaCase c;
+    c.H = 96;
+    c.calls = {{0, 0, 0}};
+    c.decode_steps = 3;
+    c.decode_split = split;
+    run_kda_case(c, 15 + split);
+  }
+}
+
+TEST_CASE("kda gpu: decode with every split, odd small shape, softplus gate, fresh state",
+          "[gpu][kda]") {
+  for (int split : {1, 2, 4, 8}) {
+    INFO("split " << split);
+    KdaCase c;
+    c.H = 5;
+    c.form = kk::GateForm::softplus;
+    c.calls = {{0, 0}};
+    c.decode_steps = 4;
+    c.random_initial_state = false;
+    c.decode_split = split;
+    run_kda_case(c, 25 + split);
+  }
+}
+
 TEST_CASE("kda gpu: unsupported head size is refused with a reason", "[gpu][kda]") {
   kk::Params p;
   p.H = 2;
@@ -233,4 +266,22 @@ TEST_CASE("kda gpu: unsupported head size is refused with a reason", "[gpu][kda]
   auto s = kk::decode(p, in, 1, st, nullptr, nullptr, nullptr);
   REQUIRE_FALSE(s.ok());
   REQUIRE(std::string(s.message).find("128") != std::string::npos);
+}
+
+TEST_CASE("kda gpu: decode refuses a split other than 0, 1, 2, 4 or 8", "[gpu][kda]") {
+  if (kernels::cuda_device_count() == 0) {
+    WARN("no CUDA device: skipping");
+    return;
+  }
+  // Valid-looking (never dereferenced) pointers: the split is checked before any launch.
+  DevBuf<float> f(4 * 128 * 4);
+  DevBuf<uint16_t> u(4 * 128 * 9);
+  kk::Params p;
+  p.H = 1;
+  p.conv_q = p.conv_k = p.conv_v = p.A_log = p.dt_bias = p.o_norm_w = f.p;
+  kk::Inputs in{u.p, u.p, u.p, 128, u.p, u.p, u.p};
+  kk::State st{f.p, u.p};
+  auto s = kk::decode(p, in, 1, st, u.p, nullptr, nullptr, 3);
+  REQUIRE_FALSE(s.ok());
+  REQUIRE(std::string(s.message).find("split") != std::string::npos);
 }
