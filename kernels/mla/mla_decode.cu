@@ -1,6 +1,6 @@
 // Absorbed MLA decode (see mla.h), four kernels:
-//   absorb_q  (grid: head × 256-column half) — q_lat = bf16(W_UKᵀ q_nope) for the whole batch;
-//             each thread keeps its 16×8 slice of W_UK_h in registers for all sequences; q_pe
+//   absorb_q  (grid: head × 128-column quarter) — q_lat = bf16(W_UKᵀ q_nope) for the whole batch;
+//             each thread keeps its 8×8 slice of W_UK_h in registers for all sequences; q_pe
 //             copied beside it, so q_lat rows are the 576-wide bf16 queries of the cache rows.
 //   attn_split (grid: split × group of 48 heads × sequence) — one block streams its slice of the
 //             sequence's latent cache through shared memory once (cp.async, 2 stages of 64 rows)
@@ -11,8 +11,9 @@
 //             (bf16 mma.sync, fp32 accumulate; P rounded to bf16). The four k-slice partial
 //             scores of a head group are summed through shared memory; fp32 online softmax in
 //             the exp2 domain; writes (m, l, unnormalised ctx) per split.
-//   merge_ctx (grid: head × sequence) — merges the splits' softmax states into ctx (fp32).
-//   out_uv    (grid: head × 32-row quarter of W_UV_h) — o = bf16(W_UV·ctx), weights in registers.
+//   merge_ctx (grid: head × sequence × 128-column quarter) — merges the splits' softmax states into
+//   ctx (fp32). out_uv    (grid: head × 32-row quarter of W_UV_h) — o = bf16(W_UV·ctx), weights in
+//   registers.
 // Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP. With m16n8k16 tiles every
 // 16-head group re-reads each cache tile from shared memory through ldmatrix
 // (6 × (576 + 512) × 2 B per row = 1.7 GB at 128 B/clk/SM ≈ 51 µs on 132 SMs): the shared-memory
@@ -39,8 +40,10 @@ constexpr int BK = 64;                  // cache rows per tile
 constexpr int KSLICE = kCacheDim / QW;  // 144: QKᵀ k-slice of one warp (9 k-steps)
 constexpr int VSLICE = kLatent / QW;    // 128: P·Ĉ columns of one warp
 constexpr int KSTR = kCacheDim + 8;  // bf16 row stride (1168 B): ldmatrix rows hit distinct banks
-constexpr int SPSTR = BK + 4;        // fp32 partial-score row stride
-constexpr int PSTR = BK + 8;         // bf16 P row stride (144 B)
+// fp32 partial-score row stride; element (row, col) lives at row·SPSTR + (col ^ (row & 4)), so
+// both the float2 fragment stores and the float4 row reads are free of bank conflicts.
+constexpr int SPSTR = BK + 8;
+constexpr int PSTR = BK + 8;  // bf16 P row stride (144 B)
 constexpr int kStages = 2;
 constexpr size_t kTileBytes = size_t(BK) * KSTR * 2;
 constexpr size_t kPartBytes = size_t(kWarps) * 16 * SPSTR * 4;  // partial scores
@@ -111,25 +114,26 @@ Ws carve(void* base, int H, int B, int splits) {
   return w;
 }
 
-// Block (h, half): thread (warp w, lane) owns columns half·256 + 8·lane .. +7 over d = 16w .. +15.
+// Block (h, quarter): thread (dg = tid / 16, c16 = tid % 16) owns columns quarter·128 + 8·c16 .. +7
+// over d = 8·dg .. +7 (its 8×8 slice of W_UK_h stays in registers for every sequence); the 16
+// d-groups are added in a fixed order.
 __global__ void __launch_bounds__(256)
     absorb_q(int H, int B, const uint16_t* q, const uint16_t* kv_b, uint16_t* qlat) {
-  const int h = blockIdx.x, half = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.x, quarter = blockIdx.y, tid = threadIdx.x, dg = tid / 16, c16 = tid % 16;
   __shared__ float qs[kNope];
-  __shared__ __align__(16) float red[8][256];
-  const int col = half * 256 + lane * 8;
-  uint4 w[16];
-  const uint16_t* wk = kv_b + (int64_t(h) * kKv + warp * 16) * kLatent + col;
+  __shared__ __align__(16) float red[16][128];
+  uint4 w[8];
+  const uint16_t* wk = kv_b + (int64_t(h) * kKv + dg * 8) * kLatent + quarter * 128 + c16 * 8;
 #pragma unroll
-  for (int i = 0; i < 16; i++) w[i] = *reinterpret_cast<const uint4*>(wk + int64_t(i) * kLatent);
+  for (int i = 0; i < 8; i++) w[i] = *reinterpret_cast<const uint4*>(wk + int64_t(i) * kLatent);
   for (int b = 0; b < B; b++) {
     const uint16_t* qb = q + (int64_t(b) * H + h) * kQDim;
     if (tid < kNope) qs[tid] = bf(qb[tid]);
     __syncthreads();
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-      const float x = qs[warp * 16 + i];
+    for (int i = 0; i < 8; i++) {
+      const float x = qs[dg * 8 + i];
       const uint32_t u[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
       for (int j = 0; j < 4; j++) {
@@ -137,16 +141,18 @@ __global__ void __launch_bounds__(256)
         acc[2 * j + 1] += x * __uint_as_float(u[j] & 0xffff0000u);
       }
     }
-    *reinterpret_cast<float4*>(&red[warp][lane * 8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    *reinterpret_cast<float4*>(&red[warp][lane * 8 + 4]) =
-        make_float4(acc[4], acc[5], acc[6], acc[7]);
+    *reinterpret_cast<float4*>(&red[dg][c16 * 8]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    *reinterpret_cast<float4*>(&red[dg][c16 * 8 + 4]) = make_float4(acc[4], acc[5], acc[6], acc[7]);
     __syncthreads();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) s += red[i][tid];
     uint16_t* dst = qlat + (int64_t(b) * H + h) * kCacheDim;
-    dst[half * 256 + tid] = to_bf(s);
-    if (half == 0 && tid < kRope) dst[kLatent + tid] = qb[kNope + tid];
+    if (tid < 128) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; i++) s += red[i][tid];
+      dst[quarter * 128 + tid] = to_bf(s);
+    } else if (quarter == 0 && tid - 128 < kRope) {
+      dst[kLatent + tid - 128] = qb[kNope + tid - 128];
+    }
     __syncthreads();
   }
 }
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int nt = 0; nt < 4; nt++) {
-        const int col = nh * 32 + nt * 8 + 2 * t;
+        const int col = (nh * 32 + nt * 8 + 2 * t) ^ (g & 4);  // rows g and g + 8 share g & 4
         *reinterpret_cast<float2*>(sp_mine + g * SPSTR + col) = make_float2(c[nt][0], c[nt][1]);
         *reinterpret_cast<float2*>(sp_mine + (g + 8) * SPSTR + col) =
             make_float2(c[nt][2], c[nt][3]);
@@ -248,9 +254,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < 8; j++) sc[j] = 0.f;
 #pragma unroll
       for (int p = 0; p < QW; p++) {
-        const float* src = Sp + ((mt * QW + p) * 16 + r) * SPSTR + k0;
-        const float4 x0 = *reinterpret_cast<const float4*>(src);
-        const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
+        const float* src = Sp + ((mt * QW + p) * 16 + r) * SPSTR;
+        const float4 x0 = *reinterpret_cast<const float4*>(src + (k0 ^ (r & 4)));
+        const float4 x1 = *reinterpret_cast<const float4*>(src + ((k0 + 4) ^ (r & 4)));
         sc[0] += x0.x, sc[1] += x0.y, sc[2] += x0.z, sc[3] += x0.w;
         sc[4] += x1.x, sc[5] += x1.y, sc[6] += x1.z, sc[7] += x1.w;
       }
@@ -342,14 +348,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Block (h, b), 512 threads: thread (group = tid / 128, c4 = tid % 128) sums splits ≡ group mod 4
-// for columns 4·c4 .. +3; the four groups are added in a fixed order.
-__global__ void __launch_bounds__(512) merge_ctx(int H, int splits, Ws ws) {
+// Block (h, b, quarter), 128 threads: thread (grp = tid / 32, c = tid % 32) sums splits ≡ grp mod 4
+// for columns quarter·128 + 4c .. +3; the four groups are added in a fixed order.
+__global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   __shared__ float wsplit[kMaxSplits];
   __shared__ float inv_l;
-  __shared__ __align__(16) float4 red[4][kLatent / 4];
+  __shared__ __align__(16) float4 red[4][32];
   if (warp == 0) {
     float M = -INFINITY;
     for (int i = lane; i < splits; i += 32)
@@ -366,10 +372,10 @@ __global__ void __launch_bounds__(512) merge_ctx(int H, int splits, Ws ws) {
     if (lane == 0) inv_l = 1.0f / L;
   }
   __syncthreads();
-  const int grp = tid / 128, c4 = tid % 128;
+  const int c4 = blockIdx.z * 32 + lane;
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-  for (int i = grp; i < splits; i += 4) {
+  for (int i = warp; i < splits; i += 4) {
     const float w = wsplit[i];
     if (w != 0.f) {
       const float4 x = reinterpret_cast<const float4*>(
@@ -377,14 +383,14 @@ __global__ void __launch_bounds__(512) merge_ctx(int H, int splits, Ws ws) {
       a.x += w * x.x, a.y += w * x.y, a.z += w * x.z, a.w += w * x.w;
     }
   }
-  red[grp][c4] = a;
+  red[warp][lane] = a;
   __syncthreads();
-  if (grp == 0) {
+  if (warp == 0) {
     const float il = inv_l;
-    float4 s = red[0][c4];
+    float4 s = red[0][lane];
 #pragma unroll
     for (int k = 1; k < 4; k++) {
-      const float4 x = red[k][c4];
+      const float4 x = red[k][lane];
       s.x += x.x, s.y += x.y, s.z += x.z, s.w += x.w;
     }
     reinterpret_cast<float4*>(ws.ctx + (int64_t(b) * H + h) * kLatent)[c4] =
@@ -466,11 +472,11 @@ Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_str
   static const cudaError_t attr = cudaFuncSetAttribute(
       attn_split, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem));
   if (attr != cudaSuccess) return status_of(attr);
-  absorb_q<<<dim3(H, 2), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
+  absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   attn_split<<<dim3(plan.splits, (H + HC - 1) / HC, B), kThreads, kSplitSmem, s>>>(
       H, cache, cache_stride, lens, plan.chunk, plan.splits, qscale, ws);
-  merge_ctx<<<dim3(H, B), 512, 0, s>>>(H, plan.splits, ws);
+  merge_ctx<<<dim3(H, B, kLatent / 128), 128, 0, s>>>(H, plan.splits, ws);
   out_uv<<<dim3(H, kV / 32), 256, 0, s>>>(H, B, kv_b, ws.ctx, out);
   return launch_status();
 }
