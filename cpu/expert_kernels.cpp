@@ -6,7 +6,13 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "cpu/expert_kernels_impl.h"
 #include "storage/error.h"
@@ -54,7 +60,7 @@ bool isa_supported(ExpertIsa isa) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni");
     case ExpertIsa::amx:
-      return false;  // no AMX-INT8 kernel yet: AVX-512 VNNI is the path
+      return isa_supported(ExpertIsa::avx512) && detail::amx_ready();
   }
   return false;
 }
@@ -85,28 +91,53 @@ void QuantizedActivations::quantize(const float* x, int T, int K) {
   K_ = K;
   nb_ = K / c::kBlock;
   nbp_ = (nb_ + 15) / 16 * 16;
-  q_.assign(size_t(T) * size_t(nbp_) * 32, 0);
-  e_.assign(size_t(T) * size_t(nbp_), 0);
-  s_.assign(size_t(T) * size_t(nbp_), 0);
-  poisoned_.assign(size_t(T), 0);
+  const size_t nq = size_t(T) * size_t(nbp_) * 32, ne = size_t(T) * size_t(nbp_);
+  // Grown, never shrunk: a reused object allocates nothing once warm.
+  if (q_.size() < nq) q_.resize(nq);
+  if (e_.size() < ne) e_.resize(ne), s_.resize(ne), ns_.resize(ne), px_.resize(ne);
+  if (span_.size() < size_t(T)) span_.resize(size_t(T)), poisoned_.resize(size_t(T));
   auto one = [&](int t) {
     int8_t qb[c::kBlock];
     int8_t* qt = q_.data() + size_t(t) * size_t(nbp_) * 32;
+    int32_t* et = e_.data() + size_t(t) * size_t(nbp_);
+    int32_t* st = s_.data() + size_t(t) * size_t(nbp_);
+    int32_t* nst = ns_.data() + size_t(t) * size_t(nbp_);
+    double* pt = px_.data() + size_t(t) * size_t(nbp_);
+    for (int b = nb_; b < nbp_; ++b) {  // padding blocks: zero
+      int8_t* even = qt + (b / 4) * 128 + (b % 4) * 16;
+      std::fill(even, even + 16, int8_t(0));
+      std::fill(even + 64, even + 80, int8_t(0));
+    }
+    bool poisoned = false;
+    int emin = 0, emax = 0;
+    bool any = false;
     for (int b = 0; b < nb_; ++b) {
       int e = 0;
-      if (!c::quantize_block(x + size_t(t) * size_t(K) + size_t(b) * c::kBlock, qb, &e))
-        poisoned_[size_t(t)] = 1;
+      const float* xb = x + size_t(t) * size_t(K) + size_t(b) * c::kBlock;
+      if (!c::quantize_block(xb, qb, &e)) poisoned = true;
       int32_t sum = 0;
+      bool nonzero = false;
       // Quad b/4: even columns at [0, 64), odd at [64, 128); block b % 4 at 16·(b % 4).
       int8_t* even = qt + (b / 4) * 128 + (b % 4) * 16;
       for (int j = 0; j < 16; ++j) {
         even[j] = qb[2 * j];
         even[64 + j] = qb[2 * j + 1];
         sum += qb[2 * j] + qb[2 * j + 1];
+        nonzero |= (qb[2 * j] | qb[2 * j + 1]) != 0;
       }
-      e_[size_t(t) * size_t(nbp_) + size_t(b)] = e;
-      s_[size_t(t) * size_t(nbp_) + size_t(b)] = 12 * sum;
+      if (nonzero) {
+        emin = any ? std::min(emin, e) : e;
+        emax = any ? std::max(emax, e) : e;
+        any = true;
+      }
+      et[b] = e;
+      st[b] = 12 * sum;
+      nst[b] = -12 * sum;
+      pt[b] = c::pow2(e);
     }
+    for (int b = nb_; b < nbp_; ++b) et[b] = 0, st[b] = 0, nst[b] = 0, pt[b] = 1.0;
+    poisoned_[size_t(t)] = poisoned ? 1 : 0;
+    span_[size_t(t)] = emax - emin;
   };
   if (T * K >= (1 << 16)) {
     tbb::parallel_for(0, T, one);
@@ -119,6 +150,46 @@ void QuantizedActivations::quantize(const float* x, int T, int K) {
 // Scalar projection kernel: the contract loops over the quad layout.
 
 namespace detail {
+
+bool amx_ready() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;  // AMX-TILE, AMX-INT8
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    if (!__get_cpuid(1, &a1, &b1, &c1, &d1) || !((c1 >> 27) & 1u)) return false;  // OSXSAVE
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA enabled
+    // Linux ≥ 5.16: tile data needs a per-process permission (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+void amx_pack_tokens(const int8_t* const* q, const double* const* px, int n, int nb,
+                     std::vector<int8_t>& tb, std::vector<double>& tpx) {
+  const int ntg = (n + 15) / 16;
+  tb.assign(size_t(ntg) * size_t(nb) * 512, 0);
+  tpx.assign(size_t(ntg) * size_t(nb) * 16, 1.0);
+  for (int t = 0; t < n; ++t) {
+    const int tg = t / 16, j = t % 16;
+    for (int b = 0; b < nb; ++b) {
+      const int8_t* qb = q[t] + (b / 4) * 128 + (b % 4) * 16;
+      int8_t* B = tb.data() + (size_t(tg) * size_t(nb) + size_t(b)) * 512 + 4 * j;
+      for (int k = 0; k < 8; ++k) std::memcpy(B + k * 64, qb + (k / 4) * 64 + (k % 4) * 4, 4);
+      tpx[(size_t(tg) * size_t(nb) + size_t(b)) * 16 + size_t(j)] = px[t][b];
+    }
+  }
+}
+
+int exact_span_limit(int nb) {
+  if (nb <= 0) return -1;
+  const double lim = 9007199254740992.0;  // 2^53
+  int s = -1;
+  while (s < 1000 && double(nb) * double(c::kMaxBlockDot) * c::pow2(s + 1) <= lim) ++s;
+  return s;
+}
 
 void project_scalar(const ProjArgs& a) {
   const int row_bytes = a.K / 2;
@@ -157,6 +228,8 @@ ProjFn kernel_for(ExpertIsa isa) {
   switch (isa) {
     case ExpertIsa::avx512:
       return detail::project_avx512;
+    case ExpertIsa::amx:
+      return detail::project_amx;
     case ExpertIsa::avx2:
       return detail::project_avx2;
     default:
@@ -172,7 +245,11 @@ constexpr int kRowTile = 64;
 struct TokenSet {
   std::vector<int> idx;  // position in the expert's token list
   std::vector<const int8_t*> q;
-  std::vector<const int32_t*> e, bias;
+  std::vector<const int32_t*> e, bias, nbias;
+  std::vector<const double*> px;
+  std::vector<int> span;
+  std::vector<int8_t> tb;  // AMX only: amx_pack_tokens
+  std::vector<double> tpx;
 };
 
 TokenSet token_set(const QuantizedActivations& xq, const int* rows, int n) {
@@ -184,21 +261,58 @@ TokenSet token_set(const QuantizedActivations& xq, const int* rows, int n) {
     s.q.push_back(xq.q(t));
     s.e.push_back(xq.exponents(t));
     s.bias.push_back(xq.block_bias(t));
+    s.nbias.push_back(xq.neg_block_bias(t));
+    s.px.push_back(xq.block_scale(t));
+    s.span.push_back(xq.exponent_span(t));
   }
   return s;
+}
+
+detail::ProjArgs proj_args(const QuantizedActivations& xq, const TokenSet& ts, int r0, int r1,
+                           int prefetch) {
+  detail::ProjArgs a;
+  a.K = xq.width();
+  a.nb = xq.blocks();
+  a.nbp = xq.padded_blocks();
+  a.r0 = r0;
+  a.r1 = r1;
+  a.n = int(ts.idx.size());
+  a.q = ts.q.data();
+  a.e = ts.e.data();
+  a.bias = ts.bias.data();
+  a.px = ts.px.data();
+  a.nbias = ts.nbias.data();
+  a.span = ts.span.data();
+  if (!ts.tb.empty()) {
+    a.tb = ts.tb.data();
+    a.tpx = ts.tpx.data();
+  }
+  a.out_stride = kRowTile;
+  a.prefetch = prefetch;
+  return a;
 }
 
 void fill_nan(float* p, size_t n) {
   std::fill(p, p + n, c::canonical_nan());
 }
 
+// Default software prefetch distance of the one-token kernel (bytes ahead).
+constexpr int kDefaultPrefetch = 2048;
+
+// Gate|up items (expert, row tile) in one TBB loop; the item that completes an expert's h
+// quantizes it and runs that expert's down tiles as a nested loop — no barrier between the
+// phases: threads with nothing left of gate|up steal down tiles of finished experts.
 void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
-               const GluParams& glu, ExpertIsa isa) {
+               const GluParams& glu, ExpertIsa isa, int prefetch) {
   const ProjFn proj = kernel_for(isa);
   const int H = xq.width();
   const size_t E = tasks.size();
-  std::vector<TokenSet> xs(E);
+  if (prefetch < 0) prefetch = kDefaultPrefetch;
+  std::vector<TokenSet> xs(E), hs(E);
   std::vector<std::vector<float>> h(E);  // [n_tokens (non-poisoned), I]
+  std::vector<QuantizedActivations> hq(E);
+  std::vector<std::atomic<int>> pending(E);
+  std::vector<std::pair<int, int>> items;  // (expert, row tile)
   for (size_t e = 0; e < E; ++e) {
     const ExpertTask& tk = tasks[e];
     STRATA_ASSERT(tk.w.hidden == H && tk.w.inter > 0 && tk.w.inter % c::kBlock == 0);
@@ -207,94 +321,76 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
       STRATA_ASSERT(tk.token_rows[i] >= 0 && tk.token_rows[i] < xq.tokens());
     xs[e] = token_set(xq, tk.token_rows, tk.n_tokens);
     h[e].resize(xs[e].idx.size() * size_t(tk.w.inter));
-  }
-
-  // Phase A: gate and up for (expert, row tile) items, GLU fused at the tile.
-  std::vector<std::pair<int, int>> items;  // (expert, row tile)
-  for (size_t e = 0; e < E; ++e)
+    int n_items = 0;
     if (!xs[e].idx.empty())
-      for (int r = 0; r < tasks[e].w.inter; r += kRowTile) items.emplace_back(int(e), r);
+      for (int r = 0; r < tk.w.inter; r += kRowTile, ++n_items) items.emplace_back(int(e), r);
+    pending[e].store(n_items, std::memory_order_relaxed);
+  }
+  auto pack = [&](TokenSet& ts, int nb) {
+    if (isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens)
+      detail::amx_pack_tokens(ts.q.data(), ts.px.data(), int(ts.idx.size()), nb, ts.tb, ts.tpx);
+  };
+  if (isa == ExpertIsa::amx)
+    tbb::parallel_for(size_t(0), E, [&](size_t e) { pack(xs[e], xq.blocks()); });
+
+  // Down projection of expert e into y, once its h is complete.
+  auto down = [&](size_t e) {
+    const ExpertTask& tk = tasks[e];
+    const int n0 = int(xs[e].idx.size()), I = tk.w.inter;
+    hq[e].quantize(h[e].data(), n0, I);
+    hs[e] = token_set(hq[e], nullptr, n0);
+    pack(hs[e], hq[e].blocks());
+    const TokenSet& ts = hs[e];
+    const int n = int(ts.idx.size());
+    if (n == 0) return;
+    tbb::parallel_for(0, (H + kRowTile - 1) / kRowTile, [&](int it) {
+      const int r0 = it * kRowTile, r1 = std::min(H, r0 + kRowTile);
+      thread_local std::vector<float> yt;
+      if (yt.size() < size_t(n) * kRowTile) yt.resize(size_t(n) * kRowTile);
+      detail::ProjArgs a = proj_args(hq[e], ts, r0, r1, prefetch);
+      a.packed = tk.w.w2_packed;
+      a.scale = tk.w.w2_scale;
+      a.out = yt.data();
+      proj(a);
+      // Scatter to the rows of y: token ts.idx[k] of hq is h row k, i.e. xs.idx[ts.idx[k]].
+      for (int k = 0; k < n; ++k) {
+        const int i = xs[e].idx[size_t(ts.idx[size_t(k)])];
+        std::copy(yt.data() + size_t(k) * kRowTile, yt.data() + size_t(k) * kRowTile + (r1 - r0),
+                  tk.y + size_t(i) * size_t(H) + size_t(r0));
+      }
+    });
+  };
+
   tbb::parallel_for(size_t(0), items.size(), [&](size_t it) {
     const auto [e, r0] = items[it];
     const ExpertTask& tk = tasks[size_t(e)];
     const TokenSet& ts = xs[size_t(e)];
     const int I = tk.w.inter, r1 = std::min(I, r0 + kRowTile), n = int(ts.idx.size());
-    thread_local std::vector<float> gu;
-    gu.resize(size_t(2) * size_t(n) * kRowTile);
-    detail::ProjArgs a;
-    a.K = H;
-    a.nb = xq.blocks();
-    a.nbp = xq.padded_blocks();
-    a.r0 = r0;
-    a.r1 = r1;
-    a.n = n;
-    a.q = ts.q.data();
-    a.e = ts.e.data();
-    a.bias = ts.bias.data();
-    a.out_stride = kRowTile;
-    a.packed = tk.w.w1_packed;
-    a.scale = tk.w.w1_scale;
-    a.out = gu.data();
-    proj(a);
-    a.packed = tk.w.w3_packed;
-    a.scale = tk.w.w3_scale;
-    a.out = gu.data() + size_t(n) * kRowTile;
-    proj(a);
-    for (int t = 0; t < n; ++t) {
-      const float* g = gu.data() + size_t(t) * kRowTile;
-      const float* u = gu.data() + (size_t(n) + size_t(t)) * kRowTile;
-      float* ht = h[size_t(e)].data() + size_t(t) * size_t(I) + size_t(r0);
-      if (isa == ExpertIsa::avx512) {
-        detail::glu_avx512(g, u, ht, r1 - r0, glu);  // same bits, 8 lanes at a time
-      } else {
-        for (int o = 0; o < r1 - r0; ++o) ht[o] = c::glu(g[o], u[o], glu);
+    {
+      thread_local std::vector<float> gu;
+      if (gu.size() < size_t(2) * size_t(n) * kRowTile) gu.resize(size_t(2) * size_t(n) * kRowTile);
+      detail::ProjArgs a = proj_args(xq, ts, r0, r1, prefetch);
+      a.packed = tk.w.w1_packed;
+      a.scale = tk.w.w1_scale;
+      a.out = gu.data();
+      proj(a);
+      a.packed = tk.w.w3_packed;
+      a.scale = tk.w.w3_scale;
+      a.out = gu.data() + size_t(n) * kRowTile;
+      proj(a);
+      for (int t = 0; t < n; ++t) {
+        const float* g = gu.data() + size_t(t) * kRowTile;
+        const float* u = gu.data() + (size_t(n) + size_t(t)) * kRowTile;
+        float* ht = h[size_t(e)].data() + size_t(t) * size_t(I) + size_t(r0);
+        if (isa == ExpertIsa::avx512 || isa == ExpertIsa::amx) {
+          detail::glu_avx512(g, u, ht, r1 - r0, glu);  // same bits, 8 lanes at a time
+        } else {
+          for (int o = 0; o < r1 - r0; ++o) ht[o] = c::glu(g[o], u[o], glu);
+        }
       }
     }
-  });
-
-  // h quantized once per (token, expert).
-  std::vector<QuantizedActivations> hq(E);
-  std::vector<TokenSet> hs(E);
-  tbb::parallel_for(size_t(0), E, [&](size_t e) {
-    const int n = int(xs[e].idx.size());
-    if (n == 0) return;
-    hq[e].quantize(h[e].data(), n, tasks[e].w.inter);
-    hs[e] = token_set(hq[e], nullptr, n);
-  });
-
-  // Phase B: down projection into y, (expert, row tile) items.
-  items.clear();
-  for (size_t e = 0; e < E; ++e)
-    if (!hs[e].idx.empty())
-      for (int r = 0; r < H; r += kRowTile) items.emplace_back(int(e), r);
-  tbb::parallel_for(size_t(0), items.size(), [&](size_t it) {
-    const auto [e, r0] = items[it];
-    const ExpertTask& tk = tasks[size_t(e)];
-    const TokenSet& ts = hs[size_t(e)];
-    const int I = tk.w.inter, r1 = std::min(H, r0 + kRowTile), n = int(ts.idx.size());
-    thread_local std::vector<float> yt;
-    yt.resize(size_t(n) * kRowTile);
-    detail::ProjArgs a;
-    a.packed = tk.w.w2_packed;
-    a.scale = tk.w.w2_scale;
-    a.K = I;
-    a.nb = hq[size_t(e)].blocks();
-    a.nbp = hq[size_t(e)].padded_blocks();
-    a.r0 = r0;
-    a.r1 = r1;
-    a.n = n;
-    a.q = ts.q.data();
-    a.e = ts.e.data();
-    a.bias = ts.bias.data();
-    a.out = yt.data();
-    a.out_stride = kRowTile;
-    proj(a);
-    // Scatter to the rows of y: token ts.idx[k] of hq is h row k, i.e. xs.idx[ts.idx[k]].
-    for (int k = 0; k < n; ++k) {
-      const int i = xs[size_t(e)].idx[size_t(ts.idx[size_t(k)])];
-      std::copy(yt.data() + size_t(k) * kRowTile, yt.data() + size_t(k) * kRowTile + (r1 - r0),
-                tk.y + size_t(i) * size_t(H) + size_t(r0));
-    }
+    // gu is not touched below: a nested loop may run other items of this thread meanwhile.
+    if (pending[size_t(e)].fetch_sub(1, std::memory_order_acq_rel) == 1) down(size_t(e));
   });
 
   // Poisoned rows: the canonical NaN (poisoned x, or a non-finite h block).
@@ -313,9 +409,9 @@ void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivatio
                      const GluParams& glu, const CpuExpertOptions& opt) {
   const ExpertIsa isa = resolve_isa(opt.isa);
   if (opt.arena) {
-    opt.arena->execute([&] { run_layer(tasks, xq, glu, isa); });
+    opt.arena->execute([&] { run_layer(tasks, xq, glu, isa, opt.prefetch); });
   } else {
-    run_layer(tasks, xq, glu, isa);
+    run_layer(tasks, xq, glu, isa, opt.prefetch);
   }
 }
 
@@ -325,7 +421,7 @@ void run_experts_cpu(std::span<const ExpertTask> tasks, const float* x, int T, c
   QuantizedActivations xq;
   auto body = [&] {
     xq.quantize(x, T, tasks[0].w.hidden);
-    run_layer(tasks, xq, glu, resolve_isa(opt.isa));
+    run_layer(tasks, xq, glu, resolve_isa(opt.isa), opt.prefetch);
   };
   if (opt.arena) {
     opt.arena->execute(body);

@@ -50,12 +50,19 @@ class QuantizedActivations {
   const int8_t* q(int t) const { return q_.data() + size_t(t) * size_t(nbp_) * 32; }
   const int32_t* exponents(int t) const { return e_.data() + size_t(t) * size_t(nbp_); }
   const int32_t* block_bias(int t) const { return s_.data() + size_t(t) * size_t(nbp_); }
+  // −12·Σq per block and 2^e_x per block (fp64), for the register-tiled kernel.
+  const int32_t* neg_block_bias(int t) const { return ns_.data() + size_t(t) * size_t(nbp_); }
+  const double* block_scale(int t) const { return px_.data() + size_t(t) * size_t(nbp_); }
+  // max e_x − min e_x over the token's nonzero blocks (0 if it has none).
+  int exponent_span(int t) const { return span_[size_t(t)]; }
   bool poisoned(int t) const { return poisoned_[size_t(t)] != 0; }
 
  private:
   int T_ = 0, K_ = 0, nb_ = 0, nbp_ = 0;
-  std::vector<int8_t> q_;       // [T, nbp/4 quads, 2 (even, odd), 4 blocks, 16]
-  std::vector<int32_t> e_, s_;  // [T, nbp]
+  std::vector<int8_t> q_;            // [T, nbp/4 quads, 2 (even, odd), 4 blocks, 16]
+  std::vector<int32_t> e_, s_, ns_;  // [T, nbp]
+  std::vector<double> px_;           // [T, nbp]
+  std::vector<int> span_;            // [T]
   std::vector<uint8_t> poisoned_;
 };
 
@@ -71,6 +78,9 @@ struct CpuExpertOptions {
   ExpertIsa isa = ExpertIsa::automatic;
   // Run inside this arena (e.g. a hwloc-pinned one from cpu/topology.h); null: the caller's.
   tbb::task_arena* arena = nullptr;
+  // Software prefetch distance (bytes ahead) of the one-token (decode) kernel; 0 = none, < 0 =
+  // the default. A tuning knob for the benchmark; results do not depend on it.
+  int prefetch = -1;
 };
 
 // All experts of one layer: x [T, H] fp32 (H = every task's w.hidden), quantized here once per

@@ -22,6 +22,9 @@
 
 namespace strata::cpu::detail {
 
+// From this many tokens on, the register-tiled kernel (cpu/expert_gemm_avx512.cpp).
+constexpr int kGemmMinTokens = 2;
+
 namespace {
 
 // Decoded row buffers (per thread, grown on demand, never shrunk).
@@ -111,6 +114,8 @@ inline float lane_finish(__m512d L0, __m512d L1, __m512d L2, __m512d L3) {
   return _mm_cvtss_f32(_mm_cvtsd_ss(_mm_setzero_ps(), v1));
 }
 
+}  // namespace
+
 // One token (decode): the row is decoded in registers, straight from the packed bytes, with no
 // trip through the L1 buffer — the path that has to keep up with DRAM.
 void project_one_avx512(const ProjArgs& a) {
@@ -123,9 +128,15 @@ void project_one_avx512(const ProjArgs& a) {
   const int8_t* q = a.q[0];
   const int32_t* e = a.e[0];
   const int32_t* bias = a.bias[0];
+  const int pf = a.prefetch;
   for (int o = a.r0; o < a.r1; ++o) {
     const uint8_t* prow = a.packed + size_t(o) * size_t(row_bytes);
     const uint8_t* srow = a.scale + size_t(o) * size_t(a.nb);
+    if (pf > 0) {  // the scales of a row ahead (rows are contiguous: a linear stream)
+      const uint8_t* sp = srow + pf / 16;
+      _mm_prefetch(reinterpret_cast<const char*>(sp), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sp + 64), _MM_HINT_T0);
+    }
     __m512d L[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
                     _mm512_setzero_pd()};
     for (int c = 0; c < nchunks; ++c) {
@@ -134,6 +145,7 @@ void project_one_avx512(const ProjArgs& a) {
       for (int k = 0; k < 4; ++k) {
         const int g = c * 4 + k, rem = row_bytes - g * 64;
         __m512i p;
+        if (pf > 0) _mm_prefetch(reinterpret_cast<const char*>(prow + g * 64 + pf), _MM_HINT_T0);
         if (rem >= 64) {
           p = _mm512_loadu_si512(prow + g * 64);
         } else if (rem > 0) {
@@ -177,10 +189,9 @@ void project_one_avx512(const ProjArgs& a) {
   }
 }
 
-}  // namespace
-
 void project_avx512(const ProjArgs& a) {
   if (a.n == 1) return project_one_avx512(a);
+  if (a.n >= kGemmMinTokens && a.px && a.nbias && a.span) return project_gemm_avx512(a);
   RowScratch& sc = tl_scratch;
   const size_t wbytes = size_t(a.nbp) * 32;
   if (sc.w.size() < wbytes + 64) sc.w.resize(wbytes + 64);

@@ -3,6 +3,7 @@
 // Not for use outside cpu/.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "storage/expert_contract.h"
 
@@ -23,11 +24,64 @@ struct ProjArgs {
   const int32_t* const* bias = nullptr;
   float* out = nullptr;
   int64_t out_stride = 0;
+  // Optional (the AVX-512 register-tiled kernel uses them when all three are set; see
+  // QuantizedActivations): per token 2^e_x per block (fp64), −12·Σq per block, and the exponent
+  // span over the token's nonzero blocks.
+  const double* const* px = nullptr;
+  const int32_t* const* nbias = nullptr;
+  const int* span = nullptr;
+  // Software prefetch distance of the one-token kernel in bytes ahead of the row being read
+  // (0: none).
+  int prefetch = 0;
+  // AMX only: the token set packed by amx_pack_tokens (B tiles and 2^e_x per token group).
+  const int8_t* tb = nullptr;
+  const double* tpx = nullptr;
 };
+
+// From this many tokens on, the AMX path uses tiles (16 tokens per tile; fewer: AVX-512).
+inline constexpr int kAmxMinTokens = 8;
+
+// The n tokens (quad layout q, 2^e_x per block px) as TDPBSSD B operands: per group of 16 tokens
+// and block b, 8 rows × 64 bytes, row k, token j: the 4 activation bytes of columns
+// π(4k … 4k+3), π(kk) = 2kk for kk < 16 (even columns), 2(kk − 16) + 1 otherwise (odd); tokens
+// past n are zero. tpx: per group and block, 16 × 2^e_x (1.0 past n).
+void amx_pack_tokens(const int8_t* const* q, const double* const* px, int n, int nb,
+                     std::vector<int8_t>& tb, std::vector<double>& tpx);
+
+// Whether the CPU has AMX-INT8 and the OS lets this process use tile data (Linux: granted by
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) on the first call).
+bool amx_ready();
+// AMX-INT8 kernel (needs tb, tpx, span; n < kAmxMinTokens or missing inputs: project_avx512).
+void project_amx(const ProjArgs& a);
+// The same code with the tile instructions replaced by scalar code of the same semantics (tests
+// of the layouts and the epilogue on CPUs without AMX).
+void project_amx_emulated(const ProjArgs& a);
+void gemm_count_add(uint64_t fast, uint64_t strict);
+
+// The any-order exactness bound (docs/numerics.md §3.1): the largest s ≥ 0 with
+// nb · kMaxBlockDot · 2^s ≤ 2^53, or −1 if there is none. If, for one output, the exponents
+// e_b = e_x,b + s_w,b − 128 of its nonzero blocks satisfy max e_b − min e_b ≤ s, every partial sum
+// of its block terms in any order is exact in fp64, so any summation order gives the contract's
+// bits.
+int exact_span_limit(int nb);
+
+// Register-tiled AVX-512 VNNI kernel for several tokens (needs px, nbias, span). Rows in groups
+// of 16 whose (row group, token) pair passes the span check are summed in one fp64 accumulator
+// per output (any order: exact); the others go through the strict-order one-token kernel.
+void project_gemm_avx512(const ProjArgs& a);
+
+// How many (16-row group, token) pairs project_gemm_avx512 has summed in any order (fast) and in
+// the contract's order (strict), since the start of the process. For tests.
+struct GemmCounts {
+  uint64_t fast = 0, strict = 0;
+};
+GemmCounts gemm_counts();
 
 void project_scalar(const ProjArgs& a);
 void project_avx2(const ProjArgs& a);
 void project_avx512(const ProjArgs& a);
+// The one-token (n == 1) AVX-512 kernel: strict contract order, rows decoded in registers.
+void project_one_avx512(const ProjArgs& a);
 
 // h[i] = contract::glu(g[i], u[i], p) for i < n, bit for bit, eight at a time.
 void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p);

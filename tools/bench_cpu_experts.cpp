@@ -37,6 +37,7 @@ struct Options {
   int experts = 16;
   std::vector<int> tokens = {1, 4, 16, 64, 256};
   std::string isa = "auto";
+  std::vector<int> prefetch = {-1};
   int repeats = 5;
   int gemm = 4096;
   int membw_mib = 2048;
@@ -208,17 +209,31 @@ int run(const Options& o) {
     for (int e = 0; e < o.experts; ++e)
       tasks.push_back({views[size_t(e)], rows.data(), M, y.data() + size_t(e) * size_t(M) * kH});
     const int reps = M >= 64 ? std::max(1, o.repeats / 2) : o.repeats;
-    BenchLine l;
-    l.name = "cpu-experts M=" + std::to_string(M);
-    l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
-    l.time = measure([&] { cpu::run_experts_cpu(tasks, x.data(), M, glu, opt); }, reps, 1);
-    l.bytes = double(kExpertBytes) * o.experts;
-    l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
-    l.peak_is_bandwidth = 3.79 * M < ridge;
-    l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (measured)";
-    l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
-    l.note = std::string(cpu::isa_name(isa)) + ", contract bits";
-    rep.add(l);
+    for (int pf : o.prefetch) {
+      opt.prefetch = pf;
+      const cpu::detail::GemmCounts c0 = cpu::detail::gemm_counts();
+      BenchLine l;
+      l.name = "cpu-experts M=" + std::to_string(M);
+      if (o.prefetch.size() > 1) l.name += " pf=" + std::to_string(pf);
+      l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
+      l.time = measure([&] { cpu::run_experts_cpu(tasks, x.data(), M, glu, opt); }, reps, 1);
+      l.bytes = double(kExpertBytes) * o.experts;
+      l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
+      l.peak_is_bandwidth = 3.79 * M < ridge;
+      l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (measured)";
+      l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
+      l.note = std::string(cpu::isa_name(isa)) + ", contract bits";
+      const cpu::detail::GemmCounts c1 = cpu::detail::gemm_counts();
+      if (c1.fast + c1.strict > c0.fast + c0.strict) {
+        std::ostringstream ss;
+        ss.precision(4);
+        ss << ", any-order pairs "
+           << 100.0 * double(c1.fast - c0.fast) / double(c1.fast + c1.strict - c0.fast - c0.strict)
+           << "%";
+        l.note += ss.str();
+      }
+      rep.add(l);
+    }
   }
   if (!o.json.empty()) rep.write_json(o.json);
   return 0;
@@ -232,6 +247,10 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--tokens", o->tokens, "tokens per expert to sweep (default 1 4 16 64 256)")
       ->delimiter(',');
   app.add_option("--isa", o->isa, "expert kernel: auto, scalar, avx2, avx512, amx (default auto)");
+  app.add_option("--prefetch", o->prefetch,
+                 "software prefetch distance(s) in bytes of the one-token kernel, a line each "
+                 "(0 none; default: the kernel's default)")
+      ->delimiter(',');
   app.add_option("--repeats", o->repeats, "timed repeats per line (default 5; half for M ≥ 64)");
   app.add_option("--gemm", o->gemm, "oneDNN bf16 peak matmul size N (N×N×N, default 4096)");
   app.add_option("--membw-mib", o->membw_mib, "memory read peak buffer in MiB (default 2048)");

@@ -6,7 +6,9 @@
 
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -34,7 +36,7 @@ struct Layer {
 };
 
 Layer make_layer(int H, int I, int T, const std::vector<std::vector<int>>& rows, bool wide,
-                 uint32_t seed) {
+                 uint32_t seed, int s_lo = 118, int s_hi = 126) {
   Layer L;
   L.H = H;
   L.I = I;
@@ -42,7 +44,7 @@ Layer make_layer(int H, int I, int T, const std::vector<std::vector<int>>& rows,
   L.rows = rows;
   for (size_t e = 0; e < rows.size(); ++e)
     L.experts.push_back(wide ? strata::test::random_expert(H, I, seed + uint32_t(e), 0, 254)
-                             : strata::test::random_expert(H, I, seed + uint32_t(e)));
+                             : strata::test::random_expert(H, I, seed + uint32_t(e), s_lo, s_hi));
   L.x = strata::test::random_activations(T, H, seed * 7 + 1, wide);
   return L;
 }
@@ -219,5 +221,179 @@ TEST_CASE("expert kernels: vectorised GLU has the contract GLU's bits", "[expert
                              << c::glu(g[i], u[i], p));
       }
     CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("expert kernels: the any-order exactness bound", "[expert]") {
+  using strata::cpu::detail::exact_span_limit;
+  for (int nb : {1, 2, 3, 96, 112, 128, 1000, 4096}) {
+    const int s = exact_span_limit(nb);
+    REQUIRE(s >= 0);
+    CHECK(double(nb) * c::kMaxBlockDot * std::ldexp(1.0, s) <= std::ldexp(1.0, 53));
+    CHECK(double(nb) * c::kMaxBlockDot * std::ldexp(1.0, s + 1) > std::ldexp(1.0, 53));
+  }
+  CHECK(exact_span_limit(112) == 30);  // K = 3584
+  CHECK(exact_span_limit(96) == 30);   // K = 3072
+  // The lemma itself: block terms d·2^e with |d| ≤ kMaxBlockDot and exponents spanning exactly
+  // the bound (nonzero terms) sum to the contract's bits in any order (here: shuffled
+  // sequential sums and the fp64 FMA form the kernel uses), zero terms anywhere.
+  std::mt19937 rng(4242);
+  for (int nb : {7, 96, 112}) {
+    const int s = exact_span_limit(nb);
+    std::uniform_int_distribution<int> dd(-c::kMaxBlockDot, c::kMaxBlockDot), ee(0, s), z(0, 9);
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int base = std::uniform_int_distribution<int>(-280, 200)(rng);
+      std::vector<int32_t> d(static_cast<size_t>(nb));
+      std::vector<int> ex(static_cast<size_t>(nb));
+      for (int b = 0; b < nb; ++b) {
+        // Extreme terms often: ±max dot at both ends of the span.
+        d[size_t(b)] =
+            z(rng) == 0 ? 0 : (z(rng) < 3 ? (z(rng) < 5 ? 1 : -1) * c::kMaxBlockDot : dd(rng));
+        ex[size_t(b)] = base + (b == 0 ? 0 : b == 1 ? s : ee(rng));
+      }
+      double L[c::kLanes] = {};
+      for (int b = 0; b < nb; ++b)
+        c::lane_add(L, b, c::block_term(d[size_t(b)], ex[size_t(b)], 128));
+      const float want = c::lane_finish(L);
+      std::vector<int> order(static_cast<size_t>(nb));
+      for (int b = 0; b < nb; ++b) order[size_t(b)] = b;
+      std::shuffle(order.begin(), order.end(), rng);
+      double acc = 0.0, acc_fma = 0.0;
+      for (int b : order) {
+        acc += double(d[size_t(b)]) * std::ldexp(1.0, ex[size_t(b)]);
+        acc_fma = std::fma(double(d[size_t(b)]) * std::ldexp(1.0, ex[size_t(b)] - base),
+                           std::ldexp(1.0, base), acc_fma);
+      }
+      REQUIRE(std::bit_cast<uint32_t>(float(acc)) == std::bit_cast<uint32_t>(want));
+      REQUIRE(std::bit_cast<uint32_t>(float(acc_fma)) == std::bit_cast<uint32_t>(want));
+    }
+  }
+}
+
+TEST_CASE("expert kernels: many tokens per expert, register tiles and strict fallback",
+          "[expert]") {
+  using strata::cpu::detail::gemm_counts;
+  const GluParams situ{true, 4.0, 25.0};
+  // 21 tokens: register tiles of 8, 8 and 5; a 2-token expert; K3's widths.
+  std::vector<int> all(21);
+  for (int i = 0; i < 21; ++i) all[size_t(i)] = i;
+  {
+    const Layer L = make_layer(3584, 3072, 21, {all, {4, 17}}, false, 31);
+    const auto before = gemm_counts();
+    for (ExpertIsa isa : kIsas)
+      if (supported_or_warn(isa)) check_layer(L, situ, isa);
+    if (strata::cpu::isa_supported(ExpertIsa::avx512)) {
+      const auto after = gemm_counts();
+      CHECK(after.fast > before.fast);  // normal data: (almost) every pair in any order
+    }
+  }
+  {
+    // Scale codes spanning 24 binades per row, and every third token's blocks over 2^±60 (plus
+    // zero and subnormal blocks): those tokens fail the span check and take the strict order,
+    // the others pass (24 + a few ≤ 30). Some outputs of the wide tokens overflow.
+    Layer L = make_layer(1184, 608, 21, {all, {0, 3, 6}}, false, 57, 106, 130);
+    const auto wide = strata::test::random_activations(21, 1184, 99, true);
+    for (int t = 0; t < 21; t += 3)
+      std::copy(wide.begin() + t * 1184, wide.begin() + (t + 1) * 1184, L.x.begin() + t * 1184);
+    const auto before = gemm_counts();
+    for (ExpertIsa isa : kIsas)
+      if (supported_or_warn(isa)) {
+        check_layer(L, situ, isa);
+        check_layer(L, GluParams{false, 0, 0}, isa);
+      }
+    if (strata::cpu::isa_supported(ExpertIsa::avx512)) {
+      const auto after = gemm_counts();
+      CHECK(after.fast > before.fast);
+      CHECK(after.strict > before.strict);
+    }
+  }
+}
+
+namespace {
+
+// One projection (w1 of `ex`: [I, H]) of n tokens through `kernel` against the scalar kernel, bit
+// for bit; the tokens packed for AMX as the layer driver does.
+void check_projection(const strata::test::RandomExpert& ex, const std::vector<float>& x, int n,
+                      void (*kernel)(const strata::cpu::detail::ProjArgs&)) {
+  namespace d = strata::cpu::detail;
+  strata::cpu::QuantizedActivations xq;
+  xq.quantize(x.data(), n, ex.H);
+  std::vector<const int8_t*> q;
+  std::vector<const int32_t*> e, bias, nbias;
+  std::vector<const double*> px;
+  std::vector<int> span;
+  for (int t = 0; t < n; ++t) {
+    REQUIRE(!xq.poisoned(t));
+    q.push_back(xq.q(t));
+    e.push_back(xq.exponents(t));
+    bias.push_back(xq.block_bias(t));
+    nbias.push_back(xq.neg_block_bias(t));
+    px.push_back(xq.block_scale(t));
+    span.push_back(xq.exponent_span(t));
+  }
+  std::vector<int8_t> tb;
+  std::vector<double> tpx;
+  d::amx_pack_tokens(q.data(), px.data(), n, xq.blocks(), tb, tpx);
+  std::vector<float> got(size_t(n) * size_t(ex.I), -1.0f), want(got.size(), -2.0f);
+  d::ProjArgs a;
+  a.packed = ex.w1p.data();
+  a.scale = ex.w1s.data();
+  a.K = ex.H;
+  a.nb = xq.blocks();
+  a.nbp = xq.padded_blocks();
+  a.r0 = 0;
+  a.r1 = ex.I;
+  a.n = n;
+  a.q = q.data();
+  a.e = e.data();
+  a.bias = bias.data();
+  a.nbias = nbias.data();
+  a.px = px.data();
+  a.span = span.data();
+  a.tb = tb.data();
+  a.tpx = tpx.data();
+  a.out_stride = ex.I;
+  a.out = got.data();
+  kernel(a);
+  a.out = want.data();
+  d::project_scalar(a);
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
+      if (bad++ < 5) UNSCOPED_INFO("output " << i << ": got " << got[i] << " want " << want[i]);
+    }
+  INFO("shape " << ex.I << "x" << ex.H << ", " << n << " tokens");
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("expert kernels: AMX kernel layouts and epilogue (tile ops emulated), and on AMX",
+          "[expert]") {
+  if (!supported_or_warn(ExpertIsa::avx512)) return;
+  using strata::cpu::detail::gemm_counts;
+  const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);
+  for (int n : {8, 16, 21}) {
+    // Normal data (all pairs in any order), K with a partial quad (nb = 37) and K3's width.
+    for (int H : {1184, 3584}) {
+      const auto ex = strata::test::random_expert(H, 64, uint32_t(H + n));
+      const auto x = strata::test::random_activations(n, H, uint32_t(n), false);
+      const auto before = gemm_counts();
+      check_projection(ex, x, n, strata::cpu::detail::project_amx_emulated);
+      CHECK(gemm_counts().fast > before.fast);
+      if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx);
+    }
+    // Wide scale codes per row and every third token over 2^±60: both paths.
+    const auto ex = strata::test::random_expert(1184, 96, 7, 106, 130);
+    auto x = strata::test::random_activations(n, 1184, 5, false);
+    const auto wide = strata::test::random_activations(n, 1184, 6, true);
+    for (int t = 0; t < n; t += 3)
+      std::copy(wide.begin() + t * 1184, wide.begin() + (t + 1) * 1184, x.begin() + t * 1184);
+    const auto before = gemm_counts();
+    check_projection(ex, x, n, strata::cpu::detail::project_amx_emulated);
+    CHECK(gemm_counts().fast > before.fast);
+    CHECK(gemm_counts().strict > before.strict);
+    if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx);
+    check_projection(ex, x, n, strata::cpu::detail::project_gemm_avx512);
   }
 }

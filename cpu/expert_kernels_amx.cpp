@@ -1,0 +1,200 @@
+// AMX-INT8 projection kernel for several tokens (cpu/expert_kernels_impl.h), the any-order form
+// of docs/numerics.md §3.1 with the block dots from TDPBSSD.
+//
+// Per 16 rows × 16 tokens × one 32-element block, one tile product: A = the 16 rows' decoded
+// weights (doubled E2M1 as s8, 32 bytes per row: the block's 16 even columns, then its 16 odd
+// ones), B = the 16 tokens' s8 activations in the matching order, VNNI-packed (8 rows × 64 bytes,
+// prepared once per token set: amx_pack_tokens), C = the 16 × 16 exact int32 block dots. The fp64
+// epilogue per C row (one weight row, 16 tokens in lanes): cvt, × 2^e_x per token, FMA by
+// 2^(s_w − 128) into one fp64 accumulator per output. (row group, token) pairs that fail the span
+// check go through the strict one-token AVX-512 kernel, as in cpu/expert_gemm_avx512.cpp.
+//
+// project_amx_impl<true> replaces the three tile instructions by scalar code with their
+// semantics, so that everything else (layouts, epilogue, fallback) is tested on CPUs without AMX.
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics headers as
+// maybe-uninitialized at -O3 (a known false positive); silence it for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/expert_kernels_impl.h"
+
+namespace strata::cpu::detail {
+
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 0;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+struct AmxScratch {
+  std::vector<uint8_t> buf;
+};
+thread_local AmxScratch tl_amx;
+
+uint8_t* align64(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
+// Rows o0 … o0+15: A rows (stride rs bytes: per block 32 bytes, even columns then odd) and
+// pw[m * nb + b] = 2^(s_w − 128). Returns max − min of the scale codes.
+int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
+  const __m512i lut = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i idx01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i idx23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const int row_bytes = a.K / 2, nb = a.nb, nq = (nb + 3) / 4;
+  const uint8_t* p0 = a.packed + size_t(o0) * size_t(row_bytes);
+  for (int m = 0; m < 16; ++m) {
+    const uint8_t* prow = p0 + size_t(m) * size_t(row_bytes);
+    uint8_t* arow = A + size_t(m) * size_t(rs);
+    for (int g = 0; g < nq; ++g) {
+      _mm_prefetch(reinterpret_cast<const char*>(prow + g * 64 + 512), _MM_HINT_T0);
+      const int rem = row_bytes - g * 64;
+      const __m512i p = rem >= 64 ? _mm512_loadu_si512(prow + g * 64)
+                                  : _mm512_maskz_loadu_epi8(
+                                        _cvtu64_mask64((uint64_t(1) << rem) - 1), prow + g * 64);
+      const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(p, low4));
+      const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
+      _mm512_store_si512(arow + g * 128, _mm512_permutex2var_epi64(lo, idx01, hi));
+      _mm512_store_si512(arow + g * 128 + 64, _mm512_permutex2var_epi64(lo, idx23, hi));
+    }
+  }
+  const uint8_t* s0 = a.scale + size_t(o0) * size_t(nb);
+  __m512i vmin = _mm512_set1_epi32(255), vmax = _mm512_setzero_si512();
+  const __m512i bias = _mm512_set1_epi64(1023 - 128);
+  for (int m = 0; m < 16; ++m)
+    for (int c = 0; c * 16 < nb; ++c) {
+      const int rem = nb - c * 16;
+      const __mmask16 k = rem >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rem) - 1);
+      const __m512i s = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, s0 + size_t(m) * nb + c * 16));
+      vmin = _mm512_mask_min_epu32(vmin, k, vmin, s);
+      vmax = _mm512_mask_max_epu32(vmax, k, vmax, s);
+      const __m512i lo = _mm512_add_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(s)), bias);
+      const __m512i hi =
+          _mm512_add_epi64(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(s, 1)), bias);
+      double* d = pw + size_t(m) * size_t(nb) + c * 16;
+      _mm512_mask_storeu_pd(d, __mmask8(k), _mm512_castsi512_pd(_mm512_slli_epi64(lo, 52)));
+      _mm512_mask_storeu_pd(d + 8, __mmask8(k >> 8),
+                            _mm512_castsi512_pd(_mm512_slli_epi64(hi, 52)));
+    }
+  return int(_mm512_reduce_max_epu32(vmax)) - int(_mm512_reduce_min_epu32(vmin));
+}
+
+template <bool kEmu>
+void project_amx_impl(const ProjArgs& a) {
+  const int nb = a.nb, n = a.n, nq = (nb + 3) / 4, rs = nq * 128;
+  const int ntg = (n + 15) / 16;
+  AmxScratch& sc = tl_amx;
+  const size_t abytes = size_t(16) * size_t(rs), pbytes = size_t(16) * size_t(nb) * 8;
+  const size_t need = abytes + pbytes + 2048 + 1024 + 256;
+  if (sc.buf.size() < need) sc.buf.resize(need);
+  uint8_t* A = align64(sc.buf.data());
+  double* pw = reinterpret_cast<double*>(A + abytes);
+  double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + 16 * nb)));
+  int32_t* C = reinterpret_cast<int32_t*>(F + 256);
+  const int limit = exact_span_limit(nb);
+  if constexpr (!kEmu) {
+    TileConfig cfg;
+    cfg.palette = 1;
+    cfg.rows[0] = 16, cfg.colsb[0] = 32;  // A: 16 rows × 32 s8
+    cfg.rows[1] = 8, cfg.colsb[1] = 64;   // B: 8 × (16 tokens × 4 s8)
+    cfg.rows[2] = 16, cfg.colsb[2] = 64;  // C: 16 × 16 int32
+    _tile_loadconfig(&cfg);
+  }
+  std::vector<uint8_t> pass(static_cast<size_t>(n));
+  uint64_t nfast = 0, nstrict = 0;
+  for (int o0 = a.r0; o0 < a.r1; o0 += 16) {
+    const int rows = std::min(16, a.r1 - o0);
+    const int span_w = rows == 16 ? decode_rows_amx(a, o0, A, rs, pw) : 0;
+    for (int t = 0; t < n; ++t) {
+      pass[size_t(t)] = rows == 16 && limit >= 0 && span_w + a.span[t] <= limit;
+      if (pass[size_t(t)]) {
+        ++nfast;
+        continue;
+      }
+      ProjArgs b = a;
+      b.r0 = o0;
+      b.r1 = o0 + rows;
+      b.n = 1;
+      b.q = a.q + t;
+      b.e = a.e + t;
+      b.bias = a.bias + t;
+      b.out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
+      b.prefetch = 0;
+      project_one_avx512(b);
+      ++nstrict;
+    }
+    if (rows != 16) continue;
+    for (int tg = 0; tg < ntg; ++tg) {
+      bool any = false;
+      for (int j = 0; j < 16 && tg * 16 + j < n; ++j) any |= pass[size_t(tg * 16 + j)] != 0;
+      if (!any) continue;
+      const int8_t* B = a.tb + size_t(tg) * size_t(nb) * 512;
+      const double* PX = a.tpx + size_t(tg) * size_t(nb) * 16;
+      for (int i = 0; i < 256; i += 8) _mm512_store_pd(F + i, _mm512_setzero_pd());
+      for (int b = 0; b < nb; ++b) {
+        const int8_t* Bb = B + size_t(b) * 512;
+        if constexpr (kEmu) {
+          for (int m = 0; m < 16; ++m)
+            for (int j = 0; j < 16; ++j) {
+              int32_t s = 0;
+              for (int kk = 0; kk < 32; ++kk)
+                s += int32_t(int8_t(A[size_t(m) * rs + size_t(b) * 32 + kk])) *
+                     int32_t(Bb[(kk / 4) * 64 + 4 * j + kk % 4]);
+              C[m * 16 + j] = s;
+            }
+        } else {
+          _tile_loadd(0, A + size_t(b) * 32, rs);
+          _tile_loadd(1, Bb, 64);
+          _tile_zero(2);
+          _tile_dpbssd(2, 0, 1);
+          _tile_stored(2, C, 64);
+        }
+        const __m512d PX0 = _mm512_loadu_pd(PX + size_t(b) * 16);
+        const __m512d PX1 = _mm512_loadu_pd(PX + size_t(b) * 16 + 8);
+        for (int m = 0; m < 16; ++m) {
+          const __m512i c = _mm512_load_si512(C + m * 16);
+          const __m512d w = _mm512_set1_pd(pw[size_t(m) * size_t(nb) + size_t(b)]);
+          const __m512d dlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(c));
+          const __m512d dhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c, 1));
+          _mm512_store_pd(F + m * 16,
+                          _mm512_fmadd_pd(_mm512_mul_pd(dlo, PX0), w, _mm512_load_pd(F + m * 16)));
+          _mm512_store_pd(F + m * 16 + 8, _mm512_fmadd_pd(_mm512_mul_pd(dhi, PX1), w,
+                                                          _mm512_load_pd(F + m * 16 + 8)));
+        }
+      }
+      for (int j = 0; j < 16 && tg * 16 + j < n; ++j) {
+        const int t = tg * 16 + j;
+        if (!pass[size_t(t)]) continue;
+        float* out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
+        for (int m = 0; m < 16; ++m) out[m] = float(F[m * 16 + j]);
+      }
+    }
+  }
+  if constexpr (!kEmu) _tile_release();
+  gemm_count_add(nfast, nstrict);
+}
+
+}  // namespace
+
+void project_amx(const ProjArgs& a) {
+  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
+  project_amx_impl<false>(a);
+}
+
+void project_amx_emulated(const ProjArgs& a) {
+  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
+  project_amx_impl<true>(a);
+}
+
+}  // namespace strata::cpu::detail
