@@ -1,24 +1,31 @@
 // GEMV path of the grouped MXFP4 experts (few tokens per expert; decode). The work is the list of
 // "virtual rows" v = g·N + o over the groups g and the N output rows of one projection (gate|up:
 // the I rows of w1, then the I rows of w3, so the output [P, 2, I] is row-contiguous the same way;
-// down: the H rows of w2). The grid is persistent (as many blocks as fit on the device) and every
-// warp walks one contiguous range of virtual rows — equal shares, so no tail wave, and a warp's
-// weights are one contiguous stream.
+// down: the H rows of w2). Every warp walks one contiguous range of virtual rows: with one token
+// per group (decode) the grid is persistent (as many blocks as fit) and the ranges are equal
+// shares, so there is no tail wave and a warp's weights are one contiguous stream; with more tokens
+// per group (their counts differ) a warp takes a strip of kStripRows rows of one group and the
+// hardware balances the strips.
 //
-// Per row, lane j holds blocks j, j+32, … (16 packed bytes + 1 scale byte each: the warp reads 512
-// contiguous bytes per step) in registers; the next row's loads are in flight while it computes,
-// and the rows kL2Ahead further are prefetched into L2, so HBM sees enough bytes in flight without
-// spending registers on them. Per token the lane forms exact int32 block dots (E2M1 decoded by
+// Weights stream through shared memory: each warp owns a ring of stages, one row (packed bytes and
+// scale bytes) per stage, filled by bulk asynchronous copies (cp.async.bulk, one instruction per
+// row issued by lane 0, completion counted in bytes on an mbarrier). Rows k+1 … k+S−1 are in
+// flight while row k is computed, without spending registers on them. Lane j computes blocks j,
+// j+32, … of the row (numerics.md §3): per token it forms exact int32 block dots (E2M1 decoded by
 // PRMT sign-mode lookups, dp4a), turns them into exact fp64 block terms by bits and sums them in
 // increasing block order; the warp butterfly (off 16, 8, 4, 2, 1) finishes — exactly the
-// reduction order of numerics.md §3, so the result is the contract's bit for bit.
+// reduction order of the contract, so the result is the contract's bit for bit.
 //
 // The kernels take part in programmatic dependent launch: a GEMV is launched while its producer
-// (the activation quantization) still runs, issues its first weight loads, and only then waits
+// (the activation quantization) still runs, issues its first weight copies, and only then waits
 // for the producer's results (griddepcontrol.wait); launched plainly, the wait is a no-op.
+//
+// Requirements: packed rows 16-byte aligned (K/2 is a multiple of 16, so the matrix base must be);
+// scale rows are copied in bulk when 16-byte aligned with nb a multiple of 16, else read directly.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/moe/contract_device.cuh"
 #include "kernels/moe/paths.h"
@@ -30,8 +37,10 @@ namespace {
 
 namespace c = strata::contract;
 
-constexpr int kWarps = 4;           // warps per block
-constexpr int kMinBlocksPerSm = 6;  // register cap (K ≤ 4096): 65536 / (6 · 128) → ≤ 80 registers
+constexpr int kWarps = 4;                  // warps per block
+constexpr int kStripRows = 8;              // rows per warp when groups have several tokens
+constexpr int kMaxStages = 8;              // ring depth per warp (at most)
+constexpr size_t kStageBudget = 48 << 10;  // dynamic shared memory per block, no opt-in needed
 
 struct GemvArgs {
   const Mxfp4ExpertView* experts;
@@ -42,198 +51,309 @@ struct GemvArgs {
   int split;               // rows ≥ split come from the second matrix (gate|up: I; down: N)
   float* out;              // [P, N]
   int G;                   // groups
-  int rows_per_warp;       // contiguous virtual rows per warp
-  int l2_ahead;            // rows prefetched into L2 ahead of the current one (0: none)
+  int rows_per_warp;       // persistent mode: contiguous virtual rows per warp; 0: strip mode
+  int stages;              // ring depth (≤ kMaxStages)
+  int stage_bytes;         // K/2 + nb rounded up to 16
 };
 
-__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
-  return __ldcs(reinterpret_cast<const uint4*>(p));
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// Where the weights of virtual row (g, on) start: packed row and scale row.
-struct RowPtr {
+// Where the weights of virtual row (g, on) start, and the cursor that walks the rows.
+struct Cursor {
+  int g, on;
   const uint8_t* pk;
   const uint8_t* sc;
 };
 
-__device__ __forceinline__ RowPtr row_ptr(const GemvArgs& a, int g, int on) {
+__device__ __forceinline__ void seek(const GemvArgs& a, Cursor& cu, int g, int on) {
+  cu.g = g, cu.on = on;
+  if (g >= a.G) return;  // past the end: never read
   const Mxfp4ExpertView* ev = a.experts + g;
   const bool second = on >= a.split;
   const int o = second ? on - a.split : on;
   const uint8_t* pk = a.split == a.N ? ev->w2_packed : second ? ev->w3_packed : ev->w1_packed;
   const uint8_t* sc = a.split == a.N ? ev->w2_scale : second ? ev->w3_scale : ev->w1_scale;
-  const int nb = a.K / c::kBlock;
-  return {pk + size_t(o) * size_t(a.K / 2), sc + size_t(o) * size_t(nb)};
+  cu.pk = pk + size_t(o) * size_t(a.K / 2);
+  cu.sc = sc + size_t(o) * size_t(a.K / c::kBlock);
 }
 
-template <int MAXI>
-struct RowRegs {
-  uint4 w[MAXI];
-  int s[MAXI];
-};
+__device__ __forceinline__ void advance(const GemvArgs& a, Cursor& cu) {
+  const int on = cu.on + 1;
+  if (on == a.N) {
+    seek(a, cu, cu.g + 1, 0);
+  } else if (on == a.split) {
+    seek(a, cu, cu.g, on);
+  } else {
+    cu.on = on, cu.pk += a.K / 2, cu.sc += a.K / c::kBlock;
+  }
+}
+
+__device__ __forceinline__ bool scales_in_bulk(const Cursor& cu, int nb) {
+  return nb % 16 == 0 && (reinterpret_cast<uintptr_t>(cu.sc) & 15) == 0;
+}
+
+// ---- mbarrier and bulk copy (sm_90) ------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Lane 0: one row (packed bytes, then its scale bytes when they go in bulk) into stage `dst`.
+__device__ __forceinline__ void issue_row(const Cursor& cu, uint32_t dst, uint32_t bar, int K,
+                                          int nb) {
+  const uint32_t pk_bytes = uint32_t(K / 2);
+  const bool sc_bulk = scales_in_bulk(cu, nb);
+  const uint32_t bytes = pk_bytes + (sc_bulk ? uint32_t(nb) : 0u);
+  // The stage was last read through the generic proxy; order that before the async writes.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(cu.pk), "r"(pk_bytes), "r"(bar)
+      : "memory");
+  if (sc_bulk)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(dst + pk_bytes),
+        "l"(cu.sc), "r"(uint32_t(nb)), "r"(bar)
+        : "memory");
+}
+
+// ---- the row computation shared by both variants -----------------------------------------------
+
+// Computes row `on` of the current group for its tokens [p0, p1): wblk(i, w, s) gives lane's
+// block i (packed 16 bytes and scale code).
+template <int MAXI, class WBlk>
+__device__ __forceinline__ void row_tokens(const GemvArgs& a, int p0, int p1, int on, int nb,
+                                           int lane, WBlk&& wblk) {
+  for (int p = p0; p < p1; p++) {
+    const int row = a.row_map ? __ldg(a.row_map + p) : p;
+    const int8_t* qr = a.in.q + size_t(row) * a.K + lane * c::kBlock;
+    const int32_t* er = a.in.e + size_t(row) * nb + lane;
+    double L = 0.0;
+    int emin = 0;
+#pragma unroll
+    for (int i = 0; i < MAXI; i++) {
+      const int b = lane + 32 * i;
+      if (i < MAXI - 1 || b < nb) {
+        const uint4* qb = reinterpret_cast<const uint4*>(qr + 32 * c::kBlock * i);
+        const uint4 q0 = __ldg(qb), q1 = __ldg(qb + 1);
+        const int ex = __ldg(er + 32 * i);
+        emin = min(emin, ex);  // kPoisonedBlock is INT32_MIN: the minimum names a poison
+        uint4 w;
+        int s;
+        wblk(i, w, s);
+        L = c::dadd(L, block_term_bits(dot_block_biased(w, q0, q1), ex, s));
+      }
+    }
+    const bool poisoned = __any_sync(0xffffffffu, emin == kPoisonedBlock);
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
+    if (lane == 0) a.out[size_t(p) * a.N + on] = poisoned ? c::canonical_nan() : float(L);
+  }
+}
+
+// This warp's virtual rows [v0, v1).
+__device__ __forceinline__ void warp_range(const GemvArgs& a, long long& v0, long long& v1) {
+  const int warp_in_block = threadIdx.x >> 5;
+  if (a.rows_per_warp > 0) {
+    const long long R = (long long)a.G * a.N;
+    v0 = ((long long)blockIdx.x * kWarps + warp_in_block) * a.rows_per_warp;
+    v1 = min(R, v0 + a.rows_per_warp);
+  } else {
+    const long long g0 = (long long)blockIdx.y * a.N;
+    const int o = (blockIdx.x * kWarps + warp_in_block) * kStripRows;
+    v0 = g0 + o;
+    v1 = g0 + min(a.N, o + kStripRows);
+  }
+}
 
 // MAXI = ceil(nb / 32): blocks per lane; every lane has blocks i < MAXI − 1, only the last round
 // is partial.
 template <int MAXI>
-__device__ __forceinline__ void load_row(RowRegs<MAXI>& r, RowPtr p, int nb, int lane) {
-#pragma unroll
-  for (int i = 0; i < MAXI; i++) {
-    const int b = lane + 32 * i;
-    if (i < MAXI - 1 || b < nb) {
-      r.w[i] = load_stream(p.pk + size_t(b) * 16);
-      r.s[i] = __ldcs(p.sc + b);
-    }
-  }
-}
-
-template <int MAXI>
-__device__ __forceinline__ void prefetch_row(RowPtr p, int nb, int lane) {
-#pragma unroll
-  for (int i = 0; i < MAXI; i++) {
-    const int b = lane + 32 * i;
-    if (i < MAXI - 1 || b < nb) prefetch_l2(p.pk + size_t(b) * 16);
-  }
-  // The scale row (nb ≤ 256 bytes): one prefetch per 128-byte step plus its last byte.
-  if (lane * 128 < nb)
-    prefetch_l2(p.sc + lane * 128);
-  else if (lane == 31)
-    prefetch_l2(p.sc + nb - 1);
-}
-
-template <int MAXI>
-__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? kMinBlocksPerSm : 3)
-    gemv_kernel(GemvArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int warp = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const int nb = a.K / c::kBlock;
-  const long long R = (long long)a.G * a.N;
-  const long long v0 = (long long)warp * a.rows_per_warp;
-  const long long v1 = min(R, v0 + a.rows_per_warp);
+__global__ void __launch_bounds__(kWarps * 32, 8) gemv_bulk_kernel(GemvArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp_in_block = threadIdx.x >> 5;
+  const int nb = a.K / c::kBlock, S = a.stages;
   // Let the next kernel of the chain launch now: it waits for this grid's completion itself.
   asm volatile("griddepcontrol.launch_dependents;");
+  long long v0, v1;
+  warp_range(a, v0, v1);
   if (v0 >= v1) return;
+  const int count = int(v1 - v0);
 
-  // The cursor (g, on) of the current row and its weights; the weights do not depend on the
-  // producer kernel, so the first row's loads go out before the dependency wait.
-  int g = int(v0 / a.N), on = int(v0 - (long long)g * a.N);
-  RowPtr cur_p = row_ptr(a, g, on);
-  RowRegs<MAXI> cur, nxt;
-  load_row<MAXI>(cur, cur_p, nb, lane);
-  // L2 prefetch runs l2_ahead rows in front, while those rows stay in the current matrix (the
-  // matrix's rows are contiguous); at a matrix boundary it skips until the cursor crosses.
-  const int row_bytes = a.K / 2;
-  auto seg_end = [&](int on_) { return on_ < a.split ? a.split : a.N; };
-  for (int d = 1; d < a.l2_ahead; d++)
-    if (v0 + d < v1 && on + d < seg_end(on))
-      prefetch_row<MAXI>({cur_p.pk + size_t(d) * row_bytes, cur_p.sc + size_t(d) * nb}, nb, lane);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem) + warp_in_block * kMaxStages;
+  uint8_t* ring = smem + kWarps * kMaxStages * 8 + size_t(warp_in_block) * S * a.stage_bytes;
+  const uint32_t bar0 = smem_addr(bars), ring0 = smem_addr(ring);
+  if (lane == 0) {
+    for (int s = 0; s < S; s++) bar_init(bar0 + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+
+  // Weights do not depend on the producer kernel: the first S rows go out before the wait.
+  Cursor ic;  // issue cursor
+  seek(a, ic, int(v0 / a.N), int(v0 % a.N));
+  Cursor cc = ic;  // compute cursor
+  for (int k = 0; k < S && k < count; k++) {
+    if (lane == 0) issue_row(ic, ring0 + k * a.stage_bytes, bar0 + 8 * k, a.K, nb);
+    advance(a, ic);
+  }
 
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
+  int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
 
-  for (long long v = v0; v < v1; v++) {
-    // Advance a copy of the cursor to the next row and put its loads in flight.
-    int gn = g, onn = on + 1;
-    RowPtr nxt_p;
-    if (onn == a.N) {
-      gn = g + 1, onn = 0;
-      nxt_p = gn < a.G ? row_ptr(a, gn, 0) : cur_p;
-    } else if (onn == a.split) {
-      nxt_p = row_ptr(a, g, onn);
-    } else {
-      nxt_p = {cur_p.pk + row_bytes, cur_p.sc + nb};
+  int stage = 0;
+  uint32_t parity = 0;  // of the stage's current use: row k is use k / S of stage k % S
+  for (int k = 0; k < count; k++) {
+    bar_wait(bar0 + 8 * stage, parity);
+    const uint8_t* st = ring + size_t(stage) * a.stage_bytes;
+    const bool sc_bulk = scales_in_bulk(cc, nb);
+    const uint8_t* scp = sc_bulk ? st + a.K / 2 : cc.sc;
+    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, [&](int i, uint4& w, int& s) {
+      const int b = lane + 32 * i;
+      w = reinterpret_cast<const uint4*>(st)[b];
+      s = scp[b];
+    });
+    __syncwarp();  // every lane is done with this stage
+    if (k + S < count) {
+      if (lane == 0) issue_row(ic, ring0 + stage * a.stage_bytes, bar0 + 8 * stage, a.K, nb);
+      advance(a, ic);
     }
-    const bool more = v + 1 < v1;
-    if (more) load_row<MAXI>(nxt, nxt_p, nb, lane);
-    if (a.l2_ahead > 0 && v + a.l2_ahead < v1 && on + a.l2_ahead < seg_end(on))
-      prefetch_row<MAXI>(
-          {cur_p.pk + size_t(a.l2_ahead) * row_bytes, cur_p.sc + size_t(a.l2_ahead) * nb}, nb,
-          lane);
-
-    for (int p = p0; p < p1; p++) {
-      const int row = a.row_map ? a.row_map[p] : p;
-      const int8_t* qr = a.in.q + size_t(row) * a.K + lane * c::kBlock;
-      const int32_t* er = a.in.e + size_t(row) * nb + lane;
-      double L = 0.0;
-      int emin = 0;
-#pragma unroll
-      for (int i = 0; i < MAXI; i++) {
-        const int b = lane + 32 * i;
-        if (i < MAXI - 1 || b < nb) {
-          const uint4* qb = reinterpret_cast<const uint4*>(qr + 32 * c::kBlock * i);
-          const uint4 q0 = __ldg(qb), q1 = __ldg(qb + 1);
-          const int ex = __ldg(er + 32 * i);
-          emin = min(emin, ex);  // kPoisonedBlock is INT32_MIN: the minimum names a poison
-          L = c::dadd(L, block_term_bits(dot_block_biased(cur.w[i], q0, q1), ex, cur.s[i]));
-        }
-      }
-      const bool poisoned = __any_sync(0xffffffffu, emin == kPoisonedBlock);
-#pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
-      if (lane == 0) a.out[size_t(p) * a.N + on] = poisoned ? c::canonical_nan() : float(L);
-    }
-    if (!more) break;
-    cur = nxt, cur_p = nxt_p;
-    if (gn != g) p0 = p1, p1 = a.group_offsets[gn + 1];
-    g = gn, on = onn;
+    const int g_prev = cc.g;
+    advance(a, cc);
+    if (k + 1 < count && cc.g != g_prev) p0 = p1, p1 = __ldg(a.group_offsets + cc.g + 1);
+    if (++stage == S) stage = 0, parity ^= 1u;
   }
 }
 
-int g_l2_ahead = 3;  // exploration knob (bench only); see set_gemv_l2_ahead
+// The register-double-buffered variant (exploration, kept for comparison in this step).
+template <int MAXI>
+__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_regs_kernel(GemvArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int nb = a.K / c::kBlock;
+  asm volatile("griddepcontrol.launch_dependents;");
+  long long v0, v1;
+  warp_range(a, v0, v1);
+  if (v0 >= v1) return;
+  const int count = int(v1 - v0);
+  Cursor cc;
+  seek(a, cc, int(v0 / a.N), int(v0 % a.N));
+  uint4 cw[MAXI], nw[MAXI];
+  int cs[MAXI], ns[MAXI];
+  auto load = [&](const Cursor& cu, uint4* w, int* s) {
+    const uint4* wp = reinterpret_cast<const uint4*>(cu.pk) + lane;
+    const uint8_t* sp = cu.sc + lane;
+#pragma unroll
+    for (int i = 0; i < MAXI; i++)
+      if (i < MAXI - 1 || lane + 32 * i < nb)
+        w[i] = __ldcs(wp + 32 * i), s[i] = __ldcs(sp + 32 * i);
+  };
+  load(cc, cw, cs);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
+  Cursor nc = cc;
+  for (int k = 0; k < count; k++) {
+    advance(a, nc);
+    if (k + 1 < count) load(nc, nw, ns);
+    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, [&](int i, uint4& w, int& s) {
+      w = cw[i];
+      s = cs[i];
+    });
+#pragma unroll
+    for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
+    if (k + 1 < count && nc.g != cc.g) p0 = p1, p1 = __ldg(a.group_offsets + nc.g + 1);
+    cc = nc;
+  }
+}
+
+bool g_use_regs = false;  // exploration knobs (bench/test only); see set_gemv_variant
+int g_stages = 4;
 
 template <int MAXI>
-Status launch_t(GemvArgs a, void* stream) {
+Status launch_t(GemvArgs a, int P, void* stream) {
   static_assert(MAXI >= 1 && MAXI <= 8);
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kernels::detail::status_of(e);
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      e != cudaSuccess)
-    return kernels::detail::status_of(e);
-  if (cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<MAXI>, kWarps * 32, 0);
-      e != cudaSuccess)
-    return kernels::detail::status_of(e);
-  const long long R = (long long)a.G * a.N;
-  const long long warps = (long long)std::max(1, sms * std::max(1, per_sm)) * kWarps;
-  a.rows_per_warp = int((R + warps - 1) / warps);
-  const long long used_warps = (R + a.rows_per_warp - 1) / a.rows_per_warp;
-  a.l2_ahead = g_l2_ahead;
+  namespace kd = kernels::detail;
+  const int nb = a.K / c::kBlock;
+  a.stage_bytes = a.K / 2 + (nb + 15) / 16 * 16;
+  a.stages = int(std::min<size_t>(
+      g_stages, (kStageBudget - kWarps * kMaxStages * 8) / (size_t(kWarps) * a.stage_bytes)));
+  if (a.stages < 2) return kd::invalid("grouped_experts: input width too large for the GEMV ring");
+  const bool regs = g_use_regs;
+  const size_t smem =
+      regs ? 0 : kWarps * kMaxStages * 8 + size_t(kWarps) * a.stages * a.stage_bytes;
+  const void* fn = regs ? reinterpret_cast<const void*>(gemv_regs_kernel<MAXI>)
+                        : reinterpret_cast<const void*>(gemv_bulk_kernel<MAXI>);
+  dim3 grid;
+  if (P <= a.G) {  // at most one token per group on average: persistent equal shares
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        e != cudaSuccess)
+      return kd::status_of(e);
+    if (cudaError_t e =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kWarps * 32, smem);
+        e != cudaSuccess)
+      return kd::status_of(e);
+    const long long R = (long long)a.G * a.N;
+    const long long warps = (long long)std::max(1, sms * std::max(1, per_sm)) * kWarps;
+    a.rows_per_warp = int((R + warps - 1) / warps);
+    const long long used_warps = (R + a.rows_per_warp - 1) / a.rows_per_warp;
+    grid = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
+  } else {  // strips of one group each; the hardware balances groups of different token counts
+    a.rows_per_warp = 0;
+    grid = dim3(unsigned((a.N + kWarps * kStripRows - 1) / (kWarps * kStripRows)), unsigned(a.G));
+  }
 
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
+  cfg.gridDim = grid;
   cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = kernels::detail::as_stream(stream);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = kd::as_stream(stream);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return kernels::detail::status_of(cudaLaunchKernelEx(&cfg, gemv_kernel<MAXI>, a));
+  if (regs) return kd::status_of(cudaLaunchKernelEx(&cfg, gemv_regs_kernel<MAXI>, a));
+  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv_bulk_kernel<MAXI>, a));
 }
 
-Status launch(const GemvArgs& a, void* stream) {
-  if (a.G <= 0) return {};
+Status launch(const GemvArgs& a, int P, void* stream) {
+  if (a.G <= 0 || P <= 0) return {};
   switch ((a.K / c::kBlock + 31) / 32) {
     case 1:
-      return launch_t<1>(a, stream);
+      return launch_t<1>(a, P, stream);
     case 2:
-      return launch_t<2>(a, stream);
+      return launch_t<2>(a, P, stream);
     case 3:
-      return launch_t<3>(a, stream);
+      return launch_t<3>(a, P, stream);
     case 4:
-      return launch_t<4>(a, stream);
+      return launch_t<4>(a, P, stream);
     case 5:
-      return launch_t<5>(a, stream);
+      return launch_t<5>(a, P, stream);
     case 6:
-      return launch_t<6>(a, stream);
+      return launch_t<6>(a, P, stream);
     case 7:
-      return launch_t<7>(a, stream);
+      return launch_t<7>(a, P, stream);
     case 8:
-      return launch_t<8>(a, stream);
+      return launch_t<8>(a, P, stream);
     default:
       return kernels::detail::invalid("grouped_experts: input width above 8192");
   }
@@ -241,18 +361,20 @@ Status launch(const GemvArgs& a, void* stream) {
 
 }  // namespace
 
-void set_gemv_l2_ahead(int rows) {
-  g_l2_ahead = rows < 0 ? 0 : rows;
+void set_gemv_variant(bool registers, int stages) {
+  g_use_regs = registers;
+  g_stages = std::clamp(stages, 2, kMaxStages);
 }
 
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0, 0};
-  return launch(a, stream);
+  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I,
+             b.I,       ws.gu,           b.G,          0,    0,   0};
+  return launch(a, b.P, stream);
 }
 
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0, 0};
-  return launch(a, stream);
+  GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0, 0, 0};
+  return launch(a, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail
