@@ -88,9 +88,8 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
 // recurrence output before the gated norm. `split`: CTAs per (head, sequence), each updating
 // 128/split state rows (1, 2, 4 or 8; a thread-block cluster when > 1); 0 picks
 // decode_split_for(B). Every split gives the same state and conv state; y may differ in the
-// summation order of the norm's sum of squares only. q, k, z and the conv state must be 8-byte
-// aligned with qkv_stride a multiple of 4; the recurrent state, conv_q, conv_k and dt_bias
-// 16-byte aligned (cudaMalloc'd buffers are).
+// summation order of the norms' sums of squares only. The recurrent state must be 16-byte
+// aligned (cudaMalloc'd buffers are).
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
               void* stream, int split = 0);
 

@@ -1,20 +1,20 @@
 // KDA decode step for a batch of sequences (see kda.h). The 128 state rows (one per v) of a
 // (head, sequence) are independent given q, k, the decay and β, so they are split over `split`
-// CTAs (1, 2, 4 or 8; a thread-block cluster when > 1). Every CTA:
-//   1. issues the loads of its state rows first (a float4 of k per lane, kRows rows per warp),
-//      so they are in flight during the dependent chain below;
-//   2. per warp, redoes the cheap per-head prep in registers: the conv + SiLU of the head's 128 q
-//      and 128 k channels (lane l owns channels 4l .. 4l+3, the same k the lane holds of each
-//      state row), their L2 norms by warp reductions, the decay of those 4 channels and β; the
-//      conv of the v channels of its own rows. No shared memory, no block barrier before the
-//      state math;
+// CTAs of 256 threads (1, 2, 4 or 8; a thread-block cluster when > 1). Every CTA:
+//   1. (split > 1) issues the loads of its state rows first (a float4 of k per lane, kRows rows
+//      per warp), so they are in flight during the dependent chain below;
+//   2. redoes the per-head prep, one job per thread: thread t < 128 the conv + SiLU of q channel
+//      t (and of v channel t of its own rows), thread 128 + t that of k channel t and the decay
+//      of channel t; per-warp sums of squares for the L2 norms; one block barrier;
 //   3. updates its rows in registers and stores them (64 KiB per head read and written once);
 //   4. exchanges the per-warp sums of o² (the gated RMSNorm runs over all 128 v) through shared
 //      memory — distributed shared memory across the cluster — and writes y for its rows.
-// The conv state of a v channel is read and written by the one lane that owns it; the q/k conv
-// state is read by every CTA of the head, so it is written after the closing barrier by warp 0
-// of rank 0. Small B wants many CTAs per head (B = 1: 96 heads would fill 96 of 132 SMs with one
-// long dependent chain each); large B has CTAs enough and prefers no redundant prep.
+// A v channel's conv state is read and written by the one thread that owns it; the q/k conv
+// state is read by every CTA of the head, so rank 0 writes it after the closing barrier.
+// Small B wants many CTAs per head (B = 1: 96 heads would fill 96 of 132 SMs with one long
+// dependent chain each); large B has CTAs enough and prefers no redundant prep. At split 1 the
+// state loads come after the barrier: holding them across the prep costs registers, hence
+// CTAs per SM, and other CTAs hide the prep there.
 #include "kernels/kda/kda_common.cuh"
 
 namespace strata::kernels::kda {
@@ -23,57 +23,36 @@ namespace {
 using namespace detail;
 
 constexpr int D = kD;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 
-// Rows per warp and warps per CTA for a split: 16 rows per warp at split 1 (8 warps, 64 KiB in
-// flight per CTA for large B), fewer at larger splits so that each CTA stays short.
+// Rows per warp for a split: 16 at split 1 (64 KiB in flight per CTA for large B), 2 at split 8.
 template <int kSplit>
-struct Shape {
-  static constexpr int kRows = kSplit == 1 ? 16 : kSplit == 2 ? 16 : kSplit == 4 ? 8 : 4;
-  static constexpr int kWarps = D / kSplit / kRows;
-  static constexpr int kThreads = kWarps * 32;
-};
-
-// 4 consecutive bf16 (8 bytes, 8-byte aligned) as floats.
-__device__ __forceinline__ void load_bf4(const uint16_t* p, float (&x)[4]) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  x[0] = __uint_as_float(u.x << 16);
-  x[1] = __uint_as_float(u.x & 0xffff0000u);
-  x[2] = __uint_as_float(u.y << 16);
-  x[3] = __uint_as_float(u.y & 0xffff0000u);
+__host__ __device__ constexpr int rows_per_warp() {
+  return D / kSplit / kWarps;
 }
 
-// Conv + SiLU of 4 consecutive channels c .. c+3 (state: 3 bf16 per channel, oldest first, so
-// the 4 channels' states are 12 contiguous bf16 = 3 × 8 bytes). Returns the bf16-rounded outputs
-// and keeps the new state (the last 3 inputs) in `ns` for a later store.
-__device__ __forceinline__ void conv4(const uint16_t* cs, const uint16_t* x, const float* w,
-                                      float (&out)[4], uint2 (&ns)[3]) {
-  const uint2* c2 = reinterpret_cast<const uint2*>(cs);
-  const uint2 s0 = c2[0], s1 = c2[1], s2 = c2[2];
-  const uint2 xn = *reinterpret_cast<const uint2*>(x);
-  const uint16_t old[12] = {uint16_t(s0.x),       uint16_t(s0.x >> 16), uint16_t(s0.y),
-                            uint16_t(s0.y >> 16), uint16_t(s1.x),       uint16_t(s1.x >> 16),
-                            uint16_t(s1.y),       uint16_t(s1.y >> 16), uint16_t(s2.x),
-                            uint16_t(s2.x >> 16), uint16_t(s2.y),       uint16_t(s2.y >> 16)};
-  const uint16_t nx[4] = {uint16_t(xn.x), uint16_t(xn.x >> 16), uint16_t(xn.y),
-                          uint16_t(xn.y >> 16)};
-  uint16_t upd[12];
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const float4 wj = reinterpret_cast<const float4*>(w)[j];
-    float acc = 0.f;
-    acc += wj.x * bf(old[3 * j]);
-    acc += wj.y * bf(old[3 * j + 1]);
-    acc += wj.z * bf(old[3 * j + 2]);
-    acc += wj.w * bf(nx[j]);
-    out[j] = round_bf(siluf_(acc));
-    upd[3 * j] = old[3 * j + 1];
-    upd[3 * j + 1] = old[3 * j + 2];
-    upd[3 * j + 2] = nx[j];
-  }
-#pragma unroll
-  for (int i = 0; i < 3; i++)
-    ns[i] = make_uint2(uint32_t(upd[4 * i]) | uint32_t(upd[4 * i + 1]) << 16,
-                       uint32_t(upd[4 * i + 2]) | uint32_t(upd[4 * i + 3]) << 16);
+// CTAs per SM the registers must allow: split 8 (B = 1: 768 CTAs) needs 6 for all CTAs to be
+// resident at once; split 1 (large B) keeps 4 × 64 KiB of state loads in flight per SM with 4.
+template <int kSplit>
+__host__ __device__ constexpr int min_ctas_per_sm() {
+  return kSplit == 8 ? 6 : kSplit == 1 ? 4 : 1;
+}
+
+// Conv + SiLU of one channel with its 3-entry state (oldest first) and new input; the new state
+// is returned in ns for a later store. The same order of operations as the reference.
+__device__ __forceinline__ float conv1(const uint16_t* s3, uint16_t xn, const float* w,
+                                       uint16_t (&ns)[3]) {
+  const uint16_t x0 = s3[0], x1 = s3[1], x2 = s3[2];
+  float acc = 0.f;
+  acc += w[0] * bf(x0);
+  acc += w[1] * bf(x1);
+  acc += w[2] * bf(x2);
+  acc += w[3] * bf(xn);
+  ns[0] = x1;
+  ns[1] = x2;
+  ns[2] = xn;
+  return round_bf(siluf_(acc));
 }
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -99,78 +78,82 @@ __device__ __forceinline__ void st_cluster(float* p, uint32_t rank, float v) {
 }
 
 template <int kSplit>
-__global__ void __launch_bounds__(Shape<kSplit>::kThreads)
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
     decode_step(Params p, Inputs in, State st, uint16_t* y, uint16_t* o_raw) {
-  constexpr int kRows = Shape<kSplit>::kRows, kWarps = Shape<kSplit>::kWarps;
+  constexpr int kRows = rows_per_warp<kSplit>(), kCtaRows = D / kSplit;
   const int H = p.H, HK = H * D;
   const int h = blockIdx.x / kSplit, b = blockIdx.y;
   const int rank = kSplit == 1 ? 0 : int(cluster_rank());
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = rank * (D / kSplit) + warp * kRows;  // this warp's first v
-  __shared__ float ss_part[kSplit * kWarps];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int cta_row0 = rank * kCtaRows, row0 = cta_row0 + warp * kRows;  // first v of CTA, warp
+  __shared__ __align__(16) float qn[D], kn[D], al[D];
+  __shared__ float vv[kCtaRows], ss_qk[kWarps], ss_part[kSplit * kWarps];
 
-  // 1. The state rows, before anything they do not depend on.
+  // 1. The state rows, before anything they do not depend on (split > 1).
   float* Sh = st.recurrent + (int64_t(b) * H + h) * D * D + int64_t(row0) * D;
   float4 s[kRows];
+  if constexpr (kSplit > 1) {
 #pragma unroll
-  for (int i = 0; i < kRows; i++) s[i] = reinterpret_cast<const float4*>(Sh + i * D)[lane];
-  // Every CTA of the cluster must have started before any writes to its shared memory (step 4);
-  // arrive now, wait just before those writes.
-  if constexpr (kSplit > 1) cluster_arrive_relaxed();
+    for (int i = 0; i < kRows; i++) s[i] = reinterpret_cast<const float4*>(Sh + i * D)[lane];
+    // Every CTA of the cluster must have started before any writes to its shared memory
+    // (step 4); arrive now, wait just before those writes.
+    cluster_arrive_relaxed();
+  }
 
-  // 2. Per-head prep, lane l: channels c = h·128 + 4l .. +3 of q and k.
+  // 2. Per-head prep. Thread t: q channel t (t < 128) or k channel t − 128.
   uint16_t* cst = st.conv + int64_t(b) * 3 * HK * 3;
-  const int c = h * D + 4 * lane;
   const int64_t xrow = int64_t(b) * in.qkv_stride;
-  float qv[4], kv[4];
-  uint2 nq[3], nk[3];
-  conv4(cst + int64_t(c) * 3, in.q + xrow + c, p.conv_q + int64_t(c) * 4, qv, nq);
-  conv4(cst + int64_t(HK + c) * 3, in.k + xrow + c, p.conv_k + int64_t(c) * 4, kv, nk);
-  float zv[4];
-  load_bf4(in.z + int64_t(b) * HK + c, zv);
-  const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + c);
-  const float a = expf(p.A_log[h]);
+  const bool is_q = tid < D;
+  const int d = tid % D, ch = h * D + d;
   const float beta = sigmoidf_(bf(in.b[int64_t(b) * H + h]));
-  // v channel of row row0 + lane (lanes < kRows), conv state read and written here.
-  // Also the output gate and norm weight of that row, needed only at the very end.
-  float vconv = 0.f, gate_in = 0.f, onw = 0.f;
+  uint16_t nqk[3];
+  const float x = conv1(cst + int64_t(is_q ? ch : HK + ch) * 3, (is_q ? in.q : in.k)[xrow + ch],
+                        (is_q ? p.conv_q : p.conv_k) + int64_t(ch) * 4, nqk);
+  (is_q ? qn : kn)[d] = x;
+  const float ssx = warp_sum(x * x);
+  if (lane == 0) ss_qk[warp] = ssx;
+  if (is_q) {
+    if (d < kCtaRows) {  // v channel of this CTA's row d: read and written only here
+      const int cv = h * D + cta_row0 + d;
+      uint16_t* s3 = cst + int64_t(2 * HK + cv) * 3;
+      uint16_t nv[3];
+      vv[d] = conv1(s3, in.v[xrow + cv], p.conv_v + int64_t(cv) * 4, nv);
+      s3[0] = nv[0];
+      s3[1] = nv[1];
+      s3[2] = nv[2];
+    }
+  } else {
+    const float a = expf(p.A_log[h]);
+    const float g =
+        gate_value(p.gate_form, a, bf(in.z[int64_t(b) * HK + ch]) + p.dt_bias[ch], p.lower_bound);
+    al[d] = expf(g);
+  }
+  // Output gate and norm weight of row row0 + lane (lanes < kRows), used at the very end.
+  float gate_in = 0.f, onw = 0.f;
   if (lane < kRows) {
-    const int cv = h * D + row0 + lane;
-    uint16_t* s3 = cst + int64_t(2 * HK + cv) * 3;
-    const float* w = p.conv_v + int64_t(cv) * 4;
-    const uint16_t x0 = s3[0], x1 = s3[1], x2 = s3[2];
-    const uint16_t xn = in.v[xrow + cv];
-    float acc = 0.f;
-    acc += w[0] * bf(x0);
-    acc += w[1] * bf(x1);
-    acc += w[2] * bf(x2);
-    acc += w[3] * bf(xn);
-    s3[0] = x1;
-    s3[1] = x2;
-    s3[2] = xn;
-    vconv = round_bf(siluf_(acc));
-    gate_in = bf(in.gate[int64_t(b) * HK + cv]);
+    gate_in = bf(in.gate[int64_t(b) * HK + h * D + row0 + lane]);
     onw = p.o_norm_w[row0 + lane];
   }
-  float4 q4, k4, a4;
+  __syncthreads();
+  float4 q4 = reinterpret_cast<const float4*>(qn)[lane];
+  float4 k4 = reinterpret_cast<const float4*>(kn)[lane];
+  const float4 a4 = reinterpret_cast<const float4*>(al)[lane];
   {
     float sq = 0.f, sk = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      sq += qv[j] * qv[j];
-      sk += kv[j] * kv[j];
+    for (int w = 0; w < kWarps / 2; w++) {
+      sq += ss_qk[w];
+      sk += ss_qk[kWarps / 2 + w];
     }
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
     const float mq = 1.0f / sqrtf(sq + p.l2_eps), mk = 1.0f / sqrtf(sk + p.l2_eps);
     const float scale = 1.0f / sqrtf(float(D));
-    q4 = make_float4((qv[0] * mq) * scale, (qv[1] * mq) * scale, (qv[2] * mq) * scale,
-                     (qv[3] * mq) * scale);
-    k4 = make_float4(kv[0] * mk, kv[1] * mk, kv[2] * mk, kv[3] * mk);
-    a4 = make_float4(expf(gate_value(p.gate_form, a, zv[0] + dt.x, p.lower_bound)),
-                     expf(gate_value(p.gate_form, a, zv[1] + dt.y, p.lower_bound)),
-                     expf(gate_value(p.gate_form, a, zv[2] + dt.z, p.lower_bound)),
-                     expf(gate_value(p.gate_form, a, zv[3] + dt.w, p.lower_bound)));
+    q4 = make_float4((q4.x * mq) * scale, (q4.y * mq) * scale, (q4.z * mq) * scale,
+                     (q4.w * mq) * scale);
+    k4 = make_float4(k4.x * mk, k4.y * mk, k4.z * mk, k4.w * mk);
+  }
+  if constexpr (kSplit == 1) {
+#pragma unroll
+    for (int i = 0; i < kRows; i++) s[i] = reinterpret_cast<const float4*>(Sh + i * D)[lane];
   }
 
   // 3. The recurrence on this warp's rows: decay, prediction, delta update, output.
@@ -187,7 +170,7 @@ __global__ void __launch_bounds__(Shape<kSplit>::kThreads)
   for (int i = 0; i < kRows; i++) pr[i] = warp_sum(pr[i]);
 #pragma unroll
   for (int i = 0; i < kRows; i++) {
-    const float u = beta * (__shfl_sync(0xffffffffu, vconv, i) - pr[i]);
+    const float u = beta * (vv[warp * kRows + i] - pr[i]);
     s[i].x += k4.x * u;
     s[i].y += k4.y * u;
     s[i].z += k4.z * u;
@@ -226,14 +209,11 @@ __global__ void __launch_bounds__(Shape<kSplit>::kThreads)
     y[at] = to_bf(o_mine * rstd * onw * sigmoidf_(gate_in));
   }
   // The q/k conv state: every CTA of the head has read it (the barrier above).
-  if (rank == 0 && warp == 0) {
-    uint2* dq = reinterpret_cast<uint2*>(cst + int64_t(c) * 3);
-    uint2* dk = reinterpret_cast<uint2*>(cst + int64_t(HK + c) * 3);
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-      dq[i] = nq[i];
-      dk[i] = nk[i];
-    }
+  if (rank == 0) {
+    uint16_t* s3 = cst + int64_t(is_q ? ch : HK + ch) * 3;
+    s3[0] = nqk[0];
+    s3[1] = nqk[1];
+    s3[2] = nqk[2];
   }
 }
 
@@ -242,7 +222,7 @@ Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, u
               cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.H * kSplit, B);
-  cfg.blockDim = dim3(Shape<kSplit>::kThreads);
+  cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -265,16 +245,6 @@ Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, u
   if (Status s = check_params(p, in, st); !s.ok()) return s;
   if (B < 1 || B > 65535) return invalid("kda decode: B must be 1 .. 65535");
   if (!y) return invalid("kda decode: y is null");
-  // A lane loads 4 channels at once: 8 bytes of q, k, z and conv state, 16 of the fp32 params.
-  const auto misaligned = [](const void* ptr, uintptr_t n) {
-    return reinterpret_cast<uintptr_t>(ptr) % n != 0;
-  };
-  if (in.qkv_stride % 4 != 0 || misaligned(in.q, 8) || misaligned(in.k, 8) || misaligned(in.z, 8) ||
-      misaligned(st.conv, 8) || misaligned(st.recurrent, 16) || misaligned(p.conv_q, 16) ||
-      misaligned(p.conv_k, 16) || misaligned(p.dt_bias, 16))
-    return invalid(
-        "kda decode: q, k, z and the conv state must be 8-byte aligned (qkv_stride a multiple "
-        "of 4), the recurrent state, conv_q, conv_k and dt_bias 16-byte aligned");
   if (split == 0) split = decode_split_for(B);
   auto s = static_cast<cudaStream_t>(stream);
   switch (split) {
