@@ -10,7 +10,8 @@
 //   4. exchanges the per-warp sums of o² (the gated RMSNorm runs over all 128 v) through shared
 //      memory — distributed shared memory across the cluster — and writes y for its rows.
 // A v channel's conv state is read and written by the one thread that owns it; the q/k conv
-// state is read by every CTA of the head, so rank 0 writes it after the closing barrier.
+// state is read by every CTA of the head, so at split > 1 rank 0 writes it after the closing
+// barrier.
 // Small B wants many CTAs per head (B = 1: 96 heads would fill 96 of 132 SMs with one long
 // dependent chain each); large B has CTAs enough and prefers no redundant prep. At split 1 the
 // state loads come after the barrier: holding them across the prep costs registers, hence
@@ -110,6 +111,12 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
   const float x = conv1(cst + int64_t(is_q ? ch : HK + ch) * 3, (is_q ? in.q : in.k)[xrow + ch],
                         (is_q ? p.conv_q : p.conv_k) + int64_t(ch) * 4, nqk);
   (is_q ? qn : kn)[d] = x;
+  uint16_t* s3qk = cst + int64_t(is_q ? ch : HK + ch) * 3;
+  if constexpr (kSplit == 1) {  // this thread is the channel's only reader
+    s3qk[0] = nqk[0];
+    s3qk[1] = nqk[1];
+    s3qk[2] = nqk[2];
+  }
   const float ssx = warp_sum(x * x);
   if (lane == 0) ss_qk[warp] = ssx;
   if (is_q) {
@@ -128,12 +135,17 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
         gate_value(p.gate_form, a, bf(in.z[int64_t(b) * HK + ch]) + p.dt_bias[ch], p.lower_bound);
     al[d] = expf(g);
   }
-  // Output gate and norm weight of row row0 + lane (lanes < kRows), used at the very end.
+  // Output gate and norm weight of row row0 + lane (lanes < kRows), used at the very end: loaded
+  // here where latency matters (split > 1), at the end where registers do (split 1).
   float gate_in = 0.f, onw = 0.f;
-  if (lane < kRows) {
-    gate_in = bf(in.gate[int64_t(b) * HK + h * D + row0 + lane]);
-    onw = p.o_norm_w[row0 + lane];
-  }
+  const int64_t y_at = int64_t(b) * HK + h * D + row0 + lane;
+  auto load_gate = [&] {
+    if (lane < kRows) {
+      gate_in = bf(in.gate[y_at]);
+      onw = p.o_norm_w[row0 + lane];
+    }
+  };
+  if constexpr (kSplit > 1) load_gate();
   __syncthreads();
   float4 q4 = reinterpret_cast<const float4*>(qn)[lane];
   float4 k4 = reinterpret_cast<const float4*>(kn)[lane];
@@ -199,21 +211,20 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
     if (lane == 0) ss_part[warp] = ss;
     __syncthreads();
   }
+  if constexpr (kSplit == 1) load_gate();
   float tot = 0.f;
 #pragma unroll
   for (int i = 0; i < kSplit * kWarps; i++) tot += ss_part[i];
   const float rstd = 1.0f / sqrtf(tot / float(D) + p.o_norm_eps);
   if (lane < kRows) {
-    const int64_t at = int64_t(b) * HK + h * D + row0 + lane;
-    if (o_raw) o_raw[at] = to_bf(o_mine);
-    y[at] = to_bf(o_mine * rstd * onw * sigmoidf_(gate_in));
+    if (o_raw) o_raw[y_at] = to_bf(o_mine);
+    y[y_at] = to_bf(o_mine * rstd * onw * sigmoidf_(gate_in));
   }
-  // The q/k conv state: every CTA of the head has read it (the barrier above).
-  if (rank == 0) {
-    uint16_t* s3 = cst + int64_t(is_q ? ch : HK + ch) * 3;
-    s3[0] = nqk[0];
-    s3[1] = nqk[1];
-    s3[2] = nqk[2];
+  // The q/k conv state at split > 1: every CTA of the head has read it (the barrier above).
+  if (kSplit > 1 && rank == 0) {
+    s3qk[0] = nqk[0];
+    s3qk[1] = nqk[1];
+    s3qk[2] = nqk[2];
   }
 }
 
