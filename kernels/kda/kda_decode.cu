@@ -33,8 +33,8 @@ __host__ __device__ constexpr int rows_per_warp() {
   return D / kSplit / kWarps;
 }
 
-// CTAs per SM the registers must allow: split 8 (B = 1: 768 CTAs) needs 6 for all CTAs to be
-// resident at once; split 1 (large B) keeps 4 × 64 KiB of state loads in flight per SM with 4.
+// CTAs per SM the registers must allow: split 8 (768 CTAs at B = 1) needs 6 for (almost) all to
+// be resident at once; split 1 (large B) keeps 4 × 64 KiB of state loads in flight per SM.
 template <int kSplit>
 __host__ __device__ constexpr int min_ctas_per_sm() {
   return kSplit == 8 ? 6 : kSplit == 1 ? 4 : 1;
@@ -247,10 +247,13 @@ Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, u
 
 }  // namespace
 
-// Enough CTAs for every SM (H = 96: 96·B·split ≥ 576) with the fewest redundant preps: split 1
-// from B = 6 on. `strata bench kernels --filter kda` times every split at B = 1, 16 and 64.
+// Enough CTAs for every SM with the fewest redundant preps, and no second wave: B = 1 takes
+// split 4 (384 CTAs in clusters of 4, all resident at 4 per SM) rather than 8 (96 clusters of 8
+// at 6 CTAs per SM: ncu counted 107 active clusters of 8 at 7 per SM, so about 92 at 6, and a
+// second wave); split 1 from B = 6 on (576+ CTAs). `strata bench kernels --filter kda` times every
+// split at B = 1, 16 and 64.
 int decode_split_for(int B) {
-  return B == 1 ? 8 : B == 2 ? 4 : B <= 5 ? 2 : 1;
+  return B == 1 ? 4 : B <= 5 ? 2 : 1;
 }
 
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
