@@ -19,7 +19,6 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/gpu_timer.h"
 #include "kernels/moe/experts.h"
-#include "kernels/moe/paths.h"
 #include "kernels/ops/device_memory.h"
 #include "storage/error.h"
 #include "tools/bench.h"
@@ -138,17 +137,6 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     l.peak = copy_gbps;
     l.note = "weight bytes, cold (rotating 16 of 896 experts)";
     r.add(l);
-    // Exploration (temporary): the register double-buffered GEMV kernel, and other ring depths.
-    for (int variant : {0, 2, 3, 6}) {
-      moe::detail::set_gemv_variant(variant == 0, variant == 0 ? 4 : variant);
-      BenchLine e = l;
-      e.name = variant == 0 ? std::string("moe/mxfp4-gemv T=1 regs-variant")
-                            : "moe/mxfp4-gemv T=1 stages=" + std::to_string(variant);
-      e.time = to_stats(kernels::gpu_time(
-          [&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); }, nullptr, 20, 3));
-      r.add(e);
-    }
-    moe::detail::set_gemv_variant(false);
 
     // 2. Grouped experts at prefill scale, both paths.
     for (int T : {64, 256, 1024, 4096}) {
@@ -167,13 +155,6 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
         g.peak_is_bandwidth = false;
         g.note = "int8 MACs of the contract counted as FLOPs (2 per MAC)";
         r.add(g);
-        if (path == moe::ExpertPath::gemv && T <= 256) {  // exploration (temporary)
-          moe::detail::set_gemv_variant(true);
-          g.name += " regs-variant";
-          g.time = to_stats(kernels::gpu_time([&] { batch.run(path); }, nullptr, 5, 1));
-          r.add(g);
-          moe::detail::set_gemv_variant(false);
-        }
       }
     }
   }

@@ -1,27 +1,29 @@
 // GEMV path of the grouped MXFP4 experts (few tokens per expert; decode). The work is the list of
 // "virtual rows" v = g·N + o over the groups g and the N output rows of one projection (gate|up:
 // the I rows of w1, then the I rows of w3, so the output [P, 2, I] is row-contiguous the same way;
-// down: the H rows of w2). Every warp walks one contiguous range of virtual rows: with one token
-// per group (decode) the grid is persistent (as many blocks as fit) and the ranges are equal
-// shares, so there is no tail wave and a warp's weights are one contiguous stream; with more tokens
-// per group (their counts differ) a warp takes a strip of kStripRows rows of one group and the
-// hardware balances the strips.
+// down: the H rows of w2). Every warp walks one contiguous range of virtual rows: with at most one
+// token per group on average (decode) the grid is persistent (as many blocks as fit) and the
+// ranges are equal shares, so there is no tail wave and a warp's weights are one contiguous
+// stream; with more tokens per group (their counts differ) a warp takes a strip of kStripRows rows
+// of one group and the hardware balances the strips.
 //
-// Weights stream through shared memory: each warp owns a ring of stages, one row (packed bytes and
-// scale bytes) per stage, filled by bulk asynchronous copies (cp.async.bulk, one instruction per
-// row issued by lane 0, completion counted in bytes on an mbarrier). Rows k+1 … k+S−1 are in
-// flight while row k is computed, without spending registers on them. Lane j computes blocks j,
-// j+32, … of the row (numerics.md §3): per token it forms exact int32 block dots (E2M1 decoded by
-// PRMT sign-mode lookups, dp4a), turns them into exact fp64 block terms by bits and sums them in
-// increasing block order; the warp butterfly (off 16, 8, 4, 2, 1) finishes — exactly the
-// reduction order of the contract, so the result is the contract's bit for bit.
+// Per row, lane j holds blocks j, j+32, … (16 packed bytes + 1 scale byte each: the warp reads 512
+// contiguous bytes per step) in registers, and the next row's loads are in flight while it
+// computes. Per token the lane forms exact int32 block dots (E2M1 decoded by PRMT sign-mode
+// lookups, dp4a; contract_device.cuh), turns them into exact fp64 block terms by bits and sums
+// them in increasing block order; the warp butterfly (off 16, 8, 4, 2, 1) finishes — exactly the
+// reduction order of numerics.md §3, so the result is the contract's bit for bit.
 //
 // The kernels take part in programmatic dependent launch: a GEMV is launched while its producer
-// (the activation quantization) still runs, issues its first weight copies, and only then waits
+// (the activation quantization) still runs, issues its first weight loads, and only then waits
 // for the producer's results (griddepcontrol.wait); launched plainly, the wait is a no-op.
 //
-// Requirements: packed rows 16-byte aligned (K/2 is a multiple of 16, so the matrix base must be);
-// scale rows are copied in bulk when 16-byte aligned with nb a multiple of 16, else read directly.
+// Measured on the H200 and dropped: L2 prefetch of the rows 1–10 ahead (per-lane prefetch, 7–19 %
+// slower) and a per-warp shared-memory ring fed by cp.async.bulk with 2–6 stages (110 µs against
+// 90 µs for the decode line): the kernel is bound by issuing the decode instructions, not by bytes
+// in flight (docs/performance.md).
+//
+// Requirement: packed rows 16-byte aligned (K/2 is a multiple of 16, so the matrix base must be).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,10 +39,8 @@ namespace {
 
 namespace c = strata::contract;
 
-constexpr int kWarps = 4;                  // warps per block
-constexpr int kStripRows = 8;              // rows per warp when groups have several tokens
-constexpr int kMaxStages = 8;              // ring depth per warp (at most)
-constexpr size_t kStageBudget = 48 << 10;  // dynamic shared memory per block, no opt-in needed
+constexpr int kWarps = 4;      // warps per block
+constexpr int kStripRows = 8;  // rows per warp when groups have several tokens
 
 struct GemvArgs {
   const Mxfp4ExpertView* experts;
@@ -52,8 +52,6 @@ struct GemvArgs {
   float* out;              // [P, N]
   int G;                   // groups
   int rows_per_warp;       // persistent mode: contiguous virtual rows per warp; 0: strip mode
-  int stages;              // ring depth (≤ kMaxStages)
-  int stage_bytes;         // K/2 + nb rounded up to 16
 };
 
 // Where the weights of virtual row (g, on) start, and the cursor that walks the rows.
@@ -85,57 +83,6 @@ __device__ __forceinline__ void advance(const GemvArgs& a, Cursor& cu) {
     cu.on = on, cu.pk += a.K / 2, cu.sc += a.K / c::kBlock;
   }
 }
-
-__device__ __forceinline__ bool scales_in_bulk(const Cursor& cu, int nb) {
-  return nb % 16 == 0 && (reinterpret_cast<uintptr_t>(cu.sc) & 15) == 0;
-}
-
-// ---- mbarrier and bulk copy (sm_90) ------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void bar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// Lane 0: one row (packed bytes, then its scale bytes when they go in bulk) into stage `dst`.
-__device__ __forceinline__ void issue_row(const Cursor& cu, uint32_t dst, uint32_t bar, int K,
-                                          int nb) {
-  const uint32_t pk_bytes = uint32_t(K / 2);
-  const bool sc_bulk = scales_in_bulk(cu, nb);
-  const uint32_t bytes = pk_bytes + (sc_bulk ? uint32_t(nb) : 0u);
-  // The stage was last read through the generic proxy; order that before the async writes.
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(dst),
-      "l"(cu.pk), "r"(pk_bytes), "r"(bar)
-      : "memory");
-  if (sc_bulk)
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(dst + pk_bytes),
-        "l"(cu.sc), "r"(uint32_t(nb)), "r"(bar)
-        : "memory");
-}
-
-// ---- the row computation shared by both variants -----------------------------------------------
 
 // Computes row `on` of the current group for its tokens [p0, p1): wblk(i, w, s) gives lane's
 // block i (packed 16 bytes and scale code).
@@ -185,67 +132,9 @@ __device__ __forceinline__ void warp_range(const GemvArgs& a, long long& v0, lon
 }
 
 // MAXI = ceil(nb / 32): blocks per lane; every lane has blocks i < MAXI − 1, only the last round
-// is partial.
+// is partial. K ≤ 4096 (MAXI ≤ 4) fits 6 blocks of 4 warps per SM (≤ 80 registers).
 template <int MAXI>
-__global__ void __launch_bounds__(kWarps * 32, 8) gemv_bulk_kernel(GemvArgs a) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  const int lane = threadIdx.x & 31, warp_in_block = threadIdx.x >> 5;
-  const int nb = a.K / c::kBlock, S = a.stages;
-  // Let the next kernel of the chain launch now: it waits for this grid's completion itself.
-  asm volatile("griddepcontrol.launch_dependents;");
-  long long v0, v1;
-  warp_range(a, v0, v1);
-  if (v0 >= v1) return;
-  const int count = int(v1 - v0);
-
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem) + warp_in_block * kMaxStages;
-  uint8_t* ring = smem + kWarps * kMaxStages * 8 + size_t(warp_in_block) * S * a.stage_bytes;
-  const uint32_t bar0 = smem_addr(bars), ring0 = smem_addr(ring);
-  if (lane == 0) {
-    for (int s = 0; s < S; s++) bar_init(bar0 + 8 * s);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-
-  // Weights do not depend on the producer kernel: the first S rows go out before the wait.
-  Cursor ic;  // issue cursor
-  seek(a, ic, int(v0 / a.N), int(v0 % a.N));
-  Cursor cc = ic;  // compute cursor
-  for (int k = 0; k < S && k < count; k++) {
-    if (lane == 0) issue_row(ic, ring0 + k * a.stage_bytes, bar0 + 8 * k, a.K, nb);
-    advance(a, ic);
-  }
-
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
-
-  int stage = 0;
-  uint32_t parity = 0;  // of the stage's current use: row k is use k / S of stage k % S
-  for (int k = 0; k < count; k++) {
-    bar_wait(bar0 + 8 * stage, parity);
-    const uint8_t* st = ring + size_t(stage) * a.stage_bytes;
-    const bool sc_bulk = scales_in_bulk(cc, nb);
-    const uint8_t* scp = sc_bulk ? st + a.K / 2 : cc.sc;
-    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, [&](int i, uint4& w, int& s) {
-      const int b = lane + 32 * i;
-      w = reinterpret_cast<const uint4*>(st)[b];
-      s = scp[b];
-    });
-    __syncwarp();  // every lane is done with this stage
-    if (k + S < count) {
-      if (lane == 0) issue_row(ic, ring0 + stage * a.stage_bytes, bar0 + 8 * stage, a.K, nb);
-      advance(a, ic);
-    }
-    const int g_prev = cc.g;
-    advance(a, cc);
-    if (k + 1 < count && cc.g != g_prev) p0 = p1, p1 = __ldg(a.group_offsets + cc.g + 1);
-    if (++stage == S) stage = 0, parity ^= 1u;
-  }
-}
-
-// The register-double-buffered variant (exploration, kept for comparison in this step).
-template <int MAXI>
-__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_regs_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
   const int nb = a.K / c::kBlock;
   asm volatile("griddepcontrol.launch_dependents;");
@@ -283,23 +172,10 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_regs_kern
   }
 }
 
-bool g_use_regs = false;  // exploration knobs (bench/test only); see set_gemv_variant
-int g_stages = 4;
-
 template <int MAXI>
 Status launch_t(GemvArgs a, int P, void* stream) {
   static_assert(MAXI >= 1 && MAXI <= 8);
   namespace kd = kernels::detail;
-  const int nb = a.K / c::kBlock;
-  a.stage_bytes = a.K / 2 + (nb + 15) / 16 * 16;
-  a.stages = int(std::min<size_t>(
-      g_stages, (kStageBudget - kWarps * kMaxStages * 8) / (size_t(kWarps) * a.stage_bytes)));
-  if (a.stages < 2) return kd::invalid("grouped_experts: input width too large for the GEMV ring");
-  const bool regs = g_use_regs;
-  const size_t smem =
-      regs ? 0 : kWarps * kMaxStages * 8 + size_t(kWarps) * a.stages * a.stage_bytes;
-  const void* fn = regs ? reinterpret_cast<const void*>(gemv_regs_kernel<MAXI>)
-                        : reinterpret_cast<const void*>(gemv_bulk_kernel<MAXI>);
   dim3 grid;
   if (P <= a.G) {  // at most one token per group on average: persistent equal shares
     int dev = 0, sms = 0, per_sm = 0;
@@ -307,8 +183,8 @@ Status launch_t(GemvArgs a, int P, void* stream) {
     if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         e != cudaSuccess)
       return kd::status_of(e);
-    if (cudaError_t e =
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kWarps * 32, smem);
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<MAXI>,
+                                                                      kWarps * 32, 0);
         e != cudaSuccess)
       return kd::status_of(e);
     const long long R = (long long)a.G * a.N;
@@ -324,15 +200,14 @@ Status launch_t(GemvArgs a, int P, void* stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = kd::as_stream(stream);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (regs) return kd::status_of(cudaLaunchKernelEx(&cfg, gemv_regs_kernel<MAXI>, a));
-  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv_bulk_kernel<MAXI>, a));
+  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv_kernel<MAXI>, a));
 }
 
 Status launch(const GemvArgs& a, int P, void* stream) {
@@ -361,19 +236,13 @@ Status launch(const GemvArgs& a, int P, void* stream) {
 
 }  // namespace
 
-void set_gemv_variant(bool registers, int stages) {
-  g_use_regs = registers;
-  g_stages = std::clamp(stages, 2, kMaxStages);
-}
-
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I,
-             b.I,       ws.gu,           b.G,          0,    0,   0};
+  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0};
   return launch(a, b.P, stream);
 }
 
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0, 0, 0};
+  GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0};
   return launch(a, b.P, stream);
 }
 

@@ -41,9 +41,6 @@ Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
 // GEMV path: gu = (w1·x, w3·x) for every pair; y = w2·h_q.
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream);
-// Exploration knob of the GEMV path (benchmarks and tests only, temporary): the register
-// double-buffered kernel instead of the shared-memory bulk-copy ring, and the ring's depth.
-void set_gemv_variant(bool registers, int stages = 4);
 
 // IMMA path: the same two steps on int8 tensor cores. Returns cudaErrorNotSupported status when
 // the shapes are outside what it handles (the dispatcher then uses the GEMV path).

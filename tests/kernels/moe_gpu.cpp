@@ -14,7 +14,6 @@
 
 #include "cpu/expert_contract.h"
 #include "kernels/moe/experts.h"
-#include "kernels/moe/paths.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
 #include "test_data.h"
@@ -190,17 +189,6 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   CHECK(stray == 0);
 }
 
-// The GEMV path in both of its kernels (temporary, while both exist): the shared-memory ring (4
-// and 2 stages) and the register double buffer.
-void check_gemv_variants(const Prepared& p) {
-  check_gpu(p, moe::ExpertPath::gemv);
-  moe::detail::set_gemv_variant(false, 2);  // the shallowest ring: every stage reused most often
-  check_gpu(p, moe::ExpertPath::gemv);
-  moe::detail::set_gemv_variant(true);
-  check_gpu(p, moe::ExpertPath::gemv);
-  moe::detail::set_gemv_variant(false);
-}
-
 bool have_gpu() {
   if (strata::kernels::cuda_device_count() == 0) {
     WARN("no CUDA device: skipping");
@@ -237,15 +225,15 @@ TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the 
     c.group_tokens.push_back(toks);
   }
   Prepared p = prepare(c);
-  check_gemv_variants(p);
+  check_gpu(p, moe::ExpertPath::gemv);
   check_gpu(p, moe::ExpertPath::imma);
 }
 
 TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd shapes", "[gpu]") {
   if (!have_gpu()) return;
-  // At most one pair per group on average the GEMV walks equal contiguous ranges of (group, row)
-  // pairs, crossing from w1 to w3 and from group to group inside one warp's range; empty groups
-  // sit in between.
+  // With at most one pair per group on average the GEMV walks equal contiguous ranges of (group,
+  // row) pairs, crossing from w1 to w3 and from group to group inside one warp's range; empty
+  // groups sit in between.
   SECTION("K3 3584 -> 3072, one token, 16 experts among 18 groups") {
     Case c;
     c.H = 3584, c.I = 3072, c.T = 1, c.slots = 20, c.glu = situ();
@@ -254,7 +242,7 @@ TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd sh
       c.group_tokens.push_back(e == 5 || e == 12 ? std::vector<int>{} : std::vector<int>{0});
     }
     Prepared p = prepare(c);
-    check_gemv_variants(p);
+    check_gpu(p, moe::ExpertPath::gemv);
   }
   SECTION("H=4128 I=96, poisoned token") {
     Case c;
@@ -263,7 +251,7 @@ TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd sh
     c.group_slot = {5, 1, 2, 0, 3};
     c.group_tokens = {{0}, {1}, {}, {2}, {0}};
     Prepared p = prepare(c);
-    check_gemv_variants(p);
+    check_gpu(p, moe::ExpertPath::gemv);
   }
 }
 
@@ -280,7 +268,7 @@ TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu
   }
   Prepared p = prepare(c);
   // One reference, every path (sections would recompute the reference per path).
-  check_gemv_variants(p);
+  check_gpu(p, moe::ExpertPath::gemv);
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::automatic);
 }
@@ -302,7 +290,7 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
       c.group_slot = {5, 1, 2, 0};
       c.group_tokens = {{0, 4, 7, 12}, {}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {6}};
       Prepared p = prepare(c);
-      check_gemv_variants(p);
+      check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
     }
   }
@@ -326,7 +314,7 @@ TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scale
       c.group_slot = {2, 0};
       c.group_tokens = {{0, 1, 2}, {1}};
       Prepared p = prepare(c);
-      check_gemv_variants(p);
+      check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
     }
   }
