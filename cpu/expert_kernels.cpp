@@ -297,7 +297,7 @@ void fill_nan(float* p, size_t n) {
 }
 
 // Default software prefetch distance of the one-token kernel (bytes ahead).
-constexpr int kDefaultPrefetch = 2048;
+constexpr int kDefaultPrefetch = 4096;
 
 // Gate|up items (expert, row tile) in one TBB loop; the item that completes an expert's h
 // quantizes it and runs that expert's down tiles as a nested loop — no barrier between the
