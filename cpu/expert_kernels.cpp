@@ -85,6 +85,27 @@ ExpertIsa resolve_isa(ExpertIsa isa) {
 // ------------------------------------------------------------------------------------------------
 // Activations
 
+namespace {
+
+// One block in the kernels' layout (scalar): q into even[0..15] / even[64..79], *e, *sum = Σq.
+// Returns 0 for a zero block, 1 for a nonzero one, 2 for a poisoned one (q = 0, e = 0).
+int quantize_block_scalar(const float* x, int8_t* even, int* e, int32_t* sum) {
+  int8_t qb[c::kBlock];
+  const bool ok = c::quantize_block(x, qb, e);
+  int32_t s = 0;
+  bool nonzero = false;
+  for (int j = 0; j < 16; ++j) {
+    even[j] = qb[2 * j];
+    even[64 + j] = qb[2 * j + 1];
+    s += qb[2 * j] + qb[2 * j + 1];
+    nonzero |= (qb[2 * j] | qb[2 * j + 1]) != 0;
+  }
+  *sum = s;
+  return ok ? (nonzero ? 1 : 0) : 2;
+}
+
+}  // namespace
+
 void QuantizedActivations::quantize(const float* x, int T, int K) {
   STRATA_ASSERT(T >= 0 && K > 0 && K % c::kBlock == 0);
   T_ = T;
@@ -94,55 +115,55 @@ void QuantizedActivations::quantize(const float* x, int T, int K) {
   const size_t nq = size_t(T) * size_t(nbp_) * 32, ne = size_t(T) * size_t(nbp_);
   // Grown, never shrunk: a reused object allocates nothing once warm.
   if (q_.size() < nq) q_.resize(nq);
-  if (e_.size() < ne) e_.resize(ne), s_.resize(ne), ns_.resize(ne), px_.resize(ne);
+  if (e_.size() < ne) e_.resize(ne), s_.resize(ne), ns_.resize(ne), px_.resize(ne), st_.resize(ne);
   if (span_.size() < size_t(T)) span_.resize(size_t(T)), poisoned_.resize(size_t(T));
-  auto one = [&](int t) {
-    int8_t qb[c::kBlock];
-    int8_t* qt = q_.data() + size_t(t) * size_t(nbp_) * 32;
-    int32_t* et = e_.data() + size_t(t) * size_t(nbp_);
-    int32_t* st = s_.data() + size_t(t) * size_t(nbp_);
-    int32_t* nst = ns_.data() + size_t(t) * size_t(nbp_);
-    double* pt = px_.data() + size_t(t) * size_t(nbp_);
+  static const auto qblock =
+      isa_supported(ExpertIsa::avx512) ? detail::quantize_block_avx512 : quantize_block_scalar;
+  // Quad b/4: even columns at [0, 64), odd at [64, 128); block b % 4 at 16·(b % 4).
+  auto blocks = [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) {
+      const size_t t = i / size_t(nb_), b = i % size_t(nb_), tb = t * size_t(nbp_) + b;
+      int8_t* even = q_.data() + t * size_t(nbp_) * 32 + (b / 4) * 128 + (b % 4) * 16;
+      int e = 0;
+      int32_t sum = 0;
+      st_[tb] = uint8_t(qblock(x + t * size_t(K) + b * c::kBlock, even, &e, &sum));
+      e_[tb] = e;
+      s_[tb] = 12 * sum;
+      ns_[tb] = -12 * sum;
+      px_[tb] = c::pow2(e);
+    }
+  };
+  const size_t n = size_t(T) * size_t(nb_);
+  if (n >= 64) {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 16),
+                      [&](const tbb::blocked_range<size_t>& r) { blocks(r.begin(), r.end()); });
+  } else {
+    blocks(0, n);
+  }
+  for (int t = 0; t < T; ++t) {
+    const size_t t0 = size_t(t) * size_t(nbp_);
+    int8_t* qt = q_.data() + t0 * 32;
     for (int b = nb_; b < nbp_; ++b) {  // padding blocks: zero
       int8_t* even = qt + (b / 4) * 128 + (b % 4) * 16;
       std::fill(even, even + 16, int8_t(0));
       std::fill(even + 64, even + 80, int8_t(0));
+      e_[t0 + size_t(b)] = 0, s_[t0 + size_t(b)] = 0, ns_[t0 + size_t(b)] = 0;
+      px_[t0 + size_t(b)] = 1.0;
     }
-    bool poisoned = false;
+    bool poisoned = false, any = false;
     int emin = 0, emax = 0;
-    bool any = false;
     for (int b = 0; b < nb_; ++b) {
-      int e = 0;
-      const float* xb = x + size_t(t) * size_t(K) + size_t(b) * c::kBlock;
-      if (!c::quantize_block(xb, qb, &e)) poisoned = true;
-      int32_t sum = 0;
-      bool nonzero = false;
-      // Quad b/4: even columns at [0, 64), odd at [64, 128); block b % 4 at 16·(b % 4).
-      int8_t* even = qt + (b / 4) * 128 + (b % 4) * 16;
-      for (int j = 0; j < 16; ++j) {
-        even[j] = qb[2 * j];
-        even[64 + j] = qb[2 * j + 1];
-        sum += qb[2 * j] + qb[2 * j + 1];
-        nonzero |= (qb[2 * j] | qb[2 * j + 1]) != 0;
-      }
-      if (nonzero) {
+      const uint8_t st = st_[t0 + size_t(b)];
+      poisoned |= st == 2;
+      if (st == 1) {
+        const int e = e_[t0 + size_t(b)];
         emin = any ? std::min(emin, e) : e;
         emax = any ? std::max(emax, e) : e;
         any = true;
       }
-      et[b] = e;
-      st[b] = 12 * sum;
-      nst[b] = -12 * sum;
-      pt[b] = c::pow2(e);
     }
-    for (int b = nb_; b < nbp_; ++b) et[b] = 0, st[b] = 0, nst[b] = 0, pt[b] = 1.0;
     poisoned_[size_t(t)] = poisoned ? 1 : 0;
     span_[size_t(t)] = emax - emin;
-  };
-  if (T * K >= (1 << 16)) {
-    tbb::parallel_for(0, T, one);
-  } else {
-    for (int t = 0; t < T; ++t) one(t);
   }
 }
 

@@ -63,6 +63,7 @@ class QuantizedActivations {
   std::vector<int32_t> e_, s_, ns_;  // [T, nbp]
   std::vector<double> px_;           // [T, nbp]
   std::vector<int> span_;            // [T]
+  std::vector<uint8_t> st_;          // [T, nbp]: 0 zero block, 1 nonzero, 2 poisoned
   std::vector<uint8_t> poisoned_;
 };
 

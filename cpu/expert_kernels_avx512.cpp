@@ -16,6 +16,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cstring>
 #include <vector>
 
 #include "cpu/expert_kernels_impl.h"
@@ -242,6 +243,45 @@ void project_avx512(const ProjArgs& a) {
           lane_finish(L[0], L[1], L[2], L[3]);
     }
   }
+}
+
+int quantize_block_avx512(const float* x, int8_t* even, int* e_out, int32_t* sum) {
+  const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 16);
+  const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i a0 = _mm512_and_si512(x0, absm), a1 = _mm512_and_si512(x1, absm);
+  const uint32_t amax = _mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+  if (amax == 0 || amax >= 0x7F800000u) {  // zero block, or an Inf / NaN: q = 0, e = 0
+    std::memset(even, 0, 16);
+    std::memset(even + 64, 0, 16);
+    *e_out = 0;
+    *sum = 0;
+    return amax == 0 ? 0 : 2;
+  }
+  float fa;
+  std::memcpy(&fa, &amax, 4);
+  const int e = contract::block_exponent(fa);
+  const __m512d f = _mm512_set1_pd(contract::pow2(-e));
+  const __m512d magic = _mm512_set1_pd(6755399441055744.0);  // 1.5 · 2^52: contract::rne
+  const __m512d lim = _mm512_set1_pd(127.0), nlim = _mm512_set1_pd(-127.0);
+  auto q8 = [&](__m256 v) {
+    __m512d d = _mm512_mul_pd(_mm512_cvtps_pd(v), f);
+    d = _mm512_sub_pd(_mm512_add_pd(d, magic), magic);
+    d = _mm512_max_pd(_mm512_min_pd(d, lim), nlim);
+    return _mm512_cvtpd_epi32(d);  // an integer: exact
+  };
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512 xe = _mm512_castsi512_ps(_mm512_permutex2var_epi32(x0, ie, x1));
+  const __m512 xo = _mm512_castsi512_ps(_mm512_permutex2var_epi32(x0, io, x1));
+  const __m512i qe = _mm512_inserti64x4(_mm512_castsi256_si512(q8(_mm512_castps512_ps256(xe))),
+                                        q8(_mm512_extractf32x8_ps(xe, 1)), 1);
+  const __m512i qo = _mm512_inserti64x4(_mm512_castsi256_si512(q8(_mm512_castps512_ps256(xo))),
+                                        q8(_mm512_extractf32x8_ps(xo, 1)), 1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(even), _mm512_cvtepi32_epi8(qe));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(even + 64), _mm512_cvtepi32_epi8(qo));
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qe, qo));
+  *e_out = e;
+  return 1;  // amax > 0: its element quantizes to ≥ 64
 }
 
 uint64_t stream_read_avx512(const void* p, size_t n) {

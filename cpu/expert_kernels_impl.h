@@ -83,6 +83,11 @@ void project_avx512(const ProjArgs& a);
 // The one-token (n == 1) AVX-512 kernel: strict contract order, rows decoded in registers.
 void project_one_avx512(const ProjArgs& a);
 
+// One activation block (contract §2) in the kernels' layout: q into even[0..15] (even columns)
+// and even[64..79] (odd), *e = e_x, *sum = Σq. Returns 0 for a zero block, 1 for a nonzero one,
+// 2 for a poisoned one (then q = 0, e = 0) — the bits of contract::quantize_block.
+int quantize_block_avx512(const float* x, int8_t* even, int* e, int32_t* sum);
+
 // h[i] = contract::glu(g[i], u[i], p) for i < n, bit for bit, eight at a time.
 void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p);
 

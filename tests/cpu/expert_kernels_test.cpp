@@ -159,7 +159,9 @@ TEST_CASE("expert kernels: results do not depend on the thread count", "[expert]
 TEST_CASE("expert kernels: quantized activation layout matches the contract quantization",
           "[expert]") {
   const int T = 3, K = 608;  // 19 blocks: padded to 32
-  const auto x = strata::test::random_activations(T, K, 3, true);
+  auto x = strata::test::random_activations(T, K, 3, true);
+  x[size_t(1) * K + 40] = std::numeric_limits<float>::infinity();  // token 1 poisoned
+  x[size_t(2) * K + 600] = -std::numeric_limits<float>::infinity();  // token 2 too
   strata::cpu::QuantizedActivations xq;
   xq.quantize(x.data(), T, K);
   CHECK(xq.padded_blocks() == 32);
