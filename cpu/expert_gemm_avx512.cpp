@@ -133,12 +133,18 @@ int decode_rows16(const ProjArgs& a, int o0, uint8_t* w, double* pw) {
 
 // T tokens × 16 rows: out[t][l] = Σ_b d(l, t, b) · 2^(s_w − 128) · 2^e_x, in block order (exact
 // under the span check).
+// pf (or null): the next 16 rows' packed bytes (4 lines per block), requested into L2 while this
+// tile computes, so that their decode does not wait for DRAM.
 template <int T>
 void tile16(const uint8_t* w, const double* pw, int nb, const int8_t* const* q,
-            const int32_t* const* nbias, const double* const* px, float* const* out) {
+            const int32_t* const* nbias, const double* const* px, float* const* out,
+            const uint8_t* pf) {
   __m512d F[T][2];
   for (int t = 0; t < T; ++t) F[t][0] = F[t][1] = _mm512_setzero_pd();
   for (int b = 0; b < nb; ++b) {
+    if (pf)
+      for (int i = 0; i < 4; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
     const uint8_t* wb = w + size_t(b) * 512;
     const int qoff = (b >> 2) * 128 + (b & 3) * 16;
     __m512i acc[T];
@@ -169,7 +175,7 @@ void tile16(const uint8_t* w, const double* pw, int nb, const int8_t* const* q,
 }
 
 using TileFn = void (*)(const uint8_t*, const double*, int, const int8_t* const*,
-                        const int32_t* const*, const double* const*, float* const*);
+                        const int32_t* const*, const double* const*, float* const*, const uint8_t*);
 constexpr TileFn kTiles[kTok + 1] = {nullptr,   tile16<1>, tile16<2>, tile16<3>, tile16<4>,
                                      tile16<5>, tile16<6>, tile16<7>, tile16<8>};
 
@@ -226,7 +232,9 @@ void project_gemm_avx512(const ProjArgs& a) {
         px[j] = a.px[t];
         out[j] = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
       }
-      kTiles[k](w, pw, nb, q, nbias, px, out);
+      const uint8_t* pf =
+          i == 0 && o0 + 32 <= a.r1 ? a.packed + size_t(o0 + 16) * size_t(a.K / 2) : nullptr;
+      kTiles[k](w, pw, nb, q, nbias, px, out, pf);
     }
   }
   gemm_count_add(nfast, nstrict);

@@ -142,7 +142,13 @@ void project_amx_impl(const ProjArgs& a) {
       const int8_t* B = a.tb + size_t(tg) * size_t(nb) * 512;
       const double* PX = a.tpx + size_t(tg) * size_t(nb) * 16;
       for (int i = 0; i < 256; i += 8) _mm512_store_pd(F + i, _mm512_setzero_pd());
+      // The next 16 rows' packed bytes (4 lines per block) into L2 while this group computes.
+      const uint8_t* pf =
+          tg == 0 && o0 + 32 <= a.r1 ? a.packed + size_t(o0 + 16) * size_t(a.K / 2) : nullptr;
       for (int b = 0; b < nb; ++b) {
+        if (pf)
+          for (int i = 0; i < 4; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
         const int8_t* Bb = B + size_t(b) * 512;
         if constexpr (kEmu) {
           for (int m = 0; m < 16; ++m)
