@@ -16,6 +16,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -360,6 +361,9 @@ inline __m512d v_exp(__m512d x) {
 inline __m512d v_expm1(__m512d x) {
   const __mmask8 in = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-0.35), _CMP_GT_OQ) &
                       _mm512_cmp_pd_mask(x, _mm512_set1_pd(0.35), _CMP_LT_OQ);
+  // All lanes on one side: only that side's polynomial (the other would be blended away).
+  if (in == 0xFF) return v_expm1_small(x);
+  if (in == 0) return _mm512_sub_pd(v_exp(x), _mm512_set1_pd(1.0));
   return _mm512_mask_blend_pd(in, _mm512_sub_pd(v_exp(x), _mm512_set1_pd(1.0)), v_expm1_small(x));
 }
 
@@ -390,6 +394,10 @@ inline __m512d v_sigmoid(__m512d x) {
 
 void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p) {
   const __m256 canon = _mm256_castsi256_ps(_mm256_set1_epi32(int(contract::kNaNBits)));
+  // g / β1 as g · (1/β1) when β1 is a power of two: the same correctly rounded quotient.
+  int ex = 0;
+  const bool b1_pow2 = p.beta1 > 0.0 && p.beta1 < 1e300 && std::frexp(p.beta1, &ex) == 0.5;
+  const __m512d inv_b1 = _mm512_set1_pd(b1_pow2 ? 1.0 / p.beta1 : 0.0);
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m512d gd = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
@@ -397,8 +405,8 @@ void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams
     __m512d hd;
     if (p.situ) {
       const __m512d b1 = _mm512_set1_pd(p.beta1);
-      const __m512d a =
-          _mm512_mul_pd(_mm512_mul_pd(b1, v_tanh(_mm512_div_pd(gd, b1))), v_sigmoid(gd));
+      const __m512d gb = b1_pow2 ? _mm512_mul_pd(gd, inv_b1) : _mm512_div_pd(gd, b1);
+      const __m512d a = _mm512_mul_pd(_mm512_mul_pd(b1, v_tanh(gb)), v_sigmoid(gd));
       __m512d b = ud;
       if (p.beta2 > 0.0) {
         const __m512d b2 = _mm512_set1_pd(p.beta2);
