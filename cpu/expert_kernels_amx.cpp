@@ -96,12 +96,12 @@ void project_amx_impl(const ProjArgs& a) {
   const int ntg = (n + 15) / 16;
   AmxScratch& sc = tl_amx;
   const size_t abytes = size_t(16) * size_t(rs), pbytes = size_t(16) * size_t(nb) * 8;
-  const size_t need = abytes + pbytes + 2048 + 1024 + 256;
+  const size_t need = abytes + pbytes + 2048 + 2048 + 256;
   if (sc.buf.size() < need) sc.buf.resize(need);
   uint8_t* A = align64(sc.buf.data());
   double* pw = reinterpret_cast<double*>(A + abytes);
   double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + 16 * nb)));
-  int32_t* C = reinterpret_cast<int32_t*>(F + 256);
+  int32_t* C = reinterpret_cast<int32_t*>(F + 256);  // two 16 × 16 int32 buffers
   const int limit = exact_span_limit(nb);
   if constexpr (!kEmu) {
     TileConfig cfg;
@@ -109,6 +109,9 @@ void project_amx_impl(const ProjArgs& a) {
     cfg.rows[0] = 16, cfg.colsb[0] = 32;  // A: 16 rows × 32 s8
     cfg.rows[1] = 8, cfg.colsb[1] = 64;   // B: 8 × (16 tokens × 4 s8)
     cfg.rows[2] = 16, cfg.colsb[2] = 64;  // C: 16 × 16 int32
+    cfg.rows[3] = 16, cfg.colsb[3] = 32;  // tiles 3, 4, 5: the same for odd blocks
+    cfg.rows[4] = 8, cfg.colsb[4] = 64;
+    cfg.rows[5] = 16, cfg.colsb[5] = 64;
     _tile_loadconfig(&cfg);
   }
   std::vector<uint8_t> pass(static_cast<size_t>(n));
@@ -145,11 +148,12 @@ void project_amx_impl(const ProjArgs& a) {
       // The next 16 rows' packed bytes (4 lines per block) into L2 while this group computes.
       const uint8_t* pf =
           tg == 0 && o0 + 32 <= a.r1 ? a.packed + size_t(o0 + 16) * size_t(a.K / 2) : nullptr;
-      for (int b = 0; b < nb; ++b) {
-        if (pf)
-          for (int i = 0; i < 4; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
+      // Block b's tile product into C buffer b % 2 (tiles 0–2 for even b, 3–5 for odd b): the
+      // product of block b + 1 is issued before the epilogue of block b, so the tile unit works
+      // while the vector units convert and accumulate.
+      auto tile_op = [&](int b) {
         const int8_t* Bb = B + size_t(b) * 512;
+        int32_t* Cb = C + (b & 1) * 256;
         if constexpr (kEmu) {
           for (int m = 0; m < 16; ++m)
             for (int j = 0; j < 16; ++j) {
@@ -157,19 +161,36 @@ void project_amx_impl(const ProjArgs& a) {
               for (int kk = 0; kk < 32; ++kk)
                 s += int32_t(int8_t(A[size_t(m) * rs + size_t(b) * 32 + kk])) *
                      int32_t(Bb[(kk / 4) * 64 + 4 * j + kk % 4]);
-              C[m * 16 + j] = s;
+              Cb[m * 16 + j] = s;
             }
+        } else if (b & 1) {
+          // GCC's tileloadd asm declares no memory input: keep the A and B stores before it.
+          __asm__ volatile("" ::: "memory");
+          _tile_loadd(3, A + size_t(b) * 32, rs);
+          _tile_loadd(4, Bb, 64);
+          _tile_zero(5);
+          _tile_dpbssd(5, 3, 4);
+          _tile_stored(5, Cb, 64);
         } else {
+          __asm__ volatile("" ::: "memory");
           _tile_loadd(0, A + size_t(b) * 32, rs);
           _tile_loadd(1, Bb, 64);
           _tile_zero(2);
           _tile_dpbssd(2, 0, 1);
-          _tile_stored(2, C, 64);
+          _tile_stored(2, Cb, 64);
         }
+      };
+      tile_op(0);
+      for (int b = 0; b < nb; ++b) {
+        if (b + 1 < nb) tile_op(b + 1);
+        if (pf)
+          for (int i = 0; i < 4; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
+        const int32_t* Cb = C + (b & 1) * 256;
         const __m512d PX0 = _mm512_loadu_pd(PX + size_t(b) * 16);
         const __m512d PX1 = _mm512_loadu_pd(PX + size_t(b) * 16 + 8);
         for (int m = 0; m < 16; ++m) {
-          const __m512i c = _mm512_load_si512(C + m * 16);
+          const __m512i c = _mm512_load_si512(Cb + m * 16);
           const __m512d w = _mm512_set1_pd(pw[size_t(m) * size_t(nb) + size_t(b)]);
           const __m512d dlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(c));
           const __m512d dhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c, 1));
