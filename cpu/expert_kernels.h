@@ -7,6 +7,11 @@
 // E2M1 nibbles decoded by a 16-entry byte table to (doubled value + 12) as u8; u8 × s8 dot products
 // (vpdpbusd / maddubs) minus 12·Σq per block give the exact int32 block dots; block terms and the
 // fixed 32-lane fp64 reduction of the contract in four zmm (eight ymm) registers of fp64 lanes.
+// Several tokens per expert (AVX-512: cpu/expert_gemm_avx512.cpp, AMX: cpu/expert_kernels_amx.cpp):
+// register/tile-blocked over 16 rows × up to 16 tokens, each output's block terms summed in one
+// fp64 accumulator in block order — exact, hence the same bits, when the exponent span check of
+// docs/numerics.md §3.1 passes; (16 rows, token) pairs that fail it take the strict kernel.
+// Gate|up and down are one TBB job: the item that completes an expert's h starts its down tiles.
 //
 // What this is not: the merge of expert outputs (engine/, docs/numerics.md §5) — every (token,
 // expert) pair gets its own fp32 row y_e here.

@@ -5,9 +5,10 @@
 // One token (decode, memory-bound): each row is decoded in registers from the packed bytes; per
 // chunk of 16 blocks, 8 vpdpbusd give 4 dwords per block, a transpose-add tree and one vpermd the
 // 16 block dots in block order, minus 12·Σq.
-// Several tokens: each row is decoded once into an L1 buffer in a transposed layout (and each
-// token's activations once per call) so that the 8 vpdpbusd of a chunk leave one whole block dot
-// per dword — no horizontal reduction per token.
+// Several tokens: the register-tiled any-order kernel (cpu/expert_gemm_avx512.cpp) whenever the
+// caller passes px, nbias and span (the layer driver always does); otherwise, here, each row is
+// decoded once into an L1 buffer in a transposed layout (and each token's activations once per
+// call) so that the 8 vpdpbusd of a chunk leave one whole block dot per dword.
 // Both then form exact fp64 block terms (vcvtdq2pd, vscalefpd by e_x + s_w − 128) and add them to
 // the contract's 32 fp64 lanes held in four zmm registers (block b → lane b mod 32).
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics headers as
