@@ -129,13 +129,14 @@ Prepared prepare(const Case& c) {
   return p;
 }
 
-// Runs the GPU experts on `path` and checks every output bit against the contract, and that the
-// sentinel rows after y are untouched.
-void check_gpu(const Prepared& p, moe::ExpertPath path) {
+// Runs the GPU experts on `path` with decode kernel `gemv` and checks every output bit against
+// the contract, and that the sentinel rows after y are untouched.
+void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel gemv) {
   const Case& c = p.c;
   INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
                    : path == moe::ExpertPath::imma ? "imma"
-                                                   : "automatic"));
+                                                   : "automatic")
+               << ", gemv kernel " << (gemv == moe::GemvKernel::v2 ? "v2" : "measured"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -159,7 +160,7 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   b.y = d_y.as<float>();
   b.G = int(c.group_slot.size()), b.P = p.P, b.T = c.T, b.H = c.H, b.I = c.I;
   b.glu = c.glu;
-  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
+  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr, gemv);
   INFO("launch status: " << s.message);
   REQUIRE(s.ok());
   strata::kernels::device_sync("grouped_experts");
@@ -187,6 +188,12 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   size_t stray = 0;
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
+}
+
+// Every path; the GEMV path (forced or automatic) with both decode kernels.
+void check_gpu(const Prepared& p, moe::ExpertPath path) {
+  check_gpu_kernel(p, path, moe::GemvKernel::measured);
+  if (path != moe::ExpertPath::imma) check_gpu_kernel(p, path, moe::GemvKernel::v2);
 }
 
 bool have_gpu() {
@@ -243,6 +250,39 @@ TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd sh
     }
     Prepared p = prepare(c);
     check_gpu(p, moe::ExpertPath::gemv);
+  }
+  SECTION("K3 3584 -> 3072, one token, 33 groups (3 empty), a group of three tokens") {
+    // v2 pairs rows of single-token groups only; the three-token group, the empty ones and the
+    // group ends in between take the unpaired rows (P = 32 ≤ G = 33: persistent ranges).
+    Case c;
+    c.H = 3584, c.I = 3072, c.T = 3, c.slots = 33, c.glu = situ();
+    for (int e = 0; e < 33; e++) {
+      c.group_slot.push_back((e * 5) % 33);
+      std::vector<int> toks;
+      if (e == 7)
+        toks = {0, 1, 2};
+      else if (e % 11 != 3)
+        toks = {e % 3};
+      c.group_tokens.push_back(toks);
+    }
+    Prepared p = prepare(c);
+    check_gpu(p, moe::ExpertPath::gemv);
+  }
+  SECTION("small shapes, one token per group (pairs of whole rows, partial rounds)") {
+    // nb = 3 and 5 (one lane round: v2 pairs whole rows), 65 (1 block in the last round), 129.
+    struct Shape {
+      int H, I;
+    };
+    for (const Shape sh : {Shape{96, 160}, Shape{64, 2080}, Shape{4128, 96}, Shape{2080, 64}}) {
+      Case c;
+      c.H = sh.H, c.I = sh.I, c.T = 4, c.slots = 9, c.glu = situ();
+      c.poisoned_token = 2;
+      c.group_slot = {8, 1, 2, 0, 3, 5, 4};
+      c.group_tokens = {{0}, {1}, {}, {2}, {3}, {0, 3}, {1}};
+      Prepared p = prepare(c);
+      INFO("H=" << sh.H << " I=" << sh.I);
+      check_gpu(p, moe::ExpertPath::gemv);
+    }
   }
   SECTION("H=4128 I=96, poisoned token") {
     Case c;
