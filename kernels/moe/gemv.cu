@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/moe/contract_device.cuh"
@@ -267,15 +268,21 @@ struct Cursor2 {
   int tok;  // tokens of group g, packed
 };
 
+// Row (g, on)'s packed and scale pointers, read from the view each row (no pointer state to keep
+// in registers): matrix m (w1, w3, w2 = 0, 1, 2) has its two pointers at words 2m, 2m + 1.
+static_assert(sizeof(Mxfp4ExpertView) == 56 && offsetof(Mxfp4ExpertView, w3_packed) == 16 &&
+              offsetof(Mxfp4ExpertView, w3_scale) == 24 &&
+              offsetof(Mxfp4ExpertView, w2_packed) == 32 &&
+              offsetof(Mxfp4ExpertView, w2_scale) == 40 &&
+              offsetof(Mxfp4ExpertView, w1_scale) == 8);
 __device__ __forceinline__ void row_ptrs(const GemvArgs& a, int g, int on, const uint8_t*& pk,
                                          const uint8_t*& sc) {
-  const Mxfp4ExpertView* ev = a.experts + g;
   const bool second = on >= a.split;
+  const int m = a.split == a.N ? 2 : int(second);
   const int o = second ? on - a.split : on;
-  const uint8_t* p = a.split == a.N ? ev->w2_packed : second ? ev->w3_packed : ev->w1_packed;
-  const uint8_t* q = a.split == a.N ? ev->w2_scale : second ? ev->w3_scale : ev->w1_scale;
-  pk = p + size_t(o) * size_t(a.K / 2);
-  sc = q + size_t(o) * size_t(a.K / c::kBlock);
+  const unsigned long long* f = reinterpret_cast<const unsigned long long*>(a.experts + g) + 2 * m;
+  pk = reinterpret_cast<const uint8_t*>(__ldg(f)) + size_t(o) * size_t(a.K / 2);
+  sc = reinterpret_cast<const uint8_t*>(__ldg(f + 1)) + size_t(o) * size_t(a.K / c::kBlock);
 }
 
 __device__ __forceinline__ void seek2(const GemvArgs& a, Cursor2& cu, int g, int on) {
