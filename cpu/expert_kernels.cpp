@@ -371,6 +371,10 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
       detail::ProjArgs a = proj_args(hq[e], ts, r0, r1, prefetch);
       a.packed = tk.w.w2_packed;
       a.scale = tk.w.w2_scale;
+      if (r1 < H) {  // the next row tile (a hint for the AMX kernel's prefetch)
+        a.next_packed = a.packed + size_t(r1) * size_t(I / 2);
+        a.next_scale = a.scale + size_t(r1) * size_t(I / c::kBlock);
+      }
       a.out = yt.data();
       proj(a);
       // Scatter to the rows of y: token ts.idx[k] of hq is h row k, i.e. xs.idx[ts.idx[k]].
@@ -391,12 +395,19 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
       thread_local std::vector<float> gu;
       if (gu.size() < size_t(2) * size_t(n) * kRowTile) gu.resize(size_t(2) * size_t(n) * kRowTile);
       detail::ProjArgs a = proj_args(xq, ts, r0, r1, prefetch);
+      // next_*: the rows projected next (w3 after w1; after w3, likely this thread's next item:
+      // the next row tile of w1), a hint for the AMX kernel's prefetch.
+      const size_t hb = size_t(H / 2), hs = size_t(H / c::kBlock);
       a.packed = tk.w.w1_packed;
       a.scale = tk.w.w1_scale;
+      a.next_packed = tk.w.w3_packed + size_t(r0) * hb;
+      a.next_scale = tk.w.w3_scale + size_t(r0) * hs;
       a.out = gu.data();
       proj(a);
       a.packed = tk.w.w3_packed;
       a.scale = tk.w.w3_scale;
+      a.next_packed = r1 < I ? tk.w.w1_packed + size_t(r1) * hb : nullptr;
+      a.next_scale = r1 < I ? tk.w.w1_scale + size_t(r1) * hs : nullptr;
       a.out = gu.data() + size_t(n) * kRowTile;
       proj(a);
       for (int t = 0; t < n; ++t) {

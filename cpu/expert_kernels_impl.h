@@ -36,6 +36,11 @@ struct ProjArgs {
   // AMX only: the token set packed by amx_pack_tokens (B tiles and 2^e_x per token group).
   const int8_t* tb = nullptr;
   const double* tpx = nullptr;
+  // AMX only, optional: the packed bytes and scales of the first rows the caller projects next
+  // (another matrix or row range), requested into L2 while the last 16 rows of this call compute.
+  // A hint; results do not depend on it.
+  const uint8_t* next_packed = nullptr;
+  const uint8_t* next_scale = nullptr;
 };
 
 // From this many tokens on, the AMX path uses tiles (16 tokens per tile; fewer: AVX-512).
