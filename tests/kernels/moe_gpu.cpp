@@ -129,14 +129,13 @@ Prepared prepare(const Case& c) {
   return p;
 }
 
-// Runs the GPU experts on `path` with decode kernel `gemv` and checks every output bit against
-// the contract, and that the sentinel rows after y are untouched.
-void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel gemv) {
+// Runs the GPU experts on `path` and checks every output bit against the contract, and that the
+// sentinel rows after y are untouched.
+void check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
   INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
                    : path == moe::ExpertPath::imma ? "imma"
-                                                   : "automatic")
-               << ", gemv kernel " << (gemv == moe::GemvKernel::v2 ? "v2" : "measured"));
+                                                   : "automatic"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -160,7 +159,7 @@ void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel g
   b.y = d_y.as<float>();
   b.G = int(c.group_slot.size()), b.P = p.P, b.T = c.T, b.H = c.H, b.I = c.I;
   b.glu = c.glu;
-  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr, gemv);
+  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
   INFO("launch status: " << s.message);
   REQUIRE(s.ok());
   strata::kernels::device_sync("grouped_experts");
@@ -188,12 +187,6 @@ void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel g
   size_t stray = 0;
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
-}
-
-// Every path; the GEMV path (forced or automatic) with both decode kernels.
-void check_gpu(const Prepared& p, moe::ExpertPath path) {
-  check_gpu_kernel(p, path, moe::GemvKernel::measured);
-  if (path != moe::ExpertPath::imma) check_gpu_kernel(p, path, moe::GemvKernel::v2);
 }
 
 bool have_gpu() {
@@ -252,8 +245,8 @@ TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd sh
     check_gpu(p, moe::ExpertPath::gemv);
   }
   SECTION("K3 3584 -> 3072, one token, 33 groups (3 empty), a group of three tokens") {
-    // v2 pairs rows of single-token groups only; the three-token group, the empty ones and the
-    // group ends in between take the unpaired rows (P = 32 ≤ G = 33: persistent ranges).
+    // Group ends, empty groups and a several-token group inside the persistent warp ranges
+    // (P = 32 ≤ G = 33).
     Case c;
     c.H = 3584, c.I = 3072, c.T = 3, c.slots = 33, c.glu = situ();
     for (int e = 0; e < 33; e++) {
@@ -269,7 +262,7 @@ TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd sh
     check_gpu(p, moe::ExpertPath::gemv);
   }
   SECTION("small shapes, one token per group (pairs of whole rows, partial rounds)") {
-    // nb = 3 and 5 (one lane round: v2 pairs whole rows), 65 (1 block in the last round), 129.
+    // nb = 3 and 5 (one partial lane round), 65 (1 block in the last round), 129.
     struct Shape {
       int H, I;
     };
