@@ -19,7 +19,7 @@ int cuda_device_count() {
 std::string cuda_device_description(int i) {
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, i) != cudaSuccess) return "unknown CUDA device";
-  char buf[256];
+  char buf[400];  // the name field alone is 256 bytes
   std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major, p.minor,
                 p.multiProcessorCount, p.totalGlobalMem / 1073741824.0);
   return buf;

@@ -247,13 +247,14 @@ Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, u
 
 }  // namespace
 
-// Enough CTAs for every SM with the fewest redundant preps, and no second wave: B = 1 takes
-// split 4 (384 CTAs in clusters of 4, all resident at 4 per SM) rather than 8 (96 clusters of 8
-// at 6 CTAs per SM: ncu counted 107 active clusters of 8 at 7 per SM, so about 92 at 6, and a
-// second wave); split 1 from B = 6 on (576+ CTAs). `strata bench kernels --filter kda` times every
-// split at B = 1, 16 and 64.
+// Measured on the H200 (strata bench kernels --filter kda, 2026-11-29 21:24 UTC): splitting a
+// head over a cluster never paid — B = 1: split 1 8.19 µs, 2 9.02, 4 9.41, 8 12.21; B = 16:
+// 60.7 / 70.5 / 84.1 / 108.0 µs; B = 64: 218.8 / 266.9 / 313.2 / 408.6 µs. The redundant per-CTA
+// q/k prep and the cluster barriers cost more than the extra CTAs win, so every B takes split 1;
+// the other splits stay selectable (and tested) for other GPUs.
 int decode_split_for(int B) {
-  return B == 1 ? 4 : B <= 5 ? 2 : 1;
+  (void)B;
+  return 1;
 }
 
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,

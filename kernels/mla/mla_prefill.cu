@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
-#include <string_view>
 
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
@@ -20,11 +18,6 @@ namespace {
 using namespace strata::kernels::detail;
 
 constexpr int kKv = kNope + kV;  // 256 expanded values per head and position
-constexpr int BQ = 64, BK = 64, kThreads = 128;
-constexpr int QKS =
-    kQDim + 8;               // bf16 row stride of Q and K tiles (fragment rows in distinct banks)
-constexpr int VST = kV + 8;  // bf16 row stride of the V tile
-constexpr size_t kAttnSmem = 2 * (size_t(BQ + BK) * QKS + size_t(BK) * VST);
 constexpr size_t kGemmScratch = size_t(32) << 20;
 
 __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint16_t* cache,
@@ -50,152 +43,9 @@ __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint
   for (int j = lane; j < kRope; j += 32) o[kLatent + j] = x[kLatent + j];
 }
 
-__device__ __forceinline__ uint32_t pack_bf(float lo, float hi) {
-  return uint32_t(to_bf(lo)) | (uint32_t(to_bf(hi)) << 16);
-}
-
-// The first version (v1, kept reachable with STRATA_MLA_PREFILL=v1 while v2 is new): block = 64
-// queries of one head, 4 warps × 16 query rows; tiles of 64 keys loaded synchronously into shared
-// memory, fragments read with 32-bit shared loads.
-__global__ void __launch_bounds__(kThreads)
-    attn_prefill_v1(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache, int64_t S,
-                    int64_t T, uint16_t* out, float qscale) {
-  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest (latest) query tiles first
-  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
-  extern __shared__ __align__(16) float sm[];
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(sm);  // [BQ][QKS]
-  uint16_t* Ks = Qs + BQ * QKS;                    // [BK][QKS]
-  uint16_t* Vs = Ks + BK * QKS;                    // [BK][VST]
-  const int64_t t0 = int64_t(qt) * BQ, base = S - T;
-  for (int idx = tid; idx < BQ * (kQDim / 8); idx += kThreads) {
-    const int r = idx / (kQDim / 8), c8 = (idx % (kQDim / 8)) * 8;
-    const int64_t tt = t0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (tt < T) v = *reinterpret_cast<const uint4*>(q + (tt * H + h) * kQDim + c8);
-    *reinterpret_cast<uint4*>(Qs + r * QKS + c8) = v;
-  }
-  __syncthreads();
-  uint32_t qa[kQDim / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < kQDim / 16; ks++) {
-    const uint16_t* r0 = Qs + (warp * 16 + g) * QKS + ks * 16 + 2 * t;
-    qa[ks][0] = ld32(r0);
-    qa[ks][1] = ld32(r0 + 8 * QKS);
-    qa[ks][2] = ld32(r0 + 8);
-    qa[ks][3] = ld32(r0 + 8 * QKS + 8);
-  }
-  const int64_t pos_lo = base + t0 + warp * 16 + g, pos_hi = pos_lo + 8;
-  const int64_t last_pos = std::min<int64_t>(base + t0 + BQ - 1, S - 1);
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-  float o[kV / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < kV / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-  for (int64_t s0 = 0; s0 <= last_pos; s0 += BK) {
-    __syncthreads();
-    for (int idx = tid; idx < BK * 40; idx += kThreads) {  // per key row: 16 + 8 + 16 uint4
-      const int j = idx / 40, part = idx % 40;
-      const int64_t sp = s0 + j;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (part < 16) {
-        if (sp < S) v = *reinterpret_cast<const uint4*>(kv + (sp * H + h) * kKv + part * 8);
-        *reinterpret_cast<uint4*>(Ks + j * QKS + part * 8) = v;
-      } else if (part < 24) {
-        if (sp < S)
-          v = *reinterpret_cast<const uint4*>(cache + sp * kCacheDim + kLatent + (part - 16) * 8);
-        *reinterpret_cast<uint4*>(Ks + j * QKS + kNope + (part - 16) * 8) = v;
-      } else {
-        if (sp < S)
-          v = *reinterpret_cast<const uint4*>(kv + (sp * H + h) * kKv + kNope + (part - 24) * 8);
-        *reinterpret_cast<uint4*>(Vs + j * VST + (part - 24) * 8) = v;
-      }
-    }
-    __syncthreads();
-    float sc[BK / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < BK / 8; nt++) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-      const uint16_t* kr = Ks + (nt * 8 + g) * QKS + 2 * t;
-#pragma unroll
-      for (int ks = 0; ks < kQDim / 16; ks++)
-        mma16816(sc[nt], qa[ks], ld32(kr + ks * 16), ld32(kr + ks * 16 + 8));
-    }
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < BK / 8; nt++) {
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int64_t sp = s0 + nt * 8 + 2 * t + e;
-        const bool ok_lo = sp <= pos_lo && sp < S, ok_hi = sp <= pos_hi && sp < S;
-        sc[nt][e] = ok_lo ? sc[nt][e] * qscale : -INFINITY;
-        sc[nt][2 + e] = ok_hi ? sc[nt][2 + e] * qscale : -INFINITY;
-        mx_lo = fmaxf(mx_lo, sc[nt][e]);
-        mx_hi = fmaxf(mx_hi, sc[nt][2 + e]);
-      }
-    }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-    }
-    // Key 0 is valid for every row and comes first, so m_new is finite from the first tile on.
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    const float a_lo = exp2f(m_lo - mn_lo), a_hi = exp2f(m_hi - mn_hi);
-    m_lo = mn_lo, m_hi = mn_hi;
-    uint32_t pa[BK / 16][4];
-    float ps_lo = 0.f, ps_hi = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < BK / 8; nt++) {
-      const float p0 = round_bf(exp2f(sc[nt][0] - mn_lo)), p1 = round_bf(exp2f(sc[nt][1] - mn_lo));
-      const float p2 = round_bf(exp2f(sc[nt][2] - mn_hi)), p3 = round_bf(exp2f(sc[nt][3] - mn_hi));
-      ps_lo += p0 + p1;
-      ps_hi += p2 + p3;
-      pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf(p0, p1);
-      pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf(p2, p3);
-    }
-    l_lo = l_lo * a_lo + ps_lo;  // per-thread partial row sums, reduced over the quad at the end
-    l_hi = l_hi * a_hi + ps_hi;
-#pragma unroll
-    for (int nt = 0; nt < kV / 8; nt++) {
-      o[nt][0] *= a_lo;
-      o[nt][1] *= a_lo;
-      o[nt][2] *= a_hi;
-      o[nt][3] *= a_hi;
-    }
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-      const uint16_t* vr = Vs + (kk * 16 + 2 * t) * VST + g;
-#pragma unroll
-      for (int nt = 0; nt < kV / 8; nt++) {
-        const uint16_t* r = vr + nt * 8;
-        const uint32_t b0 = uint32_t(r[0]) | (uint32_t(r[VST]) << 16);
-        const uint32_t b1 = uint32_t(r[8 * VST]) | (uint32_t(r[9 * VST]) << 16);
-        mma16816(o[nt], pa[kk], b0, b1);
-      }
-    }
-  }
-#pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
-  }
-  const int64_t t_lo = t0 + warp * 16 + g, t_hi = t_lo + 8;
-  const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
-#pragma unroll
-  for (int nt = 0; nt < kV / 8; nt++) {
-    const int col = nt * 8 + 2 * t;
-    if (t_lo < T)
-      *reinterpret_cast<uint32_t*>(out + (t_lo * H + h) * kV + col) =
-          pack_bf(o[nt][0] * i_lo, o[nt][1] * i_lo);
-    if (t_hi < T)
-      *reinterpret_cast<uint32_t*>(out + (t_hi * H + h) * kV + col) =
-          pack_bf(o[nt][2] * i_hi, o[nt][3] * i_hi);
-  }
-}
-
-// ---- v2/v3/v4: FA2 structure with a cp.async pipeline ---------------------------------------
+// ---- attention: FA2 structure with a cp.async pipeline -------------------------------------
 // Block = 128 queries of one head, 8 warps × 16 query rows (two warpgroups × 64), so every K/V
-// tile in shared memory feeds twice as many queries as in v1. Tiles of 64 keys stream through a
+// tile in shared memory feeds twice as many queries as the first (64-query) kernel did. Tiles of 64 keys stream through a
 // 3-stage cp.async ring (tiles j+1 and j+2 in flight while tile j is computed; one barrier per
 // tile). Q fragments stay in registers for the whole block. S = QKᵀ by wgmma (v3, v4: K read by
 // the tensor cores straight from shared memory) or by mma.sync with ldmatrix fragments (v2);
@@ -260,8 +110,11 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
   return u;
 }
 
-// Prefill attention variants (STRATA_MLA_PREFILL, see prefill_variant()). Measured on the H200
-// (strata bench kernels, T = 16K): kMma 291 TFLOP/s, kWgmmaS 311, kWgmmaSPV 280.
+// Prefill attention variants, a compile-time choice. Measured on the H200 (strata bench kernels,
+// T = 16K, 2026-11-29): kMma 291 TFLOP/s, kWgmmaS 311, kWgmmaSPV 280 — prefill() launches
+// kWgmmaS; the other two stay as the measured alternatives (both passed the op-checks). A v5 with
+// Q read by wgmma from shared memory and the next tile's S overlapped with this tile's softmax
+// measured 305 TFLOP/s and was dropped; so was the first 64-query kernel (36 TFLOP/s).
 enum PrefillMode : int {
   kMma = 0,       // S = QKᵀ and O += P·V by mma.sync, fragments from ldmatrix (v2)
   kWgmmaS = 1,    // S = QKᵀ by wgmma (one warpgroup per 64 query rows, K read from shared
@@ -619,161 +472,6 @@ __global__ void __launch_bounds__(kThreads2, 1)
   }
 }
 
-// ---- v5 (experimental, not yet run on a GPU): v3 with S of the next tile overlapped -------------
-// As kWgmmaS (S by wgmma, P·V by mma.sync), but Q is read by wgmma from shared memory (core-matrix
-// layout, freeing the 48 Q registers) and S = QKᵀ of tile j+1 is issued asynchronously before the
-// softmax and P·V of tile j, so the tensor cores work on the next scores while the warps do the
-// exponentials (FA3's intra-warpgroup overlap). A 4-stage ring keeps tile j's V, tile j+1's K and
-// tile j+2 resident while tile j+3 loads.
-constexpr int kStagesPipe = 4;
-constexpr size_t kAttnSmemPipe =
-    sizeof(uint16_t) * (size_t(kQElems2) + size_t(kStagesPipe) * kStageElems2);
-static_assert(kAttnSmemPipe <= 227 * 1024, "attn_prefill_pipe tiles exceed sm_90 shared memory");
-static_assert(kQDim / 8 * 2048 <= 2 * kQElems2, "Q core-matrix layout exceeds its region");
-
-// Byte offset of chunk c8 (dims 8·c8 ..) of query row r in the Q tile: K-major no-swizzle core
-// matrices, (dim block c8, row block r/8) at c8·2048 + (r/8)·128; leading (K-direction) byte
-// offset 2048, stride (M-direction) 128; warpgroup w's 64 rows start at w·1024.
-__device__ __forceinline__ int q_chunk_offset(int r, int c8) {
-  return c8 * 2048 + (r / 8) * 128 + (r % 8) * 16;
-}
-
-// D[64×64] += A[64×16] · B[16×64], both from shared memory (K-major descriptors).
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[kBK2 / 8][4], uint64_t desc_a,
-                                                   uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-      "%32, %33, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b));
-}
-
-// Issue S = Q_w Kᵀ of one tile for this warpgroup (12 k-steps of 16 dims); completes at the next
-// wgmma_wait_all().
-__device__ __forceinline__ void issue_scores(float (&sc)[kBK2 / 8][4], uint32_t q_wg,
-                                             uint32_t k_stage) {
-#pragma unroll
-  for (int nt = 0; nt < kBK2 / 8; nt++) {
-    sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-    for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-  }
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kQDim / 16; ks++)
-    wgmma_m64n64k16_ss(sc, wgmma_desc(q_wg + uint32_t(ks * 2 * 2048), 2048, 128),
-                       wgmma_desc(k_stage + uint32_t(ks * 2 * 1024), 1024, 128));
-  wgmma_commit();
-}
-
-__global__ void __launch_bounds__(kThreads2, 1)
-    attn_prefill_pipe(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache,
-                      int64_t S, int64_t T, uint16_t* out, float qscale, int head_group) {
-  const int n_q = int((T + kBQ2 - 1) / kBQ2);  // block order: as attn_prefill
-  const int b = blockIdx.x, grp = b / (n_q * head_group);
-  const int g_heads = std::min(head_group, H - grp * head_group), r = b - grp * n_q * head_group;
-  const int qt = n_q - 1 - r / g_heads, h = grp * head_group + r % g_heads;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
-  extern __shared__ __align__(128) uint16_t smem3[];
-  const uint32_t qbase = smem_addr(smem3), ring = qbase + uint32_t(2 * kQElems2);
-  const int64_t t0 = int64_t(qt) * kBQ2, base = S - T;
-  const int64_t last_pos = std::min<int64_t>(base + t0 + kBQ2 - 1, S - 1);
-  const int n_tiles = int(last_pos / kBK2) + 1;
-
-  // Q (rows past T zero-filled): per warp instruction 8 rows × 4 chunks (conflict-free writes).
-#pragma unroll
-  for (int i = 0; i < kBQ2 * (kQDim / 8) / kThreads2; i++) {
-    const int pair = warp + i * kWarps2;  // (row block, chunk quad): 16 × 6
-    const int rr = (pair % 16) * 8 + lane % 8, c = (pair / 16) * 4 + lane / 8;
-    const int64_t tt = t0 + rr;
-    const bool ok = tt < T;
-    cp_async16(qbase + uint32_t(q_chunk_offset(rr, c)), q + ((ok ? tt : 0) * H + h) * kQDim + c * 8,
-               ok);
-  }
-  const int lj = warp * 8 + lane % 8, lc = lane / 8;
-  const uint16_t* kv_row = kv + (int64_t(lj) * H + h) * kKv + lc * 8;
-  const uint16_t* pe_row = cache + int64_t(lj) * kCacheDim + kLatent + lc * 8;
-#pragma unroll
-  for (int i = 0; i < kStagesPipe - 1; i++) {  // tiles 0, 1, 2 (group 0 also holds Q)
-    if (i < n_tiles)
-      load_kv_tile<kWgmmaS>(ring + 2u * uint32_t(i * kStageElems2), kv_row, pe_row, H, S,
-                            int64_t(i) * kBK2, lj, lc);
-    cp_async_commit();
-  }
-
-  const int wg = warp / 4;
-  const uint32_t q_wg = qbase + uint32_t(wg * 1024);
-  const int64_t wpos0 = base + t0 + warp * 16, wg_last = base + t0 + wg * 64 + 63;
-  const int64_t pos_lo = wpos0 + lane / 4, pos_hi = pos_lo + 8;
-  const uint32_t v_off = 2u * uint32_t(kBK2 * kKst + (lane % 16) * kVst + (lane / 16) * 8);
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-  float o[kV / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < kV / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-
-  // Scores of tile 0 (never above any warpgroup's diagonal).
-  float sc[kBK2 / 8][4];
-  cp_async_wait<kStagesPipe - 2>();
-  fence_proxy_async();
-  __syncthreads();
-  issue_scores(sc, q_wg, ring);
-  wgmma_wait_all();
-#pragma unroll
-  for (int nt = 0; nt < kBK2 / 8; nt++)
-    for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-
-  for (int j = 0; j < n_tiles; j++) {
-    cp_async_wait<kStagesPipe - 3>();  // tiles j and j+1 have landed (this thread's copies) ...
-    fence_proxy_async();               // ... visible to wgmma ...
-    __syncthreads();  // ... everyone's, and every warp is done with tile j - 1's stage
-    if (j + kStagesPipe - 1 < n_tiles)
-      load_kv_tile<kWgmmaS>(
-          ring + 2u * uint32_t(((j + kStagesPipe - 1) % kStagesPipe) * kStageElems2), kv_row,
-          pe_row, H, S, int64_t(j + kStagesPipe - 1) * kBK2, lj, lc);
-    cp_async_commit();
-    const int64_t s0 = int64_t(j) * kBK2;
-    if (s0 > wg_last) continue;  // wholly above this warpgroup's diagonal (and so are the rest)
-    // Scores of tile j+1, or (past this warpgroup's last tile) a discarded recomputation of tile
-    // j: the wgmma issue and wait must not sit in a branch, or ptxas serializes them.
-    const bool next = j + 1 < n_tiles && s0 + kBK2 <= wg_last;
-    float sn[kBK2 / 8][4];
-    issue_scores(sn, q_wg, ring + 2u * uint32_t(((next ? j + 1 : j) % kStagesPipe) * kStageElems2));
-    uint32_t pa[kBK2 / 16][4];
-    online_softmax(sc, pa, o, m_lo, m_hi, l_lo, l_hi, s0, wpos0, pos_lo, pos_hi, S, t, qscale);
-    pv_mma(o, pa, ring + 2u * uint32_t((j % kStagesPipe) * kStageElems2) + v_off);
-    wgmma_wait_all();
-#pragma unroll
-    for (int nt = 0; nt < kBK2 / 8; nt++)
-      for (int e = 0; e < 4; e++) {
-        reg_fence(sn[nt][e]);
-        sc[nt][e] = sn[nt][e];
-      }
-  }
-#pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
-  }
-  const int64_t t_lo = t0 + warp * 16 + lane / 4, t_hi = t_lo + 8;
-  const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
-#pragma unroll
-  for (int nt = 0; nt < kV / 8; nt++) {
-    const int col = nt * 8 + 2 * t;
-    if (t_lo < T)
-      *reinterpret_cast<uint32_t*>(out + (t_lo * H + h) * kV + col) =
-          pack_bf2(o[nt][0] * i_lo, o[nt][1] * i_lo);
-    if (t_hi < T)
-      *reinterpret_cast<uint32_t*>(out + (t_hi * H + h) * kV + col) =
-          pack_bf2(o[nt][2] * i_hi, o[nt][3] * i_hi);
-  }
-}
-
 struct Lt {
   cublasLtHandle_t handle = nullptr;
   cublasStatus_t status = CUBLAS_STATUS_NOT_INITIALIZED;
@@ -835,19 +533,6 @@ Status expand_kv(int H, const uint16_t* cache, int64_t S, const uint16_t* kv_b, 
   return Status{};
 }
 
-// STRATA_MLA_PREFILL selects the attention kernel while the new ones build a track record:
-// unset (or anything else) the default v3 (kWgmmaS, the fastest measured), "v2" kMma, "v4"
-// kWgmmaSPV, "v5" attn_prefill_pipe (experimental: not yet run on a GPU), "v1" the first kernel
-// (the escape hatch). Read once.
-int prefill_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("STRATA_MLA_PREFILL");
-    const std::string_view name = e != nullptr ? e : "";
-    return name == "v1" ? 1 : name == "v2" ? 2 : name == "v4" ? 4 : name == "v5" ? 5 : 3;
-  }();
-  return v;
-}
-
 }  // namespace
 
 Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
@@ -870,7 +555,7 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   if (H < 1 || T < 1 || T > S) return invalid("mla prefill: need H >= 1 and 1 <= T <= S");
   if (workspace_bytes < prefill_workspace_bytes(H, S))
     return invalid("mla prefill: workspace smaller than prefill_workspace_bytes(H, S)");
-  if ((T + BQ - 1) / BQ * H > (int64_t(1) << 31) - 1 || H > 65535)
+  if ((T + kBQ2 - 1) / kBQ2 * H > (int64_t(1) << 31) - 1 || H > 65535)
     return invalid("mla prefill: too large");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint16_t* kv = static_cast<uint16_t*>(workspace);
@@ -880,21 +565,9 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
       !st.ok())
     return st;
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  const int variant = prefill_variant();
-  if (variant == 1) {
-    static const bool attrs = [] {
-      cudaFuncSetAttribute(attn_prefill_v1, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kAttnSmem));
-      return true;
-    }();
-    (void)attrs;
-    attn_prefill_v1<<<dim3(unsigned((T + BQ - 1) / BQ), H), kThreads, kAttnSmem, s>>>(
-        H, q, kv, cache, S, T, out, qscale);
-    return launch_status();
-  }
   static const bool attrs = [] {
-    for (auto* k : {attn_prefill<kMma>, attn_prefill<kWgmmaS>, attn_prefill<kWgmmaSPV>})
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAttnSmem2));
+    cudaFuncSetAttribute(attn_prefill<kWgmmaS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(kAttnSmem2));
     return true;
   }();
   (void)attrs;
@@ -903,22 +576,8 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   const int64_t per_head_bytes = S * int64_t(kKv + kRope) * int64_t(sizeof(uint16_t));
   const int head_group = int(std::clamp<int64_t>((int64_t(24) << 20) / per_head_bytes, 1, H));
   const int64_t blocks = (T + kBQ2 - 1) / kBQ2 * H;
-  if (variant == 5) {
-    static const bool attrs5 = [] {
-      cudaFuncSetAttribute(attn_prefill_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(kAttnSmemPipe));
-      return true;
-    }();
-    (void)attrs5;
-    attn_prefill_pipe<<<unsigned(blocks), kThreads2, kAttnSmemPipe, s>>>(H, q, kv, cache, S, T, out,
-                                                                         qscale, head_group);
-    return launch_status();
-  }
-  auto* kernel = variant == 2   ? attn_prefill<kMma>
-                 : variant == 4 ? attn_prefill<kWgmmaSPV>
-                                : attn_prefill<kWgmmaS>;
-  kernel<<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(H, q, kv, cache, S, T, out, qscale,
-                                                         head_group);
+  attn_prefill<kWgmmaS><<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(H, q, kv, cache, S, T, out,
+                                                                       qscale, head_group);
   return launch_status();
 }
 
