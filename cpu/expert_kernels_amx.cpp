@@ -90,26 +90,18 @@ int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
   return int(_mm512_reduce_max_epu32(vmax)) - int(_mm512_reduce_min_epu32(vmin));
 }
 
-// Blocks per epilogue chunk: the tile products of chunk c + 1 are issued before the epilogue of
-// chunk c (C buffers of two chunks, 16 KB), so the epilogue never waits for the tile unit or for
-// the tile stores to reach L1, and each output's fp64 accumulator stays in a register across the
-// chunk (loaded and stored once per chunk instead of once per block).
-constexpr int kChunk = 8;
-
 template <bool kEmu>
 void project_amx_impl(const ProjArgs& a) {
   const int nb = a.nb, n = a.n, nq = (nb + 3) / 4, rs = nq * 128;
-  const int ntg = (n + 15) / 16, nch = (nb + kChunk - 1) / kChunk;
+  const int ntg = (n + 15) / 16;
   AmxScratch& sc = tl_amx;
   const size_t abytes = size_t(16) * size_t(rs), pbytes = size_t(16) * size_t(nb) * 8;
-  const size_t cbytes = size_t(2) * kChunk * 1024;
-  const size_t need = abytes + pbytes + 2048 + cbytes + 256 + size_t(n);
+  const size_t need = abytes + pbytes + 2048 + 4096 + 256;
   if (sc.buf.size() < need) sc.buf.resize(need);
   uint8_t* A = align64(sc.buf.data());
   double* pw = reinterpret_cast<double*>(A + abytes);
   double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + 16 * nb)));
-  int32_t* C = reinterpret_cast<int32_t*>(F + 256);  // two chunks of kChunk 16 × 16 int32
-  uint8_t* pass = reinterpret_cast<uint8_t*>(C + 2 * kChunk * 256);
+  int32_t* C = reinterpret_cast<int32_t*>(F + 256);  // four 16 × 16 int32 buffers
   const int limit = exact_span_limit(nb);
   if constexpr (!kEmu) {
     TileConfig cfg;
@@ -122,7 +114,7 @@ void project_amx_impl(const ProjArgs& a) {
     cfg.rows[5] = 16, cfg.colsb[5] = 64;
     _tile_loadconfig(&cfg);
   }
-  const size_t row_bytes = size_t(a.K / 2);
+  std::vector<uint8_t> pass(static_cast<size_t>(n));
   uint64_t nfast = 0, nstrict = 0;
   for (int o0 = a.r0; o0 < a.r1; o0 += 16) {
     const int rows = std::min(16, a.r1 - o0);
@@ -146,30 +138,33 @@ void project_amx_impl(const ProjArgs& a) {
       ++nstrict;
     }
     if (rows != 16) continue;
-    // While this group computes, the next 16 rows (packed bytes: 4 lines per block, and scales)
-    // go to L2: those of this call, or after its last group the first rows of the next call.
-    const uint8_t* pf = nullptr;
-    const uint8_t* pfs = nullptr;
-    if (o0 + 32 <= a.r1) {
-      pf = a.packed + size_t(o0 + 16) * row_bytes;
-      pfs = a.scale + size_t(o0 + 16) * size_t(nb);
-    } else if (o0 + 16 >= a.r1) {
-      pf = a.next_packed;
-      pfs = a.next_scale;
-    }
     for (int tg = 0; tg < ntg; ++tg) {
       bool any = false;
       for (int j = 0; j < 16 && tg * 16 + j < n; ++j) any |= pass[size_t(tg * 16 + j)] != 0;
       if (!any) continue;
       const int8_t* B = a.tb + size_t(tg) * size_t(nb) * 512;
       const double* PX = a.tpx + size_t(tg) * size_t(nb) * 16;
-      if (tg != 0) pf = pfs = nullptr;
+      for (int i = 0; i < 256; i += 8) _mm512_store_pd(F + i, _mm512_setzero_pd());
+      // The next 16 rows' packed bytes (4 lines per block) and scales into L2 while this group
+      // computes: those of this call, or after its last group the first rows of the next call.
+      const uint8_t* pf = nullptr;
+      const uint8_t* pfs = nullptr;
+      if (tg == 0 && o0 + 32 <= a.r1) {
+        pf = a.packed + size_t(o0 + 16) * size_t(a.K / 2);
+        pfs = a.scale + size_t(o0 + 16) * size_t(nb);
+      } else if (tg == 0 && o0 + 16 >= a.r1) {
+        pf = a.next_packed;
+        pfs = a.next_scale;
+      }
       if (pfs)
         for (int i = 0; i < 16 * nb; i += 64)
           _mm_prefetch(reinterpret_cast<const char*>(pfs + i), _MM_HINT_T1);
-      // Block b's tile product into C slot i (tiles 0–2 for even b, 3–5 for odd b).
-      auto tile_op = [&](int b, int32_t* Cb) {
+      // Block b's tile product into C buffer b % 4 (tiles 0–2 for even b, 3–5 for odd b): the
+      // product of block b + 2 is issued before the epilogue of block b, so the tile unit works
+      // while the vector units convert and accumulate, two blocks ahead.
+      auto tile_op = [&](int b) {
         const int8_t* Bb = B + size_t(b) * 512;
+        int32_t* Cb = C + (b & 3) * 256;
         if constexpr (kEmu) {
           for (int m = 0; m < 16; ++m)
             for (int j = 0; j < 16; ++j) {
@@ -180,8 +175,8 @@ void project_amx_impl(const ProjArgs& a) {
               Cb[m * 16 + j] = s;
             }
         } else if (b & 1) {
-          // GCC's tile asm declares no memory operands: keep the A and B stores before the
-          // loads and the C loads after the store.
+          // GCC's tile asm declares no memory operands: keep the A and B stores before the loads
+          // and the C loads after the store.
           __asm__ volatile("" ::: "memory");
           _tile_loadd(3, A + size_t(b) * 32, rs);
           _tile_loadd(4, Bb, 64);
@@ -199,43 +194,25 @@ void project_amx_impl(const ProjArgs& a) {
           __asm__ volatile("" ::: "memory");
         }
       };
-      auto tiles = [&](int ch) {
-        int32_t* Cc = C + (ch & 1) * kChunk * 256;
-        for (int b = ch * kChunk; b < std::min(nb, (ch + 1) * kChunk); ++b)
-          tile_op(b, Cc + (b - ch * kChunk) * 256);
-      };
-      tiles(0);
-      for (int ch = 0; ch < nch; ++ch) {
-        if (ch + 1 < nch) tiles(ch + 1);
-        const int b0 = ch * kChunk, nbc = std::min(kChunk, nb - b0);
-        const int32_t* Cc = C + (ch & 1) * kChunk * 256;
-        const double* PXc = PX + size_t(b0) * 16;
+      tile_op(0);
+      if (nb > 1) tile_op(1);
+      for (int b = 0; b < nb; ++b) {
+        if (b + 2 < nb) tile_op(b + 2);
+        if (pf)
+          for (int i = 0; i < 4; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
+        const int32_t* Cb = C + (b & 3) * 256;
+        const __m512d PX0 = _mm512_loadu_pd(PX + size_t(b) * 16);
+        const __m512d PX1 = _mm512_loadu_pd(PX + size_t(b) * 16 + 8);
         for (int m = 0; m < 16; ++m) {
-          if (pf)  // 2 of the chunk's 32 lines of the next rows per row m
-            for (int i = 0; i < 2; ++i)
-              _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b0) * 256 + m * 128 + i * 64),
-                           _MM_HINT_T1);
-          __m512d f0 = ch == 0 ? _mm512_setzero_pd() : _mm512_load_pd(F + m * 16);
-          __m512d f1 = ch == 0 ? _mm512_setzero_pd() : _mm512_load_pd(F + m * 16 + 8);
-          const double* pwm = pw + size_t(m) * size_t(nb) + size_t(b0);
-          const int32_t* cm = Cc + m * 16;
-          auto step = [&](int k) {
-            const __m512d w = _mm512_set1_pd(pwm[k]);
-            const __m512d dlo = _mm512_cvtepi32_pd(
-                _mm256_load_si256(reinterpret_cast<const __m256i*>(cm + k * 256)));
-            const __m512d dhi = _mm512_cvtepi32_pd(
-                _mm256_load_si256(reinterpret_cast<const __m256i*>(cm + k * 256 + 8)));
-            f0 = _mm512_fmadd_pd(_mm512_mul_pd(dlo, _mm512_loadu_pd(PXc + k * 16)), w, f0);
-            f1 = _mm512_fmadd_pd(_mm512_mul_pd(dhi, _mm512_loadu_pd(PXc + k * 16 + 8)), w, f1);
-          };
-          if (nbc == kChunk) {
-#pragma GCC unroll 8
-            for (int k = 0; k < kChunk; ++k) step(k);
-          } else {
-            for (int k = 0; k < nbc; ++k) step(k);
-          }
-          _mm512_store_pd(F + m * 16, f0);
-          _mm512_store_pd(F + m * 16 + 8, f1);
+          const __m512i c = _mm512_load_si512(Cb + m * 16);
+          const __m512d w = _mm512_set1_pd(pw[size_t(m) * size_t(nb) + size_t(b)]);
+          const __m512d dlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(c));
+          const __m512d dhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c, 1));
+          _mm512_store_pd(F + m * 16,
+                          _mm512_fmadd_pd(_mm512_mul_pd(dlo, PX0), w, _mm512_load_pd(F + m * 16)));
+          _mm512_store_pd(F + m * 16 + 8, _mm512_fmadd_pd(_mm512_mul_pd(dhi, PX1), w,
+                                                          _mm512_load_pd(F + m * 16 + 8)));
         }
       }
       for (int j = 0; j < 16 && tg * 16 + j < n; ++j) {
