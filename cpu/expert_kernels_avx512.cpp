@@ -310,7 +310,16 @@ namespace strata::cpu::detail {
 
 namespace {
 
-inline __m512d v_expm1_small(__m512d x) {
+// N independent vectors per call, their operations interleaved step by step: the Horner chains
+// are long (17 dependent mul+add pairs), so N chains in flight hide their latency. Lane for lane
+// the same operations as N = 1.
+template <int N>
+struct Vd {
+  __m512d v[N];
+};
+
+template <int N>
+inline Vd<N> v_expm1_small(const Vd<N>& x) {
   const double c[16] = {1.0 / 20922789888000.0,
                         1.0 / 1307674368000.0,
                         1.0 / 87178291200.0,
@@ -327,9 +336,13 @@ inline __m512d v_expm1_small(__m512d x) {
                         1.0 / 6.0,
                         1.0 / 2.0,
                         1.0};
-  __m512d p = _mm512_set1_pd(1.0 / 355687428096000.0);
-  for (int k = 0; k < 16; ++k) p = _mm512_add_pd(_mm512_mul_pd(p, x), _mm512_set1_pd(c[k]));
-  return _mm512_mul_pd(p, x);
+  Vd<N> p;
+  for (int i = 0; i < N; ++i) p.v[i] = _mm512_set1_pd(1.0 / 355687428096000.0);
+  for (int k = 0; k < 16; ++k)
+    for (int i = 0; i < N; ++i)
+      p.v[i] = _mm512_add_pd(_mm512_mul_pd(p.v[i], x.v[i]), _mm512_set1_pd(c[k]));
+  for (int i = 0; i < N; ++i) p.v[i] = _mm512_mul_pd(p.v[i], x.v[i]);
+  return p;
 }
 
 inline __m512d v_pow2(__m256i k) {  // exact 2^k per lane, k in [−1022, 1024]
@@ -337,89 +350,148 @@ inline __m512d v_pow2(__m256i k) {  // exact 2^k per lane, k in [−1022, 1024]
   return _mm512_castsi512_pd(_mm512_slli_epi64(b, 52));
 }
 
-inline __m512d v_exp(__m512d x) {
-  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
-  const __mmask8 big = _mm512_cmp_pd_mask(x, _mm512_set1_pd(709.782712893384), _CMP_GT_OQ);
-  const __mmask8 small = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-745.2), _CMP_LT_OQ);
-  // Out-of-range and NaN lanes compute on 0 (their result is selected below).
-  const __m512d xs = _mm512_mask_blend_pd(nan | big | small, x, _mm512_setzero_pd());
-  const __m512d magic = _mm512_set1_pd(6755399441055744.0);
-  const __m512d n = _mm512_sub_pd(
-      _mm512_add_pd(_mm512_mul_pd(xs, _mm512_set1_pd(1.4426950408889634)), magic), magic);
-  const __m512d r =
-      _mm512_sub_pd(_mm512_sub_pd(xs, _mm512_mul_pd(n, _mm512_set1_pd(6.93147180369123816490e-01))),
-                    _mm512_mul_pd(n, _mm512_set1_pd(1.90821492927058770002e-10)));
-  const __m512d p = _mm512_add_pd(v_expm1_small(r), _mm512_set1_pd(1.0));
-  const __m256i k = _mm512_cvtpd_epi32(n);  // n is an integer: exact
-  // k / 2 truncated toward zero, as C++ division.
-  const __m256i k1 = _mm256_srai_epi32(_mm256_add_epi32(k, _mm256_srli_epi32(k, 31)), 1);
-  __m512d res = _mm512_mul_pd(_mm512_mul_pd(p, v_pow2(k1)), v_pow2(_mm256_sub_epi32(k, k1)));
-  res = _mm512_mask_blend_pd(big, res, _mm512_set1_pd(__builtin_inf()));
-  res = _mm512_mask_blend_pd(small, res, _mm512_setzero_pd());
-  return _mm512_mask_blend_pd(nan, res, x);
+template <int N>
+inline Vd<N> v_exp(const Vd<N>& x) {
+  __mmask8 nan[N], big[N], small[N];
+  Vd<N> r, res;
+  __m512d n[N];
+  for (int i = 0; i < N; ++i) {
+    nan[i] = _mm512_cmp_pd_mask(x.v[i], x.v[i], _CMP_UNORD_Q);
+    big[i] = _mm512_cmp_pd_mask(x.v[i], _mm512_set1_pd(709.782712893384), _CMP_GT_OQ);
+    small[i] = _mm512_cmp_pd_mask(x.v[i], _mm512_set1_pd(-745.2), _CMP_LT_OQ);
+    // Out-of-range and NaN lanes compute on 0 (their result is selected below).
+    const __m512d xs =
+        _mm512_mask_blend_pd(nan[i] | big[i] | small[i], x.v[i], _mm512_setzero_pd());
+    const __m512d magic = _mm512_set1_pd(6755399441055744.0);
+    n[i] = _mm512_sub_pd(
+        _mm512_add_pd(_mm512_mul_pd(xs, _mm512_set1_pd(1.4426950408889634)), magic), magic);
+    r.v[i] = _mm512_sub_pd(
+        _mm512_sub_pd(xs, _mm512_mul_pd(n[i], _mm512_set1_pd(6.93147180369123816490e-01))),
+        _mm512_mul_pd(n[i], _mm512_set1_pd(1.90821492927058770002e-10)));
+  }
+  const Vd<N> q = v_expm1_small(r);
+  for (int i = 0; i < N; ++i) {
+    const __m512d p = _mm512_add_pd(q.v[i], _mm512_set1_pd(1.0));
+    const __m256i k = _mm512_cvtpd_epi32(n[i]);  // n is an integer: exact
+    // k / 2 truncated toward zero, as C++ division.
+    const __m256i k1 = _mm256_srai_epi32(_mm256_add_epi32(k, _mm256_srli_epi32(k, 31)), 1);
+    __m512d v = _mm512_mul_pd(_mm512_mul_pd(p, v_pow2(k1)), v_pow2(_mm256_sub_epi32(k, k1)));
+    v = _mm512_mask_blend_pd(big[i], v, _mm512_set1_pd(__builtin_inf()));
+    v = _mm512_mask_blend_pd(small[i], v, _mm512_setzero_pd());
+    res.v[i] = _mm512_mask_blend_pd(nan[i], v, x.v[i]);
+  }
+  return res;
 }
 
-inline __m512d v_expm1(__m512d x) {
-  const __mmask8 in = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-0.35), _CMP_GT_OQ) &
-                      _mm512_cmp_pd_mask(x, _mm512_set1_pd(0.35), _CMP_LT_OQ);
+template <int N>
+inline Vd<N> v_expm1(const Vd<N>& x) {
+  __mmask8 in[N];
+  bool all_in = true, none_in = true;
+  for (int i = 0; i < N; ++i) {
+    in[i] = _mm512_cmp_pd_mask(x.v[i], _mm512_set1_pd(-0.35), _CMP_GT_OQ) &
+            _mm512_cmp_pd_mask(x.v[i], _mm512_set1_pd(0.35), _CMP_LT_OQ);
+    all_in &= in[i] == 0xFF;
+    none_in &= in[i] == 0;
+  }
   // All lanes on one side: only that side's polynomial (the other would be blended away).
-  if (in == 0xFF) return v_expm1_small(x);
-  if (in == 0) return _mm512_sub_pd(v_exp(x), _mm512_set1_pd(1.0));
-  return _mm512_mask_blend_pd(in, _mm512_sub_pd(v_exp(x), _mm512_set1_pd(1.0)), v_expm1_small(x));
+  if (all_in) return v_expm1_small(x);
+  Vd<N> e = v_exp(x);
+  for (int i = 0; i < N; ++i) e.v[i] = _mm512_sub_pd(e.v[i], _mm512_set1_pd(1.0));
+  if (none_in) return e;
+  const Vd<N> s = v_expm1_small(x);
+  for (int i = 0; i < N; ++i) e.v[i] = _mm512_mask_blend_pd(in[i], e.v[i], s.v[i]);
+  return e;
 }
 
-inline __m512d v_tanh(__m512d x) {
-  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
-  const __mmask8 neg = _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_LT_OQ);
-  // a = x < 0 ? −x : x, as the scalar code (not |x|: −0 stays −0 and gives tanh(−0) = −0).
-  const __m512d a = _mm512_mask_blend_pd(neg, x, _mm512_xor_pd(x, _mm512_set1_pd(-0.0)));
-  const __mmask8 sat = _mm512_cmp_pd_mask(a, _mm512_set1_pd(20.0), _CMP_GE_OQ);
-  const __m512d as = _mm512_mask_blend_pd(sat | nan, a, _mm512_setzero_pd());
-  const __m512d e = v_expm1(_mm512_mul_pd(_mm512_set1_pd(-2.0), as));
+template <int N>
+inline Vd<N> v_tanh(const Vd<N>& x) {
+  __mmask8 nan[N], neg[N], sat[N];
+  Vd<N> m2a;
   const __m512d negzero = _mm512_set1_pd(-0.0);
-  __m512d t = _mm512_div_pd(_mm512_xor_pd(e, negzero), _mm512_add_pd(_mm512_set1_pd(2.0), e));
-  t = _mm512_mask_blend_pd(sat, t, _mm512_set1_pd(1.0));
-  t = _mm512_mask_blend_pd(neg, t, _mm512_xor_pd(t, negzero));
-  return _mm512_mask_blend_pd(nan, t, x);
+  for (int i = 0; i < N; ++i) {
+    nan[i] = _mm512_cmp_pd_mask(x.v[i], x.v[i], _CMP_UNORD_Q);
+    neg[i] = _mm512_cmp_pd_mask(x.v[i], _mm512_setzero_pd(), _CMP_LT_OQ);
+    // a = x < 0 ? −x : x, as the scalar code (not |x|: −0 stays −0 and gives tanh(−0) = −0).
+    const __m512d a = _mm512_mask_blend_pd(neg[i], x.v[i], _mm512_xor_pd(x.v[i], negzero));
+    sat[i] = _mm512_cmp_pd_mask(a, _mm512_set1_pd(20.0), _CMP_GE_OQ);
+    const __m512d as = _mm512_mask_blend_pd(sat[i] | nan[i], a, _mm512_setzero_pd());
+    m2a.v[i] = _mm512_mul_pd(_mm512_set1_pd(-2.0), as);
+  }
+  const Vd<N> e = v_expm1(m2a);
+  Vd<N> res;
+  for (int i = 0; i < N; ++i) {
+    __m512d t =
+        _mm512_div_pd(_mm512_xor_pd(e.v[i], negzero), _mm512_add_pd(_mm512_set1_pd(2.0), e.v[i]));
+    t = _mm512_mask_blend_pd(sat[i], t, _mm512_set1_pd(1.0));
+    t = _mm512_mask_blend_pd(neg[i], t, _mm512_xor_pd(t, negzero));
+    res.v[i] = _mm512_mask_blend_pd(nan[i], t, x.v[i]);
+  }
+  return res;
 }
 
-inline __m512d v_sigmoid(__m512d x) {
-  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q);
-  const __m512d s = _mm512_div_pd(
-      _mm512_set1_pd(1.0),
-      _mm512_add_pd(_mm512_set1_pd(1.0), v_exp(_mm512_xor_pd(x, _mm512_set1_pd(-0.0)))));
-  return _mm512_mask_blend_pd(nan, s, x);
+template <int N>
+inline Vd<N> v_sigmoid(const Vd<N>& x) {
+  Vd<N> mx;
+  for (int i = 0; i < N; ++i) mx.v[i] = _mm512_xor_pd(x.v[i], _mm512_set1_pd(-0.0));
+  const Vd<N> e = v_exp(mx);
+  Vd<N> res;
+  for (int i = 0; i < N; ++i) {
+    const __mmask8 nan = _mm512_cmp_pd_mask(x.v[i], x.v[i], _CMP_UNORD_Q);
+    const __m512d s =
+        _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_add_pd(_mm512_set1_pd(1.0), e.v[i]));
+    res.v[i] = _mm512_mask_blend_pd(nan, s, x.v[i]);
+  }
+  return res;
+}
+
+// h[i … i + 8N) of glu_avx512.
+template <int N>
+inline void glu_vec(const float* g, const float* u, float* h, const GluParams& p, bool b1_pow2,
+                    __m512d inv_b1) {
+  const __m256 canon = _mm256_castsi256_ps(_mm256_set1_epi32(int(contract::kNaNBits)));
+  Vd<N> gd, ud, hd;
+  for (int i = 0; i < N; ++i) {
+    gd.v[i] = _mm512_cvtps_pd(_mm256_loadu_ps(g + 8 * i));
+    ud.v[i] = _mm512_cvtps_pd(_mm256_loadu_ps(u + 8 * i));
+  }
+  if (p.situ) {
+    const __m512d b1 = _mm512_set1_pd(p.beta1);
+    Vd<N> gb;
+    for (int i = 0; i < N; ++i)
+      gb.v[i] = b1_pow2 ? _mm512_mul_pd(gd.v[i], inv_b1) : _mm512_div_pd(gd.v[i], b1);
+    const Vd<N> tg = v_tanh(gb), sg = v_sigmoid(gd);
+    Vd<N> b = ud;
+    if (p.beta2 > 0.0) {
+      const __m512d b2 = _mm512_set1_pd(p.beta2);
+      Vd<N> ub;
+      for (int i = 0; i < N; ++i) ub.v[i] = _mm512_div_pd(ud.v[i], b2);
+      const Vd<N> tu = v_tanh(ub);
+      for (int i = 0; i < N; ++i) b.v[i] = _mm512_mul_pd(b2, tu.v[i]);
+    }
+    for (int i = 0; i < N; ++i)
+      hd.v[i] = _mm512_mul_pd(_mm512_mul_pd(_mm512_mul_pd(b1, tg.v[i]), sg.v[i]), b.v[i]);
+  } else {
+    const Vd<N> sg = v_sigmoid(gd);
+    for (int i = 0; i < N; ++i) hd.v[i] = _mm512_mul_pd(_mm512_mul_pd(gd.v[i], sg.v[i]), ud.v[i]);
+  }
+  for (int i = 0; i < N; ++i) {
+    const __mmask8 nan = _mm512_cmp_pd_mask(hd.v[i], hd.v[i], _CMP_UNORD_Q);
+    _mm256_storeu_ps(h + 8 * i, _mm256_mask_blend_ps(nan, _mm512_cvtpd_ps(hd.v[i]), canon));
+  }
 }
 
 }  // namespace
 
 void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p) {
-  const __m256 canon = _mm256_castsi256_ps(_mm256_set1_epi32(int(contract::kNaNBits)));
   // g / β1 as g · (1/β1) when β1 is a power of two: the same correctly rounded quotient.
   int ex = 0;
   const bool b1_pow2 = p.beta1 > 0.0 && p.beta1 < 1e300 && std::frexp(p.beta1, &ex) == 0.5;
   const __m512d inv_b1 = _mm512_set1_pd(b1_pow2 ? 1.0 / p.beta1 : 0.0);
+  constexpr int kWays = 4;
   int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m512d gd = _mm512_cvtps_pd(_mm256_loadu_ps(g + i));
-    const __m512d ud = _mm512_cvtps_pd(_mm256_loadu_ps(u + i));
-    __m512d hd;
-    if (p.situ) {
-      const __m512d b1 = _mm512_set1_pd(p.beta1);
-      const __m512d gb = b1_pow2 ? _mm512_mul_pd(gd, inv_b1) : _mm512_div_pd(gd, b1);
-      const __m512d a = _mm512_mul_pd(_mm512_mul_pd(b1, v_tanh(gb)), v_sigmoid(gd));
-      __m512d b = ud;
-      if (p.beta2 > 0.0) {
-        const __m512d b2 = _mm512_set1_pd(p.beta2);
-        b = _mm512_mul_pd(b2, v_tanh(_mm512_div_pd(ud, b2)));
-      }
-      hd = _mm512_mul_pd(a, b);
-    } else {
-      hd = _mm512_mul_pd(_mm512_mul_pd(gd, v_sigmoid(gd)), ud);
-    }
-    const __mmask8 nan = _mm512_cmp_pd_mask(hd, hd, _CMP_UNORD_Q);
-    _mm256_storeu_ps(h + i, _mm256_mask_blend_ps(nan, _mm512_cvtpd_ps(hd), canon));
-  }
+  for (; i + 8 * kWays <= n; i += 8 * kWays)
+    glu_vec<kWays>(g + i, u + i, h + i, p, b1_pow2, inv_b1);
+  for (; i + 8 <= n; i += 8) glu_vec<1>(g + i, u + i, h + i, p, b1_pow2, inv_b1);
   for (; i < n; ++i) h[i] = contract::glu(g[i], u[i], p);
 }
 
