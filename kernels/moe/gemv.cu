@@ -235,16 +235,217 @@ Status launch(const GemvArgs& a, int P, void* stream) {
   }
 }
 
-}  // namespace
+// ---- v3: eight lanes per row, four rows per warp step (decode, persistent mode only) ----
+//
+// The measured kernel spreads one row over 32 lanes: at K = 3584 (112 blocks) its fourth lane
+// round has 16 of 32 lanes busy, and every row pays the 5-step fp64 butterfly and the per-row
+// bookkeeping on all 32 lanes. v3 gives each row 8 lanes (sub-group s = lane / 8 of the warp takes
+// the rows v0 + s, v0 + s + 4, … of the warp's range, so one warp load covers 4 adjacent rows with
+// 128 contiguous bytes each) and keeps the contract's reduction order exactly (numerics.md §3) by
+// holding four of the 32 lane sums per lane: lane l (0..7 in its sub-group) owns L_j for
+// j = l + 8u, u = 0..3, in acc[u]. Chunk c of a row is blocks 32c .. 32c + 31; lane l's block
+// 32c + 8u + l has j = l + 8u, so it goes to acc[u], and chunks come in increasing c: each L_j
+// sums its blocks in increasing block order from +0.0 as §3 says. The butterfly then is
+//   off 16: L_j += L_{j+16} (j < 16)  → acc[0] += acc[2], acc[1] += acc[3]   (in the lane)
+//   off 8:  L_j += L_{j+8}  (j < 8)   → acc[0] += acc[1]                    (in the lane)
+//   off 4, 2, 1: L_l += L_{l+off}     → shuffles within the 8 lanes
+// — the same additions on the same operands, so the same bits. At K = 3584 and 3072 every lane is
+// busy in every chunk (112 and 96 are multiples of 8), and the butterfly's shuffles and the row
+// bookkeeping are shared by four rows. The weights stream as (row, token, chunk) items with one
+// item's loads in flight (ping-pong register buffers) while the previous one computes; a group
+// with several tokens re-reads its row per token (rare in persistent mode, P ≤ G). A poisoned
+// token block turns the row's result into the canonical NaN (min of e_x over the 8 lanes).
 
-Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0};
-  return launch(a, b.P, stream);
+// One item of a sub-group's stream: chunk c of row (g, on) for token p of [p, p1).
+struct Item3 {
+  int g, on, p, p1, c, left;  // left: rows of the sub-group from this one on (≥ 1)
+  const uint8_t* pk;
+  const uint8_t* sc;
+};
+
+__device__ __forceinline__ void seek3(const GemvArgs& a, Item3& it) {
+  const Mxfp4ExpertView* ev = a.experts + it.g;
+  const bool second = it.on >= a.split;
+  const int o = second ? it.on - a.split : it.on;
+  const uint8_t* pk = a.split == a.N ? ev->w2_packed : second ? ev->w3_packed : ev->w1_packed;
+  const uint8_t* sc = a.split == a.N ? ev->w2_scale : second ? ev->w3_scale : ev->w1_scale;
+  it.pk = pk + size_t(o) * size_t(a.K / 2);
+  it.sc = sc + size_t(o) * size_t(a.K / c::kBlock);
 }
 
-Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
+// Moves `it` (at a row) to that row's first token and chunk 0, first skipping on by 4 rows while
+// the row's group has no tokens. False: no rows left.
+__device__ __forceinline__ bool settle3(const GemvArgs& a, Item3& it) {
+  for (;;) {
+    it.p = __ldg(a.group_offsets + it.g), it.p1 = __ldg(a.group_offsets + it.g + 1), it.c = 0;
+    if (it.p < it.p1) return true;
+    if (--it.left == 0) return false;
+    it.on += 4;
+    if (it.on >= a.N) it.on -= a.N, it.g++;  // N ≥ 32: at most one group boundary per step
+  }
+}
+
+template <int MAXI>
+__device__ __forceinline__ bool next3(const GemvArgs& a, Item3& it) {
+  if (++it.c < MAXI) return true;
+  it.c = 0;
+  if (++it.p < it.p1) return true;
+  if (--it.left == 0) return false;
+  it.on += 4;
+  if (it.on >= a.N) it.on -= a.N, it.g++;
+  if (!settle3(a, it)) return false;
+  seek3(a, it);
+  return true;
+}
+
+// 92 registers at K ≤ 4096 (two 4-block buffers, four fp64 sums, two items): 5 blocks of 4 warps
+// per SM (at 6 blocks, 80 registers, ptxas spills 40 bytes).
+template <int MAXI>
+__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 5 : 3) gemv3_kernel(GemvArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int l8 = lane & 7;
+  const unsigned mask = 0xffu << (lane & 24);
+  const int nb = a.K / c::kBlock;
+  asm volatile("griddepcontrol.launch_dependents;");
+  long long v0, v1;
+  warp_range(a, v0, v1);
+  const long long vs = v0 + (lane >> 3);
+  if (vs >= v1) return;  // the whole sub-group: no rows
+  Item3 cur;
+  cur.g = int(vs / a.N), cur.on = int(vs % a.N), cur.c = 0;
+  cur.left = int((v1 - vs + 3) / 4);
+  seek3(a, cur);
+
+  auto load = [&](const Item3& it, uint4* w, int* s) {
+    const uint4* wp = reinterpret_cast<const uint4*>(it.pk) + 32 * it.c + l8;
+    const uint8_t* sp = it.sc + 32 * it.c + l8;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (32 * it.c + 8 * u + l8 < nb) w[u] = __ldcs(wp + 8 * u), s[u] = __ldcs(sp + 8 * u);
+  };
+  uint4 wa[4], wb[4];
+  int sa[4], sb[4];
+  load(cur, wa, sa);  // the first row's first chunk, before waiting for the inputs
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  {
+    const int g0 = cur.g, on0 = cur.on;
+    if (!settle3(a, cur)) return;
+    if (cur.g != g0 || cur.on != on0) {  // the first row's group is empty: start further on
+      seek3(a, cur);
+      load(cur, wa, sa);
+    }
+  }
+
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  int emin = 0;
+  auto compute = [&](const Item3& it, const uint4* w, const int* s) {
+    const int row = a.row_map ? __ldg(a.row_map + it.p) : it.p;
+    const int8_t* qr = a.in.q + size_t(row) * a.K + (32 * it.c + l8) * c::kBlock;
+    const int32_t* er = a.in.e + size_t(row) * nb + 32 * it.c + l8;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (32 * it.c + 8 * u + l8 < nb) {
+        const uint4* qb = reinterpret_cast<const uint4*>(qr + 8 * u * c::kBlock);
+        const uint4 q0 = __ldg(qb), q1 = __ldg(qb + 1);
+        const int ex = __ldg(er + 8 * u);
+        emin = min(emin, ex);  // kPoisonedBlock is INT32_MIN: the minimum names a poison
+        acc[u] = c::dadd(acc[u], block_term_bits(dot_block_biased(w[u], q0, q1), ex, s[u]));
+      }
+    }
+    if (it.c == MAXI - 1) {  // the row is complete for this token: the §3 butterfly
+      const bool poisoned = __reduce_min_sync(mask, emin) == kPoisonedBlock;
+      double L = c::dadd(c::dadd(acc[0], acc[2]), c::dadd(acc[1], acc[3]));
+#pragma unroll
+      for (int off = 4; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(mask, L, off, 8));
+      if (l8 == 0) a.out[size_t(it.p) * a.N + it.on] = poisoned ? c::canonical_nan() : float(L);
+#pragma unroll
+      for (int u = 0; u < 4; u++) acc[u] = 0.0;
+      emin = 0;
+    }
+  };
+
+  for (;;) {  // ping-pong: the item after `cur` loads into the other buffer while `cur` computes
+    Item3 nx = cur;
+    bool more = next3<MAXI>(a, nx);
+    if (more) load(nx, wb, sb);
+    compute(cur, wa, sa);
+    if (!more) break;
+    cur = nx;
+    more = next3<MAXI>(a, nx);
+    if (more) load(nx, wa, sa);
+    compute(cur, wb, sb);
+    if (!more) break;
+    cur = nx;
+  }
+}
+
+template <int MAXI>
+Status launch3_t(GemvArgs a, int P, void* stream) {
+  static_assert(MAXI >= 1 && MAXI <= 8);
+  namespace kd = kernels::detail;
+  if (P > a.G) return launch_t<MAXI>(a, P, stream);  // several tokens per group: strip kernel
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      e != cudaSuccess)
+    return kd::status_of(e);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv3_kernel<MAXI>,
+                                                                    kWarps * 32, 0);
+      e != cudaSuccess)
+    return kd::status_of(e);
+  const long long R = (long long)a.G * a.N;
+  const long long warps = (long long)std::max(1, sms * std::max(1, per_sm)) * kWarps;
+  // A multiple of 4 rows per warp: the four sub-groups get equal shares.
+  a.rows_per_warp = int((R + 4 * warps - 1) / (4 * warps)) * 4;
+  const long long used_warps = (R + a.rows_per_warp - 1) / a.rows_per_warp;
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = kd::as_stream(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv3_kernel<MAXI>, a));
+}
+
+Status launch3(const GemvArgs& a, int P, void* stream) {
+  if (a.G <= 0 || P <= 0) return {};
+  switch ((a.K / c::kBlock + 31) / 32) {
+    case 1:
+      return launch3_t<1>(a, P, stream);
+    case 2:
+      return launch3_t<2>(a, P, stream);
+    case 3:
+      return launch3_t<3>(a, P, stream);
+    case 4:
+      return launch3_t<4>(a, P, stream);
+    case 5:
+      return launch3_t<5>(a, P, stream);
+    case 6:
+      return launch3_t<6>(a, P, stream);
+    case 7:
+      return launch3_t<7>(a, P, stream);
+    case 8:
+      return launch3_t<8>(a, P, stream);
+    default:
+      return kernels::detail::invalid("grouped_experts: input width above 8192");
+  }
+}
+
+}  // namespace
+
+Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, GemvKernel kernel, void* stream) {
+  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0};
+  return kernel == GemvKernel::v3 ? launch3(a, b.P, stream) : launch(a, b.P, stream);
+}
+
+Status gemv_down(const ExpertBatch& b, const Workspace& ws, GemvKernel kernel, void* stream) {
   GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0};
-  return launch(a, b.P, stream);
+  return kernel == GemvKernel::v3 ? launch3(a, b.P, stream) : launch(a, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail
