@@ -44,29 +44,41 @@ uint8_t* align64(uint8_t* p) {
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
 }
 
-// Rows o0 … o0+15: A rows (stride rs bytes: per block 32 bytes, even columns then odd) and
-// pw[m * nb + b] = 2^(s_w − 128). Returns max − min of the scale codes.
-int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
+// 64 packed bytes (4 blocks of one row) → 128 A bytes: per block 32 bytes, even columns then odd.
+inline void decode64(const uint8_t* src, int rem, uint8_t* dst) {
   const __m512i lut = _mm512_broadcast_i32x4(
       _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i idx01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
   const __m512i idx23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i p = rem >= 64
+                        ? _mm512_loadu_si512(src)
+                        : _mm512_maskz_loadu_epi8(_cvtu64_mask64((uint64_t(1) << rem) - 1), src);
+  const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(p, low4));
+  const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
+  _mm512_store_si512(dst, _mm512_permutex2var_epi64(lo, idx01, hi));
+  _mm512_store_si512(dst + 64, _mm512_permutex2var_epi64(lo, idx23, hi));
+}
+
+// Quad g (blocks 4g … 4g+3) of rows o0 … o0+15 into dst + m · stride.
+inline void decode_quad16(const ProjArgs& a, int o0, int g, uint8_t* dst, int stride) {
+  const int row_bytes = a.K / 2;
+  const uint8_t* p0 = a.packed + size_t(o0) * size_t(row_bytes) + size_t(g) * 64;
+  for (int m = 0; m < 16; ++m)
+    decode64(p0 + size_t(m) * size_t(row_bytes), row_bytes - g * 64, dst + size_t(m) * stride);
+}
+
+// Rows o0 … o0+15: if A, A rows (stride rs bytes: per block 32 bytes, even columns then odd);
+// always pw[m * nb + b] = 2^(s_w − 128). Returns max − min of the scale codes.
+int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
   const int row_bytes = a.K / 2, nb = a.nb, nq = (nb + 3) / 4;
   const uint8_t* p0 = a.packed + size_t(o0) * size_t(row_bytes);
-  for (int m = 0; m < 16; ++m) {
+  for (int m = 0; A && m < 16; ++m) {
     const uint8_t* prow = p0 + size_t(m) * size_t(row_bytes);
     uint8_t* arow = A + size_t(m) * size_t(rs);
     for (int g = 0; g < nq; ++g) {
       _mm_prefetch(reinterpret_cast<const char*>(prow + g * 64 + 512), _MM_HINT_T0);
-      const int rem = row_bytes - g * 64;
-      const __m512i p = rem >= 64 ? _mm512_loadu_si512(prow + g * 64)
-                                  : _mm512_maskz_loadu_epi8(
-                                        _cvtu64_mask64((uint64_t(1) << rem) - 1), prow + g * 64);
-      const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(p, low4));
-      const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
-      _mm512_store_si512(arow + g * 128, _mm512_permutex2var_epi64(lo, idx01, hi));
-      _mm512_store_si512(arow + g * 128 + 64, _mm512_permutex2var_epi64(lo, idx23, hi));
+      decode64(prow + g * 64, row_bytes - g * 64, arow + g * 128);
     }
   }
   const uint8_t* s0 = a.scale + size_t(o0) * size_t(nb);
@@ -90,18 +102,21 @@ int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
   return int(_mm512_reduce_max_epu32(vmax)) - int(_mm512_reduce_min_epu32(vmin));
 }
 
+constexpr int kRingQuads = 4;
+
 template <bool kEmu>
 void project_amx_impl(const ProjArgs& a) {
   const int nb = a.nb, n = a.n, nq = (nb + 3) / 4, rs = nq * 128;
   const int ntg = (n + 15) / 16;
   AmxScratch& sc = tl_amx;
   const size_t abytes = size_t(16) * size_t(rs), pbytes = size_t(16) * size_t(nb) * 8;
-  const size_t need = abytes + pbytes + 2048 + 4096 + 256;
+  const size_t need = abytes + pbytes + 2048 + 4096 + 16 * kRingQuads * 128 + 256;
   if (sc.buf.size() < need) sc.buf.resize(need);
   uint8_t* A = align64(sc.buf.data());
   double* pw = reinterpret_cast<double*>(A + abytes);
   double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + 16 * nb)));
-  int32_t* C = reinterpret_cast<int32_t*>(F + 256);  // four 16 × 16 int32 buffers
+  int32_t* C = reinterpret_cast<int32_t*>(F + 256);      // four 16 × 16 int32 buffers
+  uint8_t* R = reinterpret_cast<uint8_t*>(C + 4 * 256);  // the ring: 16 × kRingQuads × 128
   const int limit = exact_span_limit(nb);
   if constexpr (!kEmu) {
     TileConfig cfg;
@@ -118,7 +133,11 @@ void project_amx_impl(const ProjArgs& a) {
   uint64_t nfast = 0, nstrict = 0;
   for (int o0 = a.r0; o0 < a.r1; o0 += 16) {
     const int rows = std::min(16, a.r1 - o0);
-    const int span_w = rows == 16 ? decode_rows_amx(a, o0, A, rs, pw) : 0;
+    // One token group: the weights are decoded a quad at a time into an L1 ring (kRingQuads
+    // quads, row stride kRingQuads · 128 bytes), two quads ahead of the tile products, instead
+    // of 16 whole rows (16 · K bytes, more than L1) up front.
+    const bool ring = ntg == 1;
+    const int span_w = rows == 16 ? decode_rows_amx(a, o0, ring ? nullptr : A, rs, pw) : 0;
     for (int t = 0; t < n; ++t) {
       pass[size_t(t)] = rows == 16 && limit >= 0 && span_w + a.span[t] <= limit;
       if (pass[size_t(t)]) {
@@ -162,15 +181,17 @@ void project_amx_impl(const ProjArgs& a) {
       // Block b's tile product into C buffer b % 4 (tiles 0–2 for even b, 3–5 for odd b): the
       // product of block b + 2 is issued before the epilogue of block b, so the tile unit works
       // while the vector units convert and accumulate, two blocks ahead.
+      const int ars = ring ? kRingQuads * 128 : rs;
       auto tile_op = [&](int b) {
         const int8_t* Bb = B + size_t(b) * 512;
+        const uint8_t* Ab = ring ? R + size_t(b % (4 * kRingQuads)) * 32 : A + size_t(b) * 32;
         int32_t* Cb = C + (b & 3) * 256;
         if constexpr (kEmu) {
           for (int m = 0; m < 16; ++m)
             for (int j = 0; j < 16; ++j) {
               int32_t s = 0;
               for (int kk = 0; kk < 32; ++kk)
-                s += int32_t(int8_t(A[size_t(m) * rs + size_t(b) * 32 + kk])) *
+                s += int32_t(int8_t(Ab[size_t(m) * ars + kk])) *
                      int32_t(Bb[(kk / 4) * 64 + 4 * j + kk % 4]);
               Cb[m * 16 + j] = s;
             }
@@ -178,7 +199,7 @@ void project_amx_impl(const ProjArgs& a) {
           // GCC's tile asm declares no memory operands: keep the A and B stores before the loads
           // and the C loads after the store.
           __asm__ volatile("" ::: "memory");
-          _tile_loadd(3, A + size_t(b) * 32, rs);
+          _tile_loadd(3, Ab, ars);
           _tile_loadd(4, Bb, 64);
           _tile_zero(5);
           _tile_dpbssd(5, 3, 4);
@@ -186,7 +207,7 @@ void project_amx_impl(const ProjArgs& a) {
           __asm__ volatile("" ::: "memory");
         } else {
           __asm__ volatile("" ::: "memory");
-          _tile_loadd(0, A + size_t(b) * 32, rs);
+          _tile_loadd(0, Ab, ars);
           _tile_loadd(1, Bb, 64);
           _tile_zero(2);
           _tile_dpbssd(2, 0, 1);
@@ -194,9 +215,17 @@ void project_amx_impl(const ProjArgs& a) {
           __asm__ volatile("" ::: "memory");
         }
       };
+      auto ring_quad = [&](int g) {
+        if (ring && g < nq) decode_quad16(a, o0, g, R + (g % kRingQuads) * 128, ars);
+      };
+      ring_quad(0);
+      ring_quad(1);
       tile_op(0);
       if (nb > 1) tile_op(1);
       for (int b = 0; b < nb; ++b) {
+        // Quad b/4 + 2 into the slot of quad b/4 − 2, whose tile products are all issued; its
+        // first block's product is issued at b + 6.
+        if ((b & 3) == 0) ring_quad(b / 4 + 2);
         if (b + 2 < nb) tile_op(b + 2);
         if (pf)
           for (int i = 0; i < 4; ++i)
