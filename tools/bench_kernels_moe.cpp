@@ -126,11 +126,13 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     std::vector<Routed> sets;
     for (int s = 0; s < kExperts / kTopk; s++) sets.emplace_back(pool, 1, rng, s * kTopk);
     kernels::device_sync("bench setup");
-    // Both decode kernels (temporary: the slower one goes, docs/performance.md).
-    for (auto gemv : {moe::GemvKernel::measured, moe::GemvKernel::v3}) {
+    // Every decode kernel (temporary: the slower ones go, docs/performance.md).
+    for (auto gemv : {moe::GemvKernel::measured, moe::GemvKernel::v3, moe::GemvKernel::v3_6}) {
       size_t k = 0;
       BenchLine l;
-      l.name = gemv == moe::GemvKernel::v3 ? "moe/mxfp4-gemv T=1 v3" : "moe/mxfp4-gemv T=1";
+      l.name = gemv == moe::GemvKernel::v3     ? "moe/mxfp4-gemv T=1 v3"
+               : gemv == moe::GemvKernel::v3_6 ? "moe/mxfp4-gemv T=1 v3 6b"
+                                               : "moe/mxfp4-gemv T=1";
       l.shape = "16 experts 3584->3072->3584";
       l.time = to_stats(kernels::gpu_time(
           [&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv, gemv); }, nullptr, 20, 3));

@@ -298,10 +298,11 @@ __device__ __forceinline__ bool next3(const GemvArgs& a, Item3& it) {
   return true;
 }
 
-// 92 registers at K ≤ 4096 (two 4-block buffers, four fp64 sums, two items): 5 blocks of 4 warps
-// per SM (at 6 blocks, 80 registers, ptxas spills 40 bytes).
-template <int MAXI>
-__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 5 : 3) gemv3_kernel(GemvArgs a) {
+// Blocks of 4 warps per SM at K ≤ 4096: MINB = 5 (GemvKernel::v3) takes 92 registers (two 4-block
+// buffers, four fp64 sums, two items), no spills; MINB = 6 (GemvKernel::v3_6) is capped at 80
+// and ptxas spills 40 bytes. Which wins is for the H200 to say.
+template <int MAXI, int MINB>
+__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? MINB : 3) gemv3_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
   const int l8 = lane & 7;
   const unsigned mask = 0xffu << (lane & 24);
@@ -379,7 +380,7 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 5 : 3) gemv3_kernel(G
   }
 }
 
-template <int MAXI>
+template <int MAXI, int MINB>
 Status launch3_t(GemvArgs a, int P, void* stream) {
   static_assert(MAXI >= 1 && MAXI <= 8);
   namespace kd = kernels::detail;
@@ -389,8 +390,8 @@ Status launch3_t(GemvArgs a, int P, void* stream) {
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       e != cudaSuccess)
     return kd::status_of(e);
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv3_kernel<MAXI>,
-                                                                    kWarps * 32, 0);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, gemv3_kernel<MAXI, MINB>, kWarps * 32, 0);
       e != cudaSuccess)
     return kd::status_of(e);
   const long long R = (long long)a.G * a.N;
@@ -409,28 +410,29 @@ Status launch3_t(GemvArgs a, int P, void* stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv3_kernel<MAXI>, a));
+  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv3_kernel<MAXI, MINB>, a));
 }
 
+template <int MINB>
 Status launch3(const GemvArgs& a, int P, void* stream) {
   if (a.G <= 0 || P <= 0) return {};
   switch ((a.K / c::kBlock + 31) / 32) {
     case 1:
-      return launch3_t<1>(a, P, stream);
+      return launch3_t<1, MINB>(a, P, stream);
     case 2:
-      return launch3_t<2>(a, P, stream);
+      return launch3_t<2, MINB>(a, P, stream);
     case 3:
-      return launch3_t<3>(a, P, stream);
+      return launch3_t<3, MINB>(a, P, stream);
     case 4:
-      return launch3_t<4>(a, P, stream);
+      return launch3_t<4, MINB>(a, P, stream);
     case 5:
-      return launch3_t<5>(a, P, stream);
+      return launch3_t<5, MINB>(a, P, stream);
     case 6:
-      return launch3_t<6>(a, P, stream);
+      return launch3_t<6, MINB>(a, P, stream);
     case 7:
-      return launch3_t<7>(a, P, stream);
+      return launch3_t<7, MINB>(a, P, stream);
     case 8:
-      return launch3_t<8>(a, P, stream);
+      return launch3_t<8, MINB>(a, P, stream);
     default:
       return kernels::detail::invalid("grouped_experts: input width above 8192");
   }
@@ -440,12 +442,16 @@ Status launch3(const GemvArgs& a, int P, void* stream) {
 
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, GemvKernel kernel, void* stream) {
   GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0};
-  return kernel == GemvKernel::v3 ? launch3(a, b.P, stream) : launch(a, b.P, stream);
+  return kernel == GemvKernel::v3     ? launch3<5>(a, b.P, stream)
+         : kernel == GemvKernel::v3_6 ? launch3<6>(a, b.P, stream)
+                                      : launch(a, b.P, stream);
 }
 
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, GemvKernel kernel, void* stream) {
   GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0};
-  return kernel == GemvKernel::v3 ? launch3(a, b.P, stream) : launch(a, b.P, stream);
+  return kernel == GemvKernel::v3     ? launch3<5>(a, b.P, stream)
+         : kernel == GemvKernel::v3_6 ? launch3<6>(a, b.P, stream)
+                                      : launch(a, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail

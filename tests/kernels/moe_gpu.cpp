@@ -136,7 +136,10 @@ void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel g
   INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
                    : path == moe::ExpertPath::imma ? "imma"
                                                    : "automatic")
-               << ", gemv kernel " << (gemv == moe::GemvKernel::v3 ? "v3" : "measured"));
+               << ", gemv kernel "
+               << (gemv == moe::GemvKernel::v3     ? "v3"
+                   : gemv == moe::GemvKernel::v3_6 ? "v3_6"
+                                                   : "measured"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -190,10 +193,12 @@ void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel g
   CHECK(stray == 0);
 }
 
-// Every path; the GEMV path (forced or automatic) with both decode kernels.
+// Every path; the GEMV path (forced or automatic) with every decode kernel.
 void check_gpu(const Prepared& p, moe::ExpertPath path) {
   check_gpu_kernel(p, path, moe::GemvKernel::measured);
-  if (path != moe::ExpertPath::imma) check_gpu_kernel(p, path, moe::GemvKernel::v3);
+  if (path == moe::ExpertPath::imma) return;
+  check_gpu_kernel(p, path, moe::GemvKernel::v3);
+  check_gpu_kernel(p, path, moe::GemvKernel::v3_6);
 }
 
 bool have_gpu() {
