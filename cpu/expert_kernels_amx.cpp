@@ -8,6 +8,10 @@
 // epilogue per C row (one weight row, 16 tokens in lanes): cvt, × 2^e_x per token, FMA by
 // 2^(s_w − 128) into one fp64 accumulator per output. (row group, token) pairs that fail the span
 // check go through the strict one-token AVX-512 kernel, as in cpu/expert_gemm_avx512.cpp.
+// Pipelining: the tile products of blocks b+2, b+3 are issued before the epilogue of blocks b, b+1
+// (four C buffers), which loads and stores each fp64 accumulator once per two blocks. With one
+// token group (≤ 16 tokens) the weights are decoded a quad at a time into an L1 ring two quads
+// ahead of the products; with more, whole rows up front (reused by every token group).
 //
 // project_amx_impl<true> replaces the three tile instructions by scalar code with their
 // semantics, so that everything else (layouts, epilogue, fallback) is tested on CPUs without AMX.
@@ -103,6 +107,10 @@ int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
 }
 
 constexpr int kRingQuads = 4;
+// Blocks per epilogue step: their products issued one step (kU blocks) ahead, each output's fp64
+// accumulator loaded and stored once per step.
+constexpr int kU = 2;
+static_assert(kU >= 1 && 4 % kU == 0, "one ring quad per step at most");
 
 template <bool kEmu>
 void project_amx_impl(const ProjArgs& a) {
@@ -110,13 +118,13 @@ void project_amx_impl(const ProjArgs& a) {
   const int ntg = (n + 15) / 16;
   AmxScratch& sc = tl_amx;
   const size_t abytes = size_t(16) * size_t(rs), pbytes = size_t(16) * size_t(nb) * 8;
-  const size_t need = abytes + pbytes + 2048 + 4096 + 16 * kRingQuads * 128 + 256;
+  const size_t need = abytes + pbytes + 2048 + 2 * kU * 1024 + 16 * kRingQuads * 128 + 256;
   if (sc.buf.size() < need) sc.buf.resize(need);
   uint8_t* A = align64(sc.buf.data());
   double* pw = reinterpret_cast<double*>(A + abytes);
   double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + 16 * nb)));
-  int32_t* C = reinterpret_cast<int32_t*>(F + 256);      // four 16 × 16 int32 buffers
-  uint8_t* R = reinterpret_cast<uint8_t*>(C + 4 * 256);  // the ring: 16 × kRingQuads × 128
+  int32_t* C = reinterpret_cast<int32_t*>(F + 256);           // four 16 × 16 int32 buffers
+  uint8_t* R = reinterpret_cast<uint8_t*>(C + 2 * kU * 256);  // the ring: 16 × kRingQuads × 128
   const int limit = exact_span_limit(nb);
   if constexpr (!kEmu) {
     TileConfig cfg;
@@ -185,7 +193,7 @@ void project_amx_impl(const ProjArgs& a) {
       auto tile_op = [&](int b) {
         const int8_t* Bb = B + size_t(b) * 512;
         const uint8_t* Ab = ring ? R + size_t(b % (4 * kRingQuads)) * 32 : A + size_t(b) * 32;
-        int32_t* Cb = C + (b & 3) * 256;
+        int32_t* Cb = C + (b % (2 * kU)) * 256;
         if constexpr (kEmu) {
           for (int m = 0; m < 16; ++m)
             for (int j = 0; j < 16; ++j) {
@@ -220,28 +228,38 @@ void project_amx_impl(const ProjArgs& a) {
       };
       ring_quad(0);
       ring_quad(1);
-      tile_op(0);
-      if (nb > 1) tile_op(1);
-      for (int b = 0; b < nb; ++b) {
+      for (int b = 0; b < kU && b < nb; ++b) tile_op(b);
+      for (int b = 0; b < nb; b += kU) {
         // Quad b/4 + 2 into the slot of quad b/4 − 2, whose tile products are all issued; its
-        // first block's product is issued at b + 6.
+        // first block's product is issued after this.
         if ((b & 3) == 0) ring_quad(b / 4 + 2);
-        if (b + 2 < nb) tile_op(b + 2);
+        // Blocks b … b+kU−1: their products were issued one step ago; the next kU now.
+        for (int k = 0; k < kU; ++k)
+          if (b + kU + k < nb) tile_op(b + kU + k);
+        const int nbu = std::min(kU, nb - b);
         if (pf)
-          for (int i = 0; i < 4; ++i)
+          for (int i = 0; i < 4 * nbu; ++i)
             _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
-        const int32_t* Cb = C + (b & 3) * 256;
-        const __m512d PX0 = _mm512_loadu_pd(PX + size_t(b) * 16);
-        const __m512d PX1 = _mm512_loadu_pd(PX + size_t(b) * 16 + 8);
+        __m512d P0[kU], P1[kU];
+        for (int k = 0; k < kU; ++k) {
+          const int bk = std::min(b + k, nb - 1);
+          P0[k] = _mm512_loadu_pd(PX + size_t(bk) * 16);
+          P1[k] = _mm512_loadu_pd(PX + size_t(bk) * 16 + 8);
+        }
         for (int m = 0; m < 16; ++m) {
-          const __m512i c = _mm512_load_si512(Cb + m * 16);
-          const __m512d w = _mm512_set1_pd(pw[size_t(m) * size_t(nb) + size_t(b)]);
-          const __m512d dlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(c));
-          const __m512d dhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c, 1));
-          _mm512_store_pd(F + m * 16,
-                          _mm512_fmadd_pd(_mm512_mul_pd(dlo, PX0), w, _mm512_load_pd(F + m * 16)));
-          _mm512_store_pd(F + m * 16 + 8, _mm512_fmadd_pd(_mm512_mul_pd(dhi, PX1), w,
-                                                          _mm512_load_pd(F + m * 16 + 8)));
+          __m512d f0 = _mm512_load_pd(F + m * 16), f1 = _mm512_load_pd(F + m * 16 + 8);
+          const double* pwm = pw + size_t(m) * size_t(nb) + size_t(b);
+          for (int k = 0; k < kU; ++k) {
+            if (k >= nbu) break;
+            const __m512i c = _mm512_load_si512(C + ((b + k) % (2 * kU)) * 256 + m * 16);
+            const __m512d w = _mm512_set1_pd(pwm[k]);
+            const __m512d dlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(c));
+            const __m512d dhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c, 1));
+            f0 = _mm512_fmadd_pd(_mm512_mul_pd(dlo, P0[k]), w, f0);
+            f1 = _mm512_fmadd_pd(_mm512_mul_pd(dhi, P1[k]), w, f1);
+          }
+          _mm512_store_pd(F + m * 16, f0);
+          _mm512_store_pd(F + m * 16 + 8, f1);
         }
       }
       for (int j = 0; j < 16 && tg * 16 + j < n; ++j) {
