@@ -361,6 +361,11 @@ TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scale
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
+      // One token per group (P ≤ G): the persistent decode kernels at the same extremes.
+      c.group_slot = {2, 0, 1};
+      c.group_tokens = {{2}, {0}, {1}};
+      Prepared pd = prepare(c);
+      check_gpu(pd, moe::ExpertPath::gemv);
     }
   }
 }
