@@ -93,7 +93,8 @@ void project_one_avx512(const ProjArgs& a);
 // 2 for a poisoned one (then q = 0, e = 0) — the bits of contract::quantize_block.
 int quantize_block_avx512(const float* x, int8_t* even, int* e, int32_t* sum);
 
-// h[i] = contract::glu(g[i], u[i], p) for i < n, bit for bit, eight at a time.
+// h[i] = contract::glu(g[i], u[i], p) for i < n, bit for bit, 32 at a time (four interleaved
+// vectors of 8), then 8, then one.
 void glu_avx512(const float* g, const float* u, float* h, int n, const GluParams& p);
 
 // Streaming read of n bytes (n a multiple of 256) — the memory-bandwidth peak of the benchmark.
