@@ -106,8 +106,8 @@ struct Routed {
     b.pair_token = pair_token.as<int32_t>(), b.x = x.as<float>(), b.y = y.as<float>();
     b.G = distinct, b.P = int(pt.size()), b.T = T, b.H = kH, b.I = kI;
   }
-  void run(moe::ExpertPath path, moe::GemvKernel gemv = moe::GemvKernel::measured) {
-    ok(moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr, gemv), "grouped_experts");
+  void run(moe::ExpertPath path) {
+    ok(moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr), "grouped_experts");
   }
 };
 
@@ -126,22 +126,17 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     std::vector<Routed> sets;
     for (int s = 0; s < kExperts / kTopk; s++) sets.emplace_back(pool, 1, rng, s * kTopk);
     kernels::device_sync("bench setup");
-    // Every decode kernel (temporary: the slower ones go, docs/performance.md).
-    for (auto gemv : {moe::GemvKernel::measured, moe::GemvKernel::v3, moe::GemvKernel::v3_6}) {
-      size_t k = 0;
-      BenchLine l;
-      l.name = gemv == moe::GemvKernel::v3     ? "moe/mxfp4-gemv T=1 v3"
-               : gemv == moe::GemvKernel::v3_6 ? "moe/mxfp4-gemv T=1 v3 6b"
-                                               : "moe/mxfp4-gemv T=1";
-      l.shape = "16 experts 3584->3072->3584";
-      l.time = to_stats(kernels::gpu_time(
-          [&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv, gemv); }, nullptr, 20, 3));
-      l.bytes = kTopk * ExpertPool::expert_bytes();
-      l.peak_name = "D2D copy (measured)";
-      l.peak = copy_gbps;
-      l.note = "weight bytes, cold (rotating 16 of 896 experts)";
-      r.add(l);
-    }
+    size_t k = 0;
+    BenchLine l;
+    l.name = "moe/mxfp4-gemv T=1";
+    l.shape = "16 experts 3584->3072->3584";
+    l.time = to_stats(kernels::gpu_time([&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); },
+                                        nullptr, 20, 3));
+    l.bytes = kTopk * ExpertPool::expert_bytes();
+    l.peak_name = "D2D copy (measured)";
+    l.peak = copy_gbps;
+    l.note = "weight bytes, cold (rotating 16 of 896 experts)";
+    r.add(l);
 
     // 2. Grouped experts at prefill scale, both paths.
     for (int T : {64, 256, 1024, 4096}) {

@@ -135,7 +135,7 @@ size_t experts_workspace_bytes(int T, int P, int H, int I) {
 }
 
 Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
-                       ExpertPath path, void* stream, GemvKernel gemv) {
+                       ExpertPath path, void* stream) {
   namespace kd = kernels::detail;
   if (b.H <= 0 || b.I <= 0 || b.H % contract::kBlock || b.I % contract::kBlock)
     return kd::invalid("grouped_experts: H and I must be positive multiples of 32");
@@ -158,7 +158,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
     s = detail::imma_gate_up(b, ws, stream);
     if (not_supported(s) && automatic) path = ExpertPath::gemv;
   }
-  if (path == ExpertPath::gemv) s = detail::gemv_gate_up(b, ws, gemv, stream);
+  if (path == ExpertPath::gemv) s = detail::gemv_gate_up(b, ws, stream);
   if (!s.ok()) return s;
   if (s = detail::glu_quantize_rows(ws.gu, b.P, b.I, b.glu, ws.h_q, path == ExpertPath::gemv,
                                     stream);
@@ -168,7 +168,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
     s = detail::imma_down(b, ws, stream);
     if (not_supported(s) && automatic) path = ExpertPath::gemv;
   }
-  if (path == ExpertPath::gemv) s = detail::gemv_down(b, ws, gemv, stream);
+  if (path == ExpertPath::gemv) s = detail::gemv_down(b, ws, stream);
   return s;
 }
 

@@ -48,18 +48,10 @@ size_t experts_workspace_bytes(int T, int P, int H, int I);
 // the H200: GEMV wins at a mean of 4.6, IMMA at 18; docs/performance.md).
 inline constexpr int kImmaMinMeanPairsPerGroup = 12;
 
-// The GEMV path's kernel for at most one token per expert on average (decode): `measured` is the
-// register double-buffered warp-per-row kernel of docs/performance.md; `v3` gives a row 8 lanes
-// and a warp 4 rows at a time, with the same reduction order (kernels/moe/gemv.cu), at 5 blocks
-// per SM; `v3_6` is v3 at 6 blocks per SM (80 registers, a small spill). All give the contract's
-// bits; with more tokens per expert all use the same strip kernel. Temporary: the slower ones go.
-enum class GemvKernel { measured, v3, v3_6 };
-
 // y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
-// bytes of device memory. path: automatic (by P / G), or forced for tests/benches. gemv: the
-// decode kernel of the GEMV path.
+// bytes of device memory. path: automatic (by P / G), or forced for tests/benches.
 Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
-                       ExpertPath path, void* stream, GemvKernel gemv = GemvKernel::measured);
+                       ExpertPath path, void* stream);
 
 // The routed output (numerics.md §5): for token t, acc = +0; for q in [token_offsets[t],
 // token_offsets[t+1]) (the token's experts in increasing expert id): acc = acc + (weight[q] ·

@@ -39,9 +39,8 @@ Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
                          const QuantRows& out, bool dependent, void* stream);
 
 // GEMV path: gu = (w1·x, w3·x) for every pair; y = w2·h_q.
-// kernel: which persistent decode kernel (experts.h, GemvKernel); strip mode is shared.
-Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, GemvKernel kernel, void* stream);
-Status gemv_down(const ExpertBatch& b, const Workspace& ws, GemvKernel kernel, void* stream);
+Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 
 // IMMA path: the same two steps on int8 tensor cores. Returns cudaErrorNotSupported status when
 // the shapes are outside what it handles (the dispatcher then uses the GEMV path).

@@ -129,17 +129,13 @@ Prepared prepare(const Case& c) {
   return p;
 }
 
-// Runs the GPU experts on `path` with decode kernel `gemv` and checks every output bit against
-// the contract, and that the sentinel rows after y are untouched.
-void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel gemv) {
+// Runs the GPU experts on `path` and checks every output bit against the contract, and that the
+// sentinel rows after y are untouched.
+void check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
   INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
                    : path == moe::ExpertPath::imma ? "imma"
-                                                   : "automatic")
-               << ", gemv kernel "
-               << (gemv == moe::GemvKernel::v3     ? "v3"
-                   : gemv == moe::GemvKernel::v3_6 ? "v3_6"
-                                                   : "measured"));
+                                                   : "automatic"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -163,7 +159,7 @@ void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel g
   b.y = d_y.as<float>();
   b.G = int(c.group_slot.size()), b.P = p.P, b.T = c.T, b.H = c.H, b.I = c.I;
   b.glu = c.glu;
-  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr, gemv);
+  strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
   INFO("launch status: " << s.message);
   REQUIRE(s.ok());
   strata::kernels::device_sync("grouped_experts");
@@ -191,14 +187,6 @@ void check_gpu_kernel(const Prepared& p, moe::ExpertPath path, moe::GemvKernel g
   size_t stray = 0;
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
-}
-
-// Every path; the GEMV path (forced or automatic) with every decode kernel.
-void check_gpu(const Prepared& p, moe::ExpertPath path) {
-  check_gpu_kernel(p, path, moe::GemvKernel::measured);
-  if (path == moe::ExpertPath::imma) return;
-  check_gpu_kernel(p, path, moe::GemvKernel::v3);
-  check_gpu_kernel(p, path, moe::GemvKernel::v3_6);
 }
 
 bool have_gpu() {
