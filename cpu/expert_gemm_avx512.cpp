@@ -185,6 +185,19 @@ GemmCounts gemm_counts() {
   return {g_fast.load(std::memory_order_relaxed), g_strict.load(std::memory_order_relaxed)};
 }
 
+void project_strict_pair(const ProjArgs& a, int o0, int rows, int t) {
+  ProjArgs b = a;
+  b.r0 = o0;
+  b.r1 = o0 + rows;
+  b.n = 1;
+  b.q = a.q + t;
+  b.e = a.e + t;
+  b.bias = a.bias + t;
+  b.out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
+  b.prefetch = 0;
+  project_one_avx512(b);
+}
+
 void project_gemm_avx512(const ProjArgs& a) {
   const int nb = a.nb, n = a.n;
   GemmScratch& sc = tl_gemm;
@@ -205,17 +218,7 @@ void project_gemm_avx512(const ProjArgs& a) {
         fast[size_t(nf++)] = t;
         continue;
       }
-      // Strict order for this (row group, token).
-      ProjArgs b = a;
-      b.r0 = o0;
-      b.r1 = o0 + rows;
-      b.n = 1;
-      b.q = a.q + t;
-      b.e = a.e + t;
-      b.bias = a.bias + t;
-      b.out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
-      b.prefetch = 0;
-      project_one_avx512(b);
+      project_strict_pair(a, o0, rows, t);
       ++nstrict;
     }
     nfast += uint64_t(nf);

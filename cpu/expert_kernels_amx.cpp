@@ -152,16 +152,7 @@ void project_amx_impl(const ProjArgs& a) {
         ++nfast;
         continue;
       }
-      ProjArgs b = a;
-      b.r0 = o0;
-      b.r1 = o0 + rows;
-      b.n = 1;
-      b.q = a.q + t;
-      b.e = a.e + t;
-      b.bias = a.bias + t;
-      b.out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
-      b.prefetch = 0;
-      project_one_avx512(b);
+      project_strict_pair(a, o0, rows, t);
       ++nstrict;
     }
     if (rows != 16) continue;

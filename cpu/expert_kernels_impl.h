@@ -70,6 +70,10 @@ void gemm_count_add(uint64_t fast, uint64_t strict);
 // bits.
 int exact_span_limit(int nb);
 
+// The strict-order (contract lane order) result of rows o0 .. o0+rows-1 for token t of `a` alone:
+// the fallback of the any-order kernels when a (row group, token) fails the exponent-span check.
+void project_strict_pair(const ProjArgs& a, int o0, int rows, int t);
+
 // Register-tiled AVX-512 VNNI kernel for several tokens (needs px, nbias, span). Rows in groups
 // of 16 whose (row group, token) pair passes the span check are summed in one fp64 accumulator
 // per output (any order: exact); the others go through the strict-order one-token kernel.
