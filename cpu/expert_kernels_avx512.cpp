@@ -320,27 +320,12 @@ struct Vd {
 
 template <int N>
 inline Vd<N> v_expm1_small(const Vd<N>& x) {
-  const double c[16] = {1.0 / 20922789888000.0,
-                        1.0 / 1307674368000.0,
-                        1.0 / 87178291200.0,
-                        1.0 / 6227020800.0,
-                        1.0 / 479001600.0,
-                        1.0 / 39916800.0,
-                        1.0 / 3628800.0,
-                        1.0 / 362880.0,
-                        1.0 / 40320.0,
-                        1.0 / 5040.0,
-                        1.0 / 720.0,
-                        1.0 / 120.0,
-                        1.0 / 24.0,
-                        1.0 / 6.0,
-                        1.0 / 2.0,
-                        1.0};
+  const contract::Expm1Taylor t = contract::expm1_taylor();
   Vd<N> p;
-  for (int i = 0; i < N; ++i) p.v[i] = _mm512_set1_pd(1.0 / 355687428096000.0);
-  for (int k = 0; k < 16; ++k)
+  for (int i = 0; i < N; ++i) p.v[i] = _mm512_set1_pd(t.c[0]);
+  for (int k = 1; k < 17; ++k)
     for (int i = 0; i < N; ++i)
-      p.v[i] = _mm512_add_pd(_mm512_mul_pd(p.v[i], x.v[i]), _mm512_set1_pd(c[k]));
+      p.v[i] = _mm512_add_pd(_mm512_mul_pd(p.v[i], x.v[i]), _mm512_set1_pd(t.c[k]));
   for (int i = 0; i < N; ++i) p.v[i] = _mm512_mul_pd(p.v[i], x.v[i]);
   return p;
 }

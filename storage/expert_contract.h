@@ -216,26 +216,23 @@ STRATA_XC float reduce_row(const int32_t* d, const int* e_x, const uint8_t* s_w,
 // Deterministic elementary functions in fp64 (§4.2): range reduction + fixed polynomials, only
 // +, −, ×, ÷. Relative error a few ulp of fp64 — far below the fp32 output rounding.
 
+// Taylor coefficients of det_expm1_small in Horner order: c[0] = 1/17!, c[1] = 1/16!, …,
+// c[16] = 1/1!. One table for every implementation of the contract (scalar, AVX-512, CUDA).
+struct Expm1Taylor {
+  double c[17];
+};
+STRATA_XC constexpr Expm1Taylor expm1_taylor() {
+  return {{1.0 / 355687428096000.0, 1.0 / 20922789888000.0, 1.0 / 1307674368000.0,
+           1.0 / 87178291200.0, 1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
+           1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
+           1.0 / 24.0, 1.0 / 6.0, 1.0 / 2.0, 1.0}};
+}
+
 // e^x − 1 for |x| ≤ 0.35: Taylor to degree 17 (truncation < 1e-22 relative), Horner.
 STRATA_XC double det_expm1_small(double x) {
-  double p = 1.0 / 355687428096000.0;  // 1/17!
-  const double c[16] = {1.0 / 20922789888000.0,
-                        1.0 / 1307674368000.0,
-                        1.0 / 87178291200.0,
-                        1.0 / 6227020800.0,
-                        1.0 / 479001600.0,
-                        1.0 / 39916800.0,
-                        1.0 / 3628800.0,
-                        1.0 / 362880.0,
-                        1.0 / 40320.0,
-                        1.0 / 5040.0,
-                        1.0 / 720.0,
-                        1.0 / 120.0,
-                        1.0 / 24.0,
-                        1.0 / 6.0,
-                        1.0 / 2.0,
-                        1.0};  // 1/16! … 1/1!
-  for (int k = 0; k < 16; ++k) p = dadd(dmul(p, x), c[k]);
+  const Expm1Taylor t = expm1_taylor();
+  double p = t.c[0];
+  for (int k = 1; k < 17; ++k) p = dadd(dmul(p, x), t.c[k]);
   return dmul(p, x);
 }
 
