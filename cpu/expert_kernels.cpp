@@ -190,17 +190,34 @@ bool amx_ready() {
 
 void amx_pack_tokens(const int8_t* const* q, const double* const* px, int n, int nb,
                      std::vector<int8_t>& tb, std::vector<double>& tpx) {
-  const int ntg = (n + 15) / 16;
-  tb.assign(size_t(ntg) * size_t(nb) * 512, 0);
-  tpx.assign(size_t(ntg) * size_t(nb) * 16, 1.0);
-  for (int t = 0; t < n; ++t) {
-    const int tg = t / 16, j = t % 16;
-    for (int b = 0; b < nb; ++b) {
-      const int8_t* qb = q[t] + (b / 4) * 128 + (b % 4) * 16;
-      int8_t* B = tb.data() + (size_t(tg) * size_t(nb) + size_t(b)) * 512 + 4 * j;
-      for (int k = 0; k < 8; ++k) std::memcpy(B + k * 64, qb + (k / 4) * 64 + (k % 4) * 4, 4);
-      tpx[(size_t(tg) * size_t(nb) + size_t(b)) * 16 + size_t(j)] = px[t][b];
+  const size_t ntg = size_t(n + 15) / 16, items = ntg * size_t(nb);
+  // Grown, never shrunk; every byte of the first `items` entries is written below.
+  if (tb.size() < items * 512) tb.resize(items * 512);
+  if (tpx.size() < items * 16) tpx.resize(items * 16);
+  auto pack = [&](size_t i0, size_t i1) {  // item i = (token group i / nb, block i % nb)
+    for (size_t i = i0; i < i1; ++i) {
+      const int tg = int(i / size_t(nb)), b = int(i % size_t(nb));
+      int8_t* B = tb.data() + i * 512;
+      double* P = tpx.data() + i * 16;
+      for (int j = 0; j < 16; ++j) {
+        const int t = tg * 16 + j;
+        if (t < n) {
+          const int8_t* qb = q[t] + (b / 4) * 128 + (b % 4) * 16;
+          for (int k = 0; k < 8; ++k)
+            std::memcpy(B + k * 64 + 4 * j, qb + (k / 4) * 64 + (k % 4) * 4, 4);
+          P[j] = px[t][b];
+        } else {
+          for (int k = 0; k < 8; ++k) std::memset(B + k * 64 + 4 * j, 0, 4);
+          P[j] = 1.0;
+        }
+      }
     }
+  };
+  if (items >= 64) {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, items, 16),
+                      [&](const tbb::blocked_range<size_t>& r) { pack(r.begin(), r.end()); });
+  } else {
+    pack(0, items);
   }
 }
 
@@ -269,12 +286,16 @@ struct TokenSet {
   std::vector<const int32_t*> e, bias, nbias;
   std::vector<const double*> px;
   std::vector<int> span;
-  std::vector<int8_t> tb;  // AMX only: amx_pack_tokens
+  std::vector<int8_t> tb;  // AMX only: amx_pack_tokens (valid when packed)
   std::vector<double> tpx;
+  bool packed = false;
 };
 
-TokenSet token_set(const QuantizedActivations& xq, const int* rows, int n) {
-  TokenSet s;
+// Refills s (capacity kept) with the non-poisoned tokens of rows[0 .. n) (null rows: 0 .. n).
+void token_set(const QuantizedActivations& xq, const int* rows, int n, TokenSet& s) {
+  s.idx.clear(), s.q.clear(), s.e.clear(), s.bias.clear(), s.nbias.clear(), s.px.clear();
+  s.span.clear();
+  s.packed = false;
   for (int i = 0; i < n; ++i) {
     const int t = rows ? rows[i] : i;
     if (xq.poisoned(t)) continue;
@@ -286,11 +307,10 @@ TokenSet token_set(const QuantizedActivations& xq, const int* rows, int n) {
     s.px.push_back(xq.block_scale(t));
     s.span.push_back(xq.exponent_span(t));
   }
-  return s;
 }
 
 detail::ProjArgs proj_args(const QuantizedActivations& xq, const TokenSet& ts, int r0, int r1,
-                           int prefetch) {
+                           int prefetch, int pass_groups) {
   detail::ProjArgs a;
   a.K = xq.width();
   a.nb = xq.blocks();
@@ -304,12 +324,13 @@ detail::ProjArgs proj_args(const QuantizedActivations& xq, const TokenSet& ts, i
   a.px = ts.px.data();
   a.nbias = ts.nbias.data();
   a.span = ts.span.data();
-  if (!ts.tb.empty()) {
+  if (ts.packed) {
     a.tb = ts.tb.data();
     a.tpx = ts.tpx.data();
   }
   a.out_stride = kRowTile;
   a.prefetch = prefetch;
+  a.amx_pass_groups = pass_groups;
   return a;
 }
 
@@ -320,35 +341,73 @@ void fill_nan(float* p, size_t n) {
 // Default software prefetch distance of the one-token kernel (bytes ahead).
 constexpr int kDefaultPrefetch = 4096;
 
+}  // namespace
+
+struct CpuExpertWorkspace::State {
+  QuantizedActivations xq;  // the quantized layer input (run_experts_cpu with fp32 x)
+  std::vector<TokenSet> xs, hs;
+  std::vector<QuantizedActivations> hq;
+  std::unique_ptr<float[]> h;  // every expert's h: [n_e (non-poisoned), I_e], expert after expert
+  size_t h_floats = 0;
+  std::unique_ptr<std::atomic<int>[]> pending;
+  size_t pending_n = 0;
+  std::vector<std::pair<int, int>> items;  // (expert, row tile)
+};
+
+CpuExpertWorkspace::CpuExpertWorkspace() : s_(std::make_unique<State>()) {}
+CpuExpertWorkspace::~CpuExpertWorkspace() = default;
+
+namespace {
+
 // Gate|up items (expert, row tile) in one TBB loop; the item that completes an expert's h
 // quantizes it and runs that expert's down tiles as a nested loop — no barrier between the
 // phases: threads with nothing left of gate|up steal down tiles of finished experts.
 void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
-               const GluParams& glu, ExpertIsa isa, int prefetch) {
+               const GluParams& glu, ExpertIsa isa, int prefetch, int pass_tokens,
+               CpuExpertWorkspace::State& ws) {
   const ProjFn proj = kernel_for(isa);
   const int H = xq.width();
   const size_t E = tasks.size();
   if (prefetch < 0) prefetch = kDefaultPrefetch;
-  std::vector<TokenSet> xs(E), hs(E);
-  std::vector<std::vector<float>> h(E);  // [n_tokens (non-poisoned), I]
-  std::vector<QuantizedActivations> hq(E);
-  std::vector<std::atomic<int>> pending(E);
-  std::vector<std::pair<int, int>> items;  // (expert, row tile)
+  if (pass_tokens < 0) pass_tokens = detail::kAmxPassTokens;
+  const int pass_groups = (pass_tokens + 15) / 16;
+  if (ws.xs.size() < E) ws.xs.resize(E), ws.hs.resize(E), ws.hq.resize(E);
+  if (ws.pending_n < E) {
+    ws.pending = std::make_unique<std::atomic<int>[]>(E);
+    ws.pending_n = E;
+  }
+  std::vector<TokenSet>& xs = ws.xs;
+  std::vector<TokenSet>& hs = ws.hs;
+  std::vector<QuantizedActivations>& hq = ws.hq;
+  std::atomic<int>* pending = ws.pending.get();
+  std::vector<std::pair<int, int>>& items = ws.items;
+  items.clear();
+  // h of expert e at h_off(e); allocated uninitialized: its pages are first touched by the
+  // workers that write them, not by this thread.
+  std::vector<size_t> h_off(E + 1, 0);
   for (size_t e = 0; e < E; ++e) {
     const ExpertTask& tk = tasks[e];
     STRATA_ASSERT(tk.w.hidden == H && tk.w.inter > 0 && tk.w.inter % c::kBlock == 0);
     STRATA_ASSERT(tk.n_tokens >= 0 && (tk.n_tokens == 0 || (tk.token_rows && tk.y)));
     for (int i = 0; i < tk.n_tokens; ++i)
       STRATA_ASSERT(tk.token_rows[i] >= 0 && tk.token_rows[i] < xq.tokens());
-    xs[e] = token_set(xq, tk.token_rows, tk.n_tokens);
-    h[e].resize(xs[e].idx.size() * size_t(tk.w.inter));
+    token_set(xq, tk.token_rows, tk.n_tokens, xs[e]);
+    hs[e].idx.clear();
+    h_off[e + 1] = h_off[e] + xs[e].idx.size() * size_t(tk.w.inter);
     int n_items = 0;
     if (!xs[e].idx.empty())
       for (int r = 0; r < tk.w.inter; r += kRowTile, ++n_items) items.emplace_back(int(e), r);
     pending[e].store(n_items, std::memory_order_relaxed);
   }
+  if (ws.h_floats < h_off[E]) {
+    ws.h.reset();
+    ws.h = std::make_unique_for_overwrite<float[]>(h_off[E]);
+    ws.h_floats = h_off[E];
+  }
+  float* const h = ws.h.get();
   auto pack = [&](TokenSet& ts, int nb) {
-    if (isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens)
+    ts.packed = isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens;
+    if (ts.packed)
       detail::amx_pack_tokens(ts.q.data(), ts.px.data(), int(ts.idx.size()), nb, ts.tb, ts.tpx);
   };
   if (isa == ExpertIsa::amx)
@@ -358,8 +417,8 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
   auto down = [&](size_t e) {
     const ExpertTask& tk = tasks[e];
     const int n0 = int(xs[e].idx.size()), I = tk.w.inter;
-    hq[e].quantize(h[e].data(), n0, I);
-    hs[e] = token_set(hq[e], nullptr, n0);
+    hq[e].quantize(h + h_off[e], n0, I);
+    token_set(hq[e], nullptr, n0, hs[e]);
     pack(hs[e], hq[e].blocks());
     const TokenSet& ts = hs[e];
     const int n = int(ts.idx.size());
@@ -368,7 +427,7 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
       const int r0 = it * kRowTile, r1 = std::min(H, r0 + kRowTile);
       thread_local std::vector<float> yt;
       if (yt.size() < size_t(n) * kRowTile) yt.resize(size_t(n) * kRowTile);
-      detail::ProjArgs a = proj_args(hq[e], ts, r0, r1, prefetch);
+      detail::ProjArgs a = proj_args(hq[e], ts, r0, r1, prefetch, pass_groups);
       a.packed = tk.w.w2_packed;
       a.scale = tk.w.w2_scale;
       if (r1 < H) {  // the next row tile (a hint for the AMX kernel's prefetch)
@@ -394,26 +453,26 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
     {
       thread_local std::vector<float> gu;
       if (gu.size() < size_t(2) * size_t(n) * kRowTile) gu.resize(size_t(2) * size_t(n) * kRowTile);
-      detail::ProjArgs a = proj_args(xq, ts, r0, r1, prefetch);
+      detail::ProjArgs a = proj_args(xq, ts, r0, r1, prefetch, pass_groups);
       // next_*: the rows projected next (w3 after w1; after w3, likely this thread's next item:
       // the next row tile of w1), a hint for the AMX kernel's prefetch.
-      const size_t hb = size_t(H / 2), hs = size_t(H / c::kBlock);
+      const size_t hb = size_t(H / 2), hsc = size_t(H / c::kBlock);
       a.packed = tk.w.w1_packed;
       a.scale = tk.w.w1_scale;
       a.next_packed = tk.w.w3_packed + size_t(r0) * hb;
-      a.next_scale = tk.w.w3_scale + size_t(r0) * hs;
+      a.next_scale = tk.w.w3_scale + size_t(r0) * hsc;
       a.out = gu.data();
       proj(a);
       a.packed = tk.w.w3_packed;
       a.scale = tk.w.w3_scale;
       a.next_packed = r1 < I ? tk.w.w1_packed + size_t(r1) * hb : nullptr;
-      a.next_scale = r1 < I ? tk.w.w1_scale + size_t(r1) * hs : nullptr;
+      a.next_scale = r1 < I ? tk.w.w1_scale + size_t(r1) * hsc : nullptr;
       a.out = gu.data() + size_t(n) * kRowTile;
       proj(a);
       for (int t = 0; t < n; ++t) {
         const float* g = gu.data() + size_t(t) * kRowTile;
         const float* u = gu.data() + (size_t(n) + size_t(t)) * kRowTile;
-        float* ht = h[size_t(e)].data() + size_t(t) * size_t(I) + size_t(r0);
+        float* ht = h + h_off[size_t(e)] + size_t(t) * size_t(I) + size_t(r0);
         if (isa == ExpertIsa::avx512 || isa == ExpertIsa::amx) {
           detail::glu_avx512(g, u, ht, r1 - r0, glu);  // same bits, 8 lanes at a time
         } else {
@@ -440,20 +499,27 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
 void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
                      const GluParams& glu, const CpuExpertOptions& opt) {
   const ExpertIsa isa = resolve_isa(opt.isa);
+  std::unique_ptr<CpuExpertWorkspace> local;
+  if (!opt.workspace) local = std::make_unique<CpuExpertWorkspace>();
+  CpuExpertWorkspace::State& ws = (opt.workspace ? opt.workspace : local.get())->state();
+  auto body = [&] { run_layer(tasks, xq, glu, isa, opt.prefetch, opt.amx_pass_tokens, ws); };
   if (opt.arena) {
-    opt.arena->execute([&] { run_layer(tasks, xq, glu, isa, opt.prefetch); });
+    opt.arena->execute(body);
   } else {
-    run_layer(tasks, xq, glu, isa, opt.prefetch);
+    body();
   }
 }
 
 void run_experts_cpu(std::span<const ExpertTask> tasks, const float* x, int T, const GluParams& glu,
                      const CpuExpertOptions& opt) {
   if (tasks.empty()) return;
-  QuantizedActivations xq;
+  const ExpertIsa isa = resolve_isa(opt.isa);
+  std::unique_ptr<CpuExpertWorkspace> local;
+  if (!opt.workspace) local = std::make_unique<CpuExpertWorkspace>();
+  CpuExpertWorkspace::State& ws = (opt.workspace ? opt.workspace : local.get())->state();
   auto body = [&] {
-    xq.quantize(x, T, tasks[0].w.hidden);
-    run_layer(tasks, xq, glu, resolve_isa(opt.isa), opt.prefetch);
+    ws.xq.quantize(x, T, tasks[0].w.hidden);
+    run_layer(tasks, ws.xq, glu, isa, opt.prefetch, opt.amx_pass_tokens, ws);
   };
   if (opt.arena) {
     opt.arena->execute(body);

@@ -17,6 +17,7 @@
 // expert) pair gets its own fp32 row y_e here.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -80,6 +81,23 @@ struct ExpertTask {
   float* y = nullptr;  // [n_tokens, H] fp32: y[i] = expert(x[token_rows[i]])
 };
 
+// The buffers of one run_experts_cpu call (each expert's h and its quantized form, the token
+// sets, the AMX-packed activations), kept between calls: grow-only, so a warm workspace neither
+// allocates nor touches fresh pages (at M = 256 tokens × 16 experts, h alone is 50 MB, whose page
+// faults were taken by one thread before the parallel loop). One workspace per concurrent caller.
+class CpuExpertWorkspace {
+ public:
+  CpuExpertWorkspace();
+  ~CpuExpertWorkspace();
+  CpuExpertWorkspace(const CpuExpertWorkspace&) = delete;
+  CpuExpertWorkspace& operator=(const CpuExpertWorkspace&) = delete;
+  struct State;  // cpu/expert_kernels.cpp
+  State& state() { return *s_; }
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
 struct CpuExpertOptions {
   ExpertIsa isa = ExpertIsa::automatic;
   // Run inside this arena (e.g. a hwloc-pinned one from cpu/topology.h); null: the caller's.
@@ -87,6 +105,13 @@ struct CpuExpertOptions {
   // Software prefetch distance (bytes ahead) of the one-token (decode) kernel; 0 = none, < 0 =
   // the default. A tuning knob for the benchmark; results do not depend on it.
   int prefetch = -1;
+  // Reused between calls when set (see CpuExpertWorkspace); null: this call allocates its own.
+  CpuExpertWorkspace* workspace = nullptr;
+  // AMX kernel with more than 16 tokens: tokens per pass over 64 decoded weight rows (rounded up
+  // to a multiple of 16), so that the packed activations of a pass stay in L2 next to the decoded
+  // weights; 0 = all tokens per pass over 16 rows (the loop order before this option); < 0 = the
+  // default. A tuning knob for the benchmark; results do not depend on it.
+  int amx_pass_tokens = -1;
 };
 
 // All experts of one layer: x [T, H] fp32 (H = every task's w.hidden), quantized here once per

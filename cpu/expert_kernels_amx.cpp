@@ -112,17 +112,32 @@ constexpr int kRingQuads = 4;
 constexpr int kU = 2;
 static_assert(kU >= 1 && 4 % kU == 0, "one ring quad per step at most");
 
+// Row groups (of 16) decoded per pass when the tokens are split into passes.
+constexpr int kPassRowGroups = 4;
+
 template <bool kEmu>
 void project_amx_impl(const ProjArgs& a) {
-  const int nb = a.nb, n = a.n, nq = (nb + 3) / 4, rs = nq * 128;
+  const int nb = a.nb, n = a.n, nq = (nb + 3) / 4, rs = nq * 128, row_bytes = a.K / 2;
   const int ntg = (n + 15) / 16;
+  // One token group: the weights are decoded a quad at a time into an L1 ring (kRingQuads
+  // quads, row stride kRingQuads · 128 bytes), two quads ahead of the tile products, instead
+  // of 16 whole rows (16 · K bytes, more than L1) up front.
+  const bool ring = ntg == 1;
+  // Token groups per pass (pg) over rgs decoded row groups. With every group in one pass, one row
+  // group at a time (rgs = 1): its decoded rows are reused by all token groups, but the packed
+  // tokens of every group (57 KB each at K = 3584, plus 14 KB of 2^e_x) are streamed once per 16
+  // rows — 1.1 MB at 256 tokens, half an L2. With passes of pg groups over kPassRowGroups row
+  // groups, a pass touches pg groups of tokens and 4 × 57 KB of decoded rows, and each is reused
+  // 4 (rows) or pg (tokens) times before it is dropped.
+  const int pg = a.amx_pass_groups > 0 && a.amx_pass_groups < ntg ? a.amx_pass_groups : ntg;
+  const int rgs = ring || pg == ntg ? 1 : kPassRowGroups;
   AmxScratch& sc = tl_amx;
-  const size_t abytes = size_t(16) * size_t(rs), pbytes = size_t(16) * size_t(nb) * 8;
+  const size_t abytes = size_t(rgs) * 16 * size_t(rs), pbytes = size_t(rgs) * 16 * size_t(nb) * 8;
   const size_t need = abytes + pbytes + 2048 + 2 * kU * 1024 + 16 * kRingQuads * 128 + 256;
   if (sc.buf.size() < need) sc.buf.resize(need);
   uint8_t* A = align64(sc.buf.data());
   double* pw = reinterpret_cast<double*>(A + abytes);
-  double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + 16 * nb)));
+  double* F = reinterpret_cast<double*>(align64(reinterpret_cast<uint8_t*>(pw + rgs * 16 * nb)));
   int32_t* C = reinterpret_cast<int32_t*>(F + 256);           // four 16 × 16 int32 buffers
   uint8_t* R = reinterpret_cast<uint8_t*>(C + 2 * kU * 256);  // the ring: 16 × kRingQuads × 128
   const int limit = exact_span_limit(nb);
@@ -137,129 +152,155 @@ void project_amx_impl(const ProjArgs& a) {
     cfg.rows[5] = 16, cfg.colsb[5] = 64;
     _tile_loadconfig(&cfg);
   }
-  std::vector<uint8_t> pass(static_cast<size_t>(n));
+  std::vector<uint8_t> pass(size_t(rgs) * size_t(n));
   uint64_t nfast = 0, nstrict = 0;
-  for (int o0 = a.r0; o0 < a.r1; o0 += 16) {
-    const int rows = std::min(16, a.r1 - o0);
-    // One token group: the weights are decoded a quad at a time into an L1 ring (kRingQuads
-    // quads, row stride kRingQuads · 128 bytes), two quads ahead of the tile products, instead
-    // of 16 whole rows (16 · K bytes, more than L1) up front.
-    const bool ring = ntg == 1;
-    const int span_w = rows == 16 ? decode_rows_amx(a, o0, ring ? nullptr : A, rs, pw) : 0;
-    for (int t = 0; t < n; ++t) {
-      pass[size_t(t)] = rows == 16 && limit >= 0 && span_w + a.span[t] <= limit;
-      if (pass[size_t(t)]) {
-        ++nfast;
-        continue;
-      }
-      project_strict_pair(a, o0, rows, t);
-      ++nstrict;
-    }
-    if (rows != 16) continue;
-    for (int tg = 0; tg < ntg; ++tg) {
-      bool any = false;
-      for (int j = 0; j < 16 && tg * 16 + j < n; ++j) any |= pass[size_t(tg * 16 + j)] != 0;
-      if (!any) continue;
-      const int8_t* B = a.tb + size_t(tg) * size_t(nb) * 512;
-      const double* PX = a.tpx + size_t(tg) * size_t(nb) * 16;
-      for (int i = 0; i < 256; i += 8) _mm512_store_pd(F + i, _mm512_setzero_pd());
-      // The next 16 rows' packed bytes (4 lines per block) and scales into L2 while this group
-      // computes: those of this call, or after its last group the first rows of the next call.
-      const uint8_t* pf = nullptr;
-      const uint8_t* pfs = nullptr;
-      if (tg == 0 && o0 + 32 <= a.r1) {
-        pf = a.packed + size_t(o0 + 16) * size_t(a.K / 2);
-        pfs = a.scale + size_t(o0 + 16) * size_t(nb);
-      } else if (tg == 0 && o0 + 16 >= a.r1) {
-        pf = a.next_packed;
-        pfs = a.next_scale;
-      }
-      if (pfs)
-        for (int i = 0; i < 16 * nb; i += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(pfs + i), _MM_HINT_T1);
-      // Block b's tile product into C buffer b % 4 (tiles 0–2 for even b, 3–5 for odd b): the
-      // product of block b + 2 is issued before the epilogue of block b, so the tile unit works
-      // while the vector units convert and accumulate, two blocks ahead.
-      const int ars = ring ? kRingQuads * 128 : rs;
-      auto tile_op = [&](int b) {
-        const int8_t* Bb = B + size_t(b) * 512;
-        const uint8_t* Ab = ring ? R + size_t(b % (4 * kRingQuads)) * 32 : A + size_t(b) * 32;
-        int32_t* Cb = C + (b % (2 * kU)) * 256;
-        if constexpr (kEmu) {
-          for (int m = 0; m < 16; ++m)
-            for (int j = 0; j < 16; ++j) {
-              int32_t s = 0;
-              for (int kk = 0; kk < 32; ++kk)
-                s += int32_t(int8_t(Ab[size_t(m) * ars + kk])) *
-                     int32_t(Bb[(kk / 4) * 64 + 4 * j + kk % 4]);
-              Cb[m * 16 + j] = s;
-            }
-        } else if (b & 1) {
-          // GCC's tile asm declares no memory operands: keep the A and B stores before the loads
-          // and the C loads after the store.
-          __asm__ volatile("" ::: "memory");
-          _tile_loadd(3, Ab, ars);
-          _tile_loadd(4, Bb, 64);
-          _tile_zero(5);
-          _tile_dpbssd(5, 3, 4);
-          _tile_stored(5, Cb, 64);
-          __asm__ volatile("" ::: "memory");
-        } else {
-          __asm__ volatile("" ::: "memory");
-          _tile_loadd(0, Ab, ars);
-          _tile_loadd(1, Bb, 64);
-          _tile_zero(2);
-          _tile_dpbssd(2, 0, 1);
-          _tile_stored(2, Cb, 64);
-          __asm__ volatile("" ::: "memory");
-        }
-      };
-      auto ring_quad = [&](int g) {
-        if (ring && g < nq) decode_quad16(a, o0, g, R + (g % kRingQuads) * 128, ars);
-      };
-      ring_quad(0);
-      ring_quad(1);
-      for (int b = 0; b < kU && b < nb; ++b) tile_op(b);
-      for (int b = 0; b < nb; b += kU) {
-        // Quad b/4 + 2 into the slot of quad b/4 − 2, whose tile products are all issued; its
-        // first block's product is issued after this.
-        if ((b & 3) == 0) ring_quad(b / 4 + 2);
-        // Blocks b … b+kU−1: their products were issued one step ago; the next kU now.
-        for (int k = 0; k < kU; ++k)
-          if (b + kU + k < nb) tile_op(b + kU + k);
-        const int nbu = std::min(kU, nb - b);
-        if (pf)
-          for (int i = 0; i < 4 * nbu; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
-        __m512d P0[kU], P1[kU];
-        for (int k = 0; k < kU; ++k) {
-          const int bk = std::min(b + k, nb - 1);
-          P0[k] = _mm512_loadu_pd(PX + size_t(bk) * 16);
-          P1[k] = _mm512_loadu_pd(PX + size_t(bk) * 16 + 8);
-        }
-        for (int m = 0; m < 16; ++m) {
-          __m512d f0 = _mm512_load_pd(F + m * 16), f1 = _mm512_load_pd(F + m * 16 + 8);
-          const double* pwm = pw + size_t(m) * size_t(nb) + size_t(b);
-          for (int k = 0; k < kU; ++k) {
-            if (k >= nbu) break;
-            const __m512i c = _mm512_load_si512(C + ((b + k) % (2 * kU)) * 256 + m * 16);
-            const __m512d w = _mm512_set1_pd(pwm[k]);
-            const __m512d dlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(c));
-            const __m512d dhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c, 1));
-            f0 = _mm512_fmadd_pd(_mm512_mul_pd(dlo, P0[k]), w, f0);
-            f1 = _mm512_fmadd_pd(_mm512_mul_pd(dhi, P1[k]), w, f1);
+
+  // Rows o0 … o0+15 (decoded at Ag / pwg, or through the ring) × token group tg, every block;
+  // pf / pfs (or null): packed bytes (16 rows) and scales requested into L2 meanwhile.
+  auto tile = [&](int o0, const uint8_t* Ag, const double* pwg, const uint8_t* passg, int tg,
+                  const uint8_t* pf, const uint8_t* pfs) {
+    const int8_t* B = a.tb + size_t(tg) * size_t(nb) * 512;
+    const double* PX = a.tpx + size_t(tg) * size_t(nb) * 16;
+    for (int i = 0; i < 256; i += 8) _mm512_store_pd(F + i, _mm512_setzero_pd());
+    if (pfs)
+      for (int i = 0; i < 16 * nb; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pfs + i), _MM_HINT_T1);
+    // Block b's tile product into C buffer b % 4 (tiles 0–2 for even b, 3–5 for odd b): the
+    // product of block b + 2 is issued before the epilogue of block b, so the tile unit works
+    // while the vector units convert and accumulate, two blocks ahead.
+    const int ars = ring ? kRingQuads * 128 : rs;
+    auto tile_op = [&](int b) {
+      const int8_t* Bb = B + size_t(b) * 512;
+      const uint8_t* Ab = ring ? R + size_t(b % (4 * kRingQuads)) * 32 : Ag + size_t(b) * 32;
+      int32_t* Cb = C + (b % (2 * kU)) * 256;
+      if constexpr (kEmu) {
+        for (int m = 0; m < 16; ++m)
+          for (int j = 0; j < 16; ++j) {
+            int32_t s = 0;
+            for (int kk = 0; kk < 32; ++kk)
+              s += int32_t(int8_t(Ab[size_t(m) * ars + kk])) *
+                   int32_t(Bb[(kk / 4) * 64 + 4 * j + kk % 4]);
+            Cb[m * 16 + j] = s;
           }
-          _mm512_store_pd(F + m * 16, f0);
-          _mm512_store_pd(F + m * 16 + 8, f1);
-        }
+      } else if (b & 1) {
+        // GCC's tile asm declares no memory operands: keep the A and B stores before the loads
+        // and the C loads after the store.
+        __asm__ volatile("" ::: "memory");
+        _tile_loadd(3, Ab, ars);
+        _tile_loadd(4, Bb, 64);
+        _tile_zero(5);
+        _tile_dpbssd(5, 3, 4);
+        _tile_stored(5, Cb, 64);
+        __asm__ volatile("" ::: "memory");
+      } else {
+        __asm__ volatile("" ::: "memory");
+        _tile_loadd(0, Ab, ars);
+        _tile_loadd(1, Bb, 64);
+        _tile_zero(2);
+        _tile_dpbssd(2, 0, 1);
+        _tile_stored(2, Cb, 64);
+        __asm__ volatile("" ::: "memory");
       }
-      for (int j = 0; j < 16 && tg * 16 + j < n; ++j) {
-        const int t = tg * 16 + j;
-        if (!pass[size_t(t)]) continue;
-        float* out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
-        for (int m = 0; m < 16; ++m) out[m] = float(F[m * 16 + j]);
+    };
+    auto ring_quad = [&](int g) {
+      if (ring && g < nq) decode_quad16(a, o0, g, R + (g % kRingQuads) * 128, ars);
+    };
+    ring_quad(0);
+    ring_quad(1);
+    for (int b = 0; b < kU && b < nb; ++b) tile_op(b);
+    for (int b = 0; b < nb; b += kU) {
+      // Quad b/4 + 2 into the slot of quad b/4 − 2, whose tile products are all issued; its
+      // first block's product is issued after this.
+      if ((b & 3) == 0) ring_quad(b / 4 + 2);
+      // Blocks b … b+kU−1: their products were issued one step ago; the next kU now.
+      for (int k = 0; k < kU; ++k)
+        if (b + kU + k < nb) tile_op(b + kU + k);
+      const int nbu = std::min(kU, nb - b);
+      if (pf)
+        for (int i = 0; i < 4 * nbu; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(b) * 256 + i * 64), _MM_HINT_T1);
+      __m512d P0[kU], P1[kU];
+      for (int k = 0; k < kU; ++k) {
+        const int bk = std::min(b + k, nb - 1);
+        P0[k] = _mm512_loadu_pd(PX + size_t(bk) * 16);
+        P1[k] = _mm512_loadu_pd(PX + size_t(bk) * 16 + 8);
+      }
+      for (int m = 0; m < 16; ++m) {
+        __m512d f0 = _mm512_load_pd(F + m * 16), f1 = _mm512_load_pd(F + m * 16 + 8);
+        const double* pwm = pwg + size_t(m) * size_t(nb) + size_t(b);
+        for (int k = 0; k < kU; ++k) {
+          if (k >= nbu) break;
+          // Each half of the C row converted straight from memory (vcvtdq2pd zmm, m256): no
+          // 512-bit load and no lane extract.
+          const int32_t* cm = C + ((b + k) % (2 * kU)) * 256 + m * 16;
+          const __m512d w = _mm512_set1_pd(pwm[k]);
+          const __m512d dlo =
+              _mm512_cvtepi32_pd(_mm256_load_si256(reinterpret_cast<const __m256i*>(cm)));
+          const __m512d dhi =
+              _mm512_cvtepi32_pd(_mm256_load_si256(reinterpret_cast<const __m256i*>(cm + 8)));
+          f0 = _mm512_fmadd_pd(_mm512_mul_pd(dlo, P0[k]), w, f0);
+          f1 = _mm512_fmadd_pd(_mm512_mul_pd(dhi, P1[k]), w, f1);
+        }
+        _mm512_store_pd(F + m * 16, f0);
+        _mm512_store_pd(F + m * 16 + 8, f1);
       }
     }
+    for (int j = 0; j < 16 && tg * 16 + j < n; ++j) {
+      const int t = tg * 16 + j;
+      if (!passg[size_t(t)]) continue;
+      float* out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
+      for (int m = 0; m < 16; ++m) out[m] = float(F[m * 16 + j]);
+    }
+  };
+
+  const int last_tg0 = (ntg - 1) / pg * pg;
+  for (int s0 = a.r0; s0 < a.r1; s0 += 16 * rgs) {
+    const int nrg = std::min(rgs, (a.r1 - s0 + 15) / 16);
+    // Decode the pass's row groups and sort their (row group, token) pairs: any order (pass) or
+    // the strict kernel now.
+    for (int rg = 0; rg < nrg; ++rg) {
+      const int o0 = s0 + 16 * rg, rows = std::min(16, a.r1 - o0);
+      uint8_t* passg = pass.data() + size_t(rg) * size_t(n);
+      const int span_w = rows == 16 ? decode_rows_amx(a, o0, ring ? nullptr : A + rg * 16 * rs, rs,
+                                                      pw + size_t(rg) * 16 * size_t(nb))
+                                    : 0;
+      for (int t = 0; t < n; ++t) {
+        passg[size_t(t)] = rows == 16 && limit >= 0 && span_w + a.span[t] <= limit;
+        if (passg[size_t(t)]) {
+          ++nfast;
+          continue;
+        }
+        project_strict_pair(a, o0, rows, t);
+        ++nstrict;
+      }
+    }
+    for (int tg0 = 0; tg0 < ntg; tg0 += pg)
+      for (int rg = 0; rg < nrg; ++rg) {
+        const int o0 = s0 + 16 * rg;
+        if (a.r1 - o0 < 16) continue;
+        const uint8_t* passg = pass.data() + size_t(rg) * size_t(n);
+        for (int tg = tg0; tg < std::min(ntg, tg0 + pg); ++tg) {
+          bool any = false;
+          for (int j = 0; j < 16 && tg * 16 + j < n; ++j) any |= passg[size_t(tg * 16 + j)] != 0;
+          if (!any) continue;
+          // While the first tile of a row group in the last pass computes: the packed bytes
+          // (4 lines per block) and scales of the row group one pass of rows ahead — of this
+          // call, or after its last rows the first rows of the next call.
+          const uint8_t* pf = nullptr;
+          const uint8_t* pfs = nullptr;
+          if (tg == last_tg0) {
+            const int on = o0 + 16 * rgs;
+            if (on + 16 <= a.r1) {
+              pf = a.packed + size_t(on) * size_t(row_bytes);
+              pfs = a.scale + size_t(on) * size_t(nb);
+            } else if (s0 + 16 * rgs >= a.r1 && a.next_packed && (rgs > 1 || rg == 0)) {
+              pf = a.next_packed + size_t(rg) * 16 * size_t(row_bytes);
+              pfs = a.next_scale + size_t(rg) * 16 * size_t(nb);
+            }
+          }
+          tile(o0, A + rg * 16 * rs, pw + size_t(rg) * 16 * size_t(nb), passg, tg, pf, pfs);
+        }
+      }
   }
   if constexpr (!kEmu) _tile_release();
   gemm_count_add(nfast, nstrict);

@@ -41,7 +41,13 @@ struct ProjArgs {
   // A hint; results do not depend on it.
   const uint8_t* next_packed = nullptr;
   const uint8_t* next_scale = nullptr;
+  // AMX only: token groups (of 16) per pass over up to 4 decoded row groups (64 rows); 0 = every
+  // group per pass over one row group. See CpuExpertOptions::amx_pass_tokens.
+  int amx_pass_groups = 0;
 };
+
+// Default of CpuExpertOptions::amx_pass_tokens.
+inline constexpr int kAmxPassTokens = 64;
 
 // From this many tokens on, the AMX path uses tiles (16 tokens per tile; fewer: AVX-512).
 inline constexpr int kAmxMinTokens = 8;

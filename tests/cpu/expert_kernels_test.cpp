@@ -50,7 +50,8 @@ Layer make_layer(int H, int I, int T, const std::vector<std::vector<int>>& rows,
 }
 
 // Runs the layer with `isa` and compares every output bit with expert_ffn_contract.
-void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa) {
+void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
+                 strata::cpu::CpuExpertWorkspace* ws = nullptr, int pass_tokens = -1) {
   std::vector<std::vector<float>> y(L.experts.size());
   std::vector<ExpertTask> tasks;
   for (size_t e = 0; e < L.experts.size(); ++e) {
@@ -59,6 +60,8 @@ void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa) {
   }
   strata::cpu::CpuExpertOptions opt;
   opt.isa = isa;
+  opt.workspace = ws;
+  opt.amx_pass_tokens = pass_tokens;
   strata::cpu::run_experts_cpu(tasks, L.x.data(), L.T, glu, opt);
   std::vector<float> want(size_t(L.H));
   size_t mismatches = 0, nan_rows = 0;
@@ -160,7 +163,7 @@ TEST_CASE("expert kernels: quantized activation layout matches the contract quan
           "[expert]") {
   const int T = 3, K = 608;  // 19 blocks: padded to 32
   auto x = strata::test::random_activations(T, K, 3, true);
-  x[size_t(1) * K + 40] = std::numeric_limits<float>::infinity();  // token 1 poisoned
+  x[size_t(1) * K + 40] = std::numeric_limits<float>::infinity();    // token 1 poisoned
   x[size_t(2) * K + 600] = -std::numeric_limits<float>::infinity();  // token 2 too
   strata::cpu::QuantizedActivations xq;
   xq.quantize(x.data(), T, K);
@@ -316,7 +319,8 @@ namespace {
 // One projection (w1 of `ex`: [I, H]) of n tokens through `kernel` against the scalar kernel, bit
 // for bit; the tokens packed for AMX as the layer driver does.
 void check_projection(const strata::test::RandomExpert& ex, const std::vector<float>& x, int n,
-                      void (*kernel)(const strata::cpu::detail::ProjArgs&)) {
+                      void (*kernel)(const strata::cpu::detail::ProjArgs&), int pass_groups = 0,
+                      int r0 = 0, int r1 = -1) {
   namespace d = strata::cpu::detail;
   strata::cpu::QuantizedActivations xq;
   xq.quantize(x.data(), n, ex.H);
@@ -336,15 +340,17 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   std::vector<int8_t> tb;
   std::vector<double> tpx;
   d::amx_pack_tokens(q.data(), px.data(), n, xq.blocks(), tb, tpx);
-  std::vector<float> got(size_t(n) * size_t(ex.I), -1.0f), want(got.size(), -2.0f);
+  if (r1 < 0) r1 = ex.I;
+  std::vector<float> got(size_t(n) * size_t(r1 - r0), -1.0f), want(got.size(), -2.0f);
   d::ProjArgs a;
   a.packed = ex.w1p.data();
   a.scale = ex.w1s.data();
   a.K = ex.H;
   a.nb = xq.blocks();
   a.nbp = xq.padded_blocks();
-  a.r0 = 0;
-  a.r1 = ex.I;
+  a.r0 = r0;
+  a.r1 = r1;
+  a.amx_pass_groups = pass_groups;
   a.n = n;
   a.q = q.data();
   a.e = e.data();
@@ -354,7 +360,7 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   a.span = span.data();
   a.tb = tb.data();
   a.tpx = tpx.data();
-  a.out_stride = ex.I;
+  a.out_stride = r1 - r0;
   a.out = got.data();
   kernel(a);
   a.out = want.data();
@@ -364,7 +370,8 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
     if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
       if (bad++ < 5) UNSCOPED_INFO("output " << i << ": got " << got[i] << " want " << want[i]);
     }
-  INFO("shape " << ex.I << "x" << ex.H << ", " << n << " tokens");
+  INFO("shape " << ex.I << "x" << ex.H << ", rows " << r0 << ".." << r1 << ", " << n
+                << " tokens, pass groups " << pass_groups);
   CHECK(bad == 0);
 }
 
@@ -398,4 +405,63 @@ TEST_CASE("expert kernels: AMX kernel layouts and epilogue (tile ops emulated), 
     if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx);
     check_projection(ex, x, n, strata::cpu::detail::project_gemm_avx512);
   }
+}
+
+TEST_CASE(
+    "expert kernels: AMX token passes over several row groups (tile ops emulated), and on AMX",
+    "[expert]") {
+  if (!supported_or_warn(ExpertIsa::avx512)) return;
+  using strata::cpu::detail::gemm_counts;
+  namespace d = strata::cpu::detail;
+  const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);
+  // 40 and 75 tokens (3 and 5 groups, the last partial) in passes of 1, 2 or every group; rows
+  // 16 .. 88 of 96: one pass of 4 row groups, then one of 0.5 (strict rows only).
+  for (int n : {40, 75})
+    for (int H : {1184, 3584}) {
+      const auto ex = strata::test::random_expert(H, 96, uint32_t(H + n));
+      const auto x = strata::test::random_activations(n, H, uint32_t(n), false);
+      for (int pg : {0, 1, 2}) {
+        const auto before = gemm_counts();
+        check_projection(ex, x, n, d::project_amx_emulated, pg);
+        CHECK(gemm_counts().fast > before.fast);
+        check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88);
+        if (amx) {
+          check_projection(ex, x, n, d::project_amx, pg);
+          check_projection(ex, x, n, d::project_amx, pg, 16, 88);
+        }
+      }
+    }
+  // Wide scale codes and every third token over 2^±60: both paths inside passes.
+  const int n = 40;
+  const auto ex = strata::test::random_expert(1184, 128, 7, 106, 130);
+  auto x = strata::test::random_activations(n, 1184, 5, false);
+  const auto wide = strata::test::random_activations(n, 1184, 6, true);
+  for (int t = 0; t < n; t += 3)
+    std::copy(wide.begin() + t * 1184, wide.begin() + (t + 1) * 1184, x.begin() + t * 1184);
+  for (int pg : {1, 2}) {
+    const auto before = gemm_counts();
+    check_projection(ex, x, n, d::project_amx_emulated, pg);
+    CHECK(gemm_counts().fast > before.fast);
+    CHECK(gemm_counts().strict > before.strict);
+    if (amx) check_projection(ex, x, n, d::project_amx, pg);
+  }
+}
+
+TEST_CASE("expert kernels: one workspace reused across layers of other shapes, same bits",
+          "[expert]") {
+  // Grows (more tokens, wider), shrinks (fewer experts and tokens: stale token sets, h and
+  // packed tokens of the previous call must not leak in), and grows again, poisoned token
+  // included; the AMX path with passes of 16 tokens where the CPU has AMX.
+  strata::cpu::CpuExpertWorkspace ws;
+  Layer a = make_layer(512, 256, 40, {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {}, {3, 3, 39}}, false, 31);
+  std::vector<int> many(40);
+  for (int i = 0; i < 40; ++i) many[size_t(i)] = 39 - i;
+  Layer b = make_layer(544, 1056, 40, {{5}, many, many, {1, 2}}, false, 32);
+  b.x[size_t(7) * 544 + 100] = std::numeric_limits<float>::infinity();
+  Layer c = make_layer(160, 96, 3, {{2, 1}}, false, 33);
+  const GluParams situ{true, 4.0, 25.0};
+  for (ExpertIsa isa : {ExpertIsa::scalar, ExpertIsa::avx512, ExpertIsa::amx})
+    if (supported_or_warn(isa))
+      for (const Layer* L : {&a, &b, &c, &b, &a})
+        check_layer(*L, situ, isa, &ws, isa == ExpertIsa::amx ? 16 : -1);
 }
