@@ -320,7 +320,7 @@ namespace {
 // for bit; the tokens packed for AMX as the layer driver does.
 void check_projection(const strata::test::RandomExpert& ex, const std::vector<float>& x, int n,
                       void (*kernel)(const strata::cpu::detail::ProjArgs&), int pass_groups = 0,
-                      int r0 = 0, int r1 = -1) {
+                      int r0 = 0, int r1 = -1, int step_blocks = 2) {
   namespace d = strata::cpu::detail;
   strata::cpu::QuantizedActivations xq;
   xq.quantize(x.data(), n, ex.H);
@@ -351,6 +351,7 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   a.r0 = r0;
   a.r1 = r1;
   a.amx_pass_groups = pass_groups;
+  a.amx_step_blocks = step_blocks;
   a.n = n;
   a.q = q.data();
   a.e = e.data();
@@ -371,7 +372,7 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
       if (bad++ < 5) UNSCOPED_INFO("output " << i << ": got " << got[i] << " want " << want[i]);
     }
   INFO("shape " << ex.I << "x" << ex.H << ", rows " << r0 << ".." << r1 << ", " << n
-                << " tokens, pass groups " << pass_groups);
+                << " tokens, pass groups " << pass_groups << ", step blocks " << step_blocks);
   CHECK(bad == 0);
 }
 
@@ -391,6 +392,9 @@ TEST_CASE("expert kernels: AMX kernel layouts and epilogue (tile ops emulated), 
       check_projection(ex, x, n, strata::cpu::detail::project_amx_emulated);
       CHECK(gemm_counts().fast > before.fast);
       if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx);
+      // Four blocks per epilogue step (the ring path for n <= 16).
+      check_projection(ex, x, n, strata::cpu::detail::project_amx_emulated, 0, 0, -1, 4);
+      if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx, 0, 0, -1, 4);
     }
     // Wide scale codes per row and every third token over 2^±60: both paths.
     const auto ex = strata::test::random_expert(1184, 96, 7, 106, 130);
@@ -420,16 +424,17 @@ TEST_CASE(
     for (int H : {1184, 3584}) {
       const auto ex = strata::test::random_expert(H, 96, uint32_t(H + n));
       const auto x = strata::test::random_activations(n, H, uint32_t(n), false);
-      for (int pg : {0, 1, 2}) {
-        const auto before = gemm_counts();
-        check_projection(ex, x, n, d::project_amx_emulated, pg);
-        CHECK(gemm_counts().fast > before.fast);
-        check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88);
-        if (amx) {
-          check_projection(ex, x, n, d::project_amx, pg);
-          check_projection(ex, x, n, d::project_amx, pg, 16, 88);
+      for (int pg : {0, 1, 2})
+        for (int sb : {2, 4}) {
+          const auto before = gemm_counts();
+          check_projection(ex, x, n, d::project_amx_emulated, pg, 0, -1, sb);
+          CHECK(gemm_counts().fast > before.fast);
+          check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88, sb);
+          if (amx) {
+            check_projection(ex, x, n, d::project_amx, pg, 0, -1, sb);
+            check_projection(ex, x, n, d::project_amx, pg, 16, 88, sb);
+          }
         }
-      }
     }
   // Wide scale codes and every third token over 2^±60: both paths inside passes.
   const int n = 40;
