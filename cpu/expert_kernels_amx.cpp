@@ -390,6 +390,9 @@ int decode_rows_bf16(const ProjArgs& a, int o0, uint16_t* A, uint8_t* ws2, uint8
   return smax - smin;
 }
 
+// C tiles (units of G blocks) per step of the AMX-BF16 variant.
+constexpr int kBU = 4;
+
 template <TileMode kMode>
 void project_amx_bf16_impl(const ProjArgs& a) {
   const int nb = a.nb, n = a.n, row_bytes = a.K / 2;
@@ -400,19 +403,19 @@ void project_amx_bf16_impl(const ProjArgs& a) {
   const size_t arow = size_t(nb) * 32;  // bf16 per decoded row
   AmxScratch& sc = tl_amx;
   const size_t abytes = size_t(rgs) * 16 * arow * 2;
-  const size_t need = abytes + 2048 + 4 * 1024 + size_t(rgs) * size_t(n2 + n4) + 256;
+  const size_t need = abytes + 2048 + 2 * kBU * 1024 + size_t(rgs) * size_t(n2 + n4) + 256;
   if (sc.buf.size() < need) sc.buf.resize(need);
   uint16_t* A = reinterpret_cast<uint16_t*>(align64(sc.buf.data()));
   double* F = reinterpret_cast<double*>(reinterpret_cast<uint8_t*>(A) + abytes);
-  float* C = reinterpret_cast<float*>(F + 256);  // four 16 × 16 fp32 buffers
-  uint8_t* ws2 = reinterpret_cast<uint8_t*>(C + 4 * 256);
+  float* C = reinterpret_cast<float*>(F + 256);  // 2 kBU buffers of 16 × 16 fp32
+  uint8_t* ws2 = reinterpret_cast<uint8_t*>(C + 2 * kBU * 256);
   uint8_t* ws4 = ws2 + size_t(rgs) * size_t(n2);
   int base[kPassRowGroups] = {};
   const int limit = exact_span_limit(nb);
   if constexpr (kMode == TileMode::real) {
     TileConfig cfg;
     cfg.palette = 1;
-    for (int i = 0; i < 6; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;  // A, B, C: 16 × 64 bytes
+    for (int i = 0; i < 8; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;  // A, B, C: 16 × 64 bytes
     _tile_loadconfig(&cfg);
   }
   std::vector<uint8_t> pass(size_t(rgs) * size_t(n));
@@ -434,75 +437,96 @@ void project_amx_bf16_impl(const ProjArgs& a) {
     if (pfs)
       for (int i = 0; i < 16 * nb; i += 64)
         _mm_prefetch(reinterpret_cast<const char*>(pfs + i), _MM_HINT_T1);
-    // Unit u (blocks uG … uG+G−1) into C buffer u % 4 (tiles 0–2 for even u, 3–5 for odd u).
-    auto unit_op = [&](int u) {
-      float* Cu = C + (u % 4) * 256;
-      const int b0 = u * G, b1 = std::min(nb, b0 + G);
-      if constexpr (kMode == TileMode::emulated) {
-        for (int m = 0; m < 16; ++m)
-          for (int j = 0; j < 16; ++j) {
-            double s = 0;  // exact: every partial sum is exact in fp32 (see above)
-            for (int b = b0; b < b1; ++b)
-              for (int k = 0; k < 32; ++k) {
-                const uint32_t wa = uint32_t(Ag[size_t(m) * arow + size_t(b) * 32 + k]) << 16;
-                const uint32_t xb = uint32_t(B[size_t(b) * 512 + (k / 2) * 32 + 2 * j + k % 2])
-                                    << 16;
-                float fa, fb;
-                std::memcpy(&fa, &wa, 4);
-                std::memcpy(&fb, &xb, 4);
-                s += double(fa) * double(fb);
-              }
-            Cu[m * 16 + j] = float(s);
+    // Units (G blocks each) in steps of kBU: the units of step s + 1 are issued before the
+    // epilogue of step s. In one step the kBU units' blocks are interleaved — C tiles 4 … 7, one
+    // per unit, operands in tiles (0, 1) and (2, 3) alternately — so that consecutive products
+    // into one C tile are kBU products apart. Unit u's C goes to memory buffer u % (2 kBU).
+    auto issue_step = [&](int st) {
+      const int u0 = st * kBU, u1 = std::min(nu, u0 + kBU);
+      if constexpr (kMode == TileMode::real) {
+        __asm__ volatile("" ::: "memory");
+        const int astride = int(arow * 2);
+        int i = 0;
+        auto blk = [&]<int kC>(int u, int k) {
+          const int b = u * G + k;
+          if (u >= u1 || k >= G || b >= nb) return;
+          if ((i++ & 1) == 0) {
+            _tile_loadd(0, Ag + size_t(b) * 32, astride);
+            _tile_loadd(1, B + size_t(b) * 512, 64);
+            _tile_dpbf16ps(kC, 0, 1);
+          } else {
+            _tile_loadd(2, Ag + size_t(b) * 32, astride);
+            _tile_loadd(3, B + size_t(b) * 512, 64);
+            _tile_dpbf16ps(kC, 2, 3);
           }
-      } else if constexpr (kMode == TileMode::stub) {
-        __asm__ volatile("" ::: "memory");
-        __m512i x = _mm512_setzero_si512();
-        for (int b = b0; b < b1; ++b)
-          for (int r = 0; r < 16; ++r)
-            x = _mm512_xor_si512(x, _mm512_loadu_si512(B + size_t(b) * 512 + r * 32));
-        for (int m = 0; m < 16; ++m) {
-          __m512i y = x;
-          for (int b = b0; b < b1; ++b)
-            y = _mm512_xor_si512(y, _mm512_load_si512(Ag + size_t(m) * arow + size_t(b) * 32));
-          _mm512_store_si512(Cu + m * 16, y);
-        }
-        __asm__ volatile("" ::: "memory");
-      } else if (u & 1) {
-        __asm__ volatile("" ::: "memory");
+        };
+        _tile_zero(4);
         _tile_zero(5);
-        for (int b = b0; b < b1; ++b) {
-          _tile_loadd(3, Ag + size_t(b) * 32, int(arow * 2));
-          _tile_loadd(4, B + size_t(b) * 512, 64);
-          _tile_dpbf16ps(5, 3, 4);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int k = 0; k < G; ++k) {
+          blk.template operator()<4>(u0, k);
+          blk.template operator()<5>(u0 + 1, k);
+          blk.template operator()<6>(u0 + 2, k);
+          blk.template operator()<7>(u0 + 3, k);
         }
-        _tile_stored(5, Cu, 64);
+        auto cbuf = [&](int u) { return C + (u % (2 * kBU)) * 256; };
+        _tile_stored(4, cbuf(u0), 64);
+        if (u0 + 1 < u1) _tile_stored(5, cbuf(u0 + 1), 64);
+        if (u0 + 2 < u1) _tile_stored(6, cbuf(u0 + 2), 64);
+        if (u0 + 3 < u1) _tile_stored(7, cbuf(u0 + 3), 64);
         __asm__ volatile("" ::: "memory");
       } else {
-        __asm__ volatile("" ::: "memory");
-        _tile_zero(2);
-        for (int b = b0; b < b1; ++b) {
-          _tile_loadd(0, Ag + size_t(b) * 32, int(arow * 2));
-          _tile_loadd(1, B + size_t(b) * 512, 64);
-          _tile_dpbf16ps(2, 0, 1);
+        for (int u = u0; u < u1; ++u) {
+          float* Cu = C + (u % (2 * kBU)) * 256;
+          const int b0 = u * G, b1 = std::min(nb, b0 + G);
+          if constexpr (kMode == TileMode::emulated) {
+            for (int m = 0; m < 16; ++m)
+              for (int j = 0; j < 16; ++j) {
+                double sum = 0;  // exact: every partial sum is exact in fp32 (see above)
+                for (int b = b0; b < b1; ++b)
+                  for (int k = 0; k < 32; ++k) {
+                    const uint32_t wa = uint32_t(Ag[size_t(m) * arow + size_t(b) * 32 + k]) << 16;
+                    const uint32_t xb = uint32_t(B[size_t(b) * 512 + (k / 2) * 32 + 2 * j + k % 2])
+                                        << 16;
+                    float fa, fb;
+                    std::memcpy(&fa, &wa, 4);
+                    std::memcpy(&fb, &xb, 4);
+                    sum += double(fa) * double(fb);
+                  }
+                Cu[m * 16 + j] = float(sum);
+              }
+          } else {  // stub
+            __asm__ volatile("" ::: "memory");
+            __m512i x = _mm512_setzero_si512();
+            for (int b = b0; b < b1; ++b)
+              for (int r = 0; r < 16; ++r)
+                x = _mm512_xor_si512(x, _mm512_loadu_si512(B + size_t(b) * 512 + r * 32));
+            for (int m = 0; m < 16; ++m) {
+              __m512i y = x;
+              for (int b = b0; b < b1; ++b)
+                y = _mm512_xor_si512(y, _mm512_load_si512(Ag + size_t(m) * arow + size_t(b) * 32));
+              _mm512_store_si512(Cu + m * 16, y);
+            }
+            __asm__ volatile("" ::: "memory");
+          }
         }
-        _tile_stored(2, Cu, 64);
-        __asm__ volatile("" ::: "memory");
       }
     };
-    for (int u = 0; u < 2 && u < nu; ++u) unit_op(u);
-    for (int u = 0; u < nu; u += 2) {
-      for (int k = 0; k < 2; ++k)
-        if (u + 2 + k < nu) unit_op(u + 2 + k);
-      const int nuu = std::min(2, nu - u);
+    const int nst = (nu + kBU - 1) / kBU;
+    issue_step(0);
+    for (int st = 0; st < nst; ++st) {
+      if (st + 1 < nst) issue_step(st + 1);
+      const int u0 = st * kBU, nuu = std::min(kBU, nu - u0);
       if (pf) {  // this step's share of the 16 rows' packed bytes (4 lines per block)
-        const int b0 = u * G, b1 = std::min(nb, (u + nuu) * G);
+        const int b0 = u0 * G, b1 = std::min(nb, (u0 + nuu) * G);
         for (int i = b0 * 4; i < b1 * 4; ++i)
           _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(i) * 64), _MM_HINT_T1);
       }
       for (int m = 0; m < 16; ++m) {
         __m512d f0 = _mm512_load_pd(F + m * 16), f1 = _mm512_load_pd(F + m * 16 + 8);
         for (int k = 0; k < nuu; ++k) {
-          const float* cm = C + ((u + k) % 4) * 256 + m * 16;
+          const float* cm = C + ((u0 + k) % (2 * kBU)) * 256 + m * 16;
           f0 = _mm512_add_pd(f0, _mm512_cvtps_pd(_mm256_load_ps(cm)));
           f1 = _mm512_add_pd(f1, _mm512_cvtps_pd(_mm256_load_ps(cm + 8)));
         }
