@@ -393,6 +393,24 @@ int decode_rows_bf16(const ProjArgs& a, int o0, uint16_t* A, uint8_t* ws2, uint8
 // C tiles (units of G blocks) per step of the AMX-BF16 variant.
 constexpr int kBU = 4;
 
+// C tile kC (4 … 7) += tiles (kA, kA + 1): the tile intrinsics take register numbers as literal
+// macro arguments, so each combination is spelled out.
+template <int kC, int kA>
+inline void tile_dpbf16() {
+  static_assert(kC >= 4 && kC <= 7 && (kA == 0 || kA == 2));
+  if constexpr (kA == 0) {
+    if constexpr (kC == 4) _tile_dpbf16ps(4, 0, 1);
+    if constexpr (kC == 5) _tile_dpbf16ps(5, 0, 1);
+    if constexpr (kC == 6) _tile_dpbf16ps(6, 0, 1);
+    if constexpr (kC == 7) _tile_dpbf16ps(7, 0, 1);
+  } else {
+    if constexpr (kC == 4) _tile_dpbf16ps(4, 2, 3);
+    if constexpr (kC == 5) _tile_dpbf16ps(5, 2, 3);
+    if constexpr (kC == 6) _tile_dpbf16ps(6, 2, 3);
+    if constexpr (kC == 7) _tile_dpbf16ps(7, 2, 3);
+  }
+}
+
 template <TileMode kMode>
 void project_amx_bf16_impl(const ProjArgs& a) {
   const int nb = a.nb, n = a.n, row_bytes = a.K / 2;
@@ -453,11 +471,11 @@ void project_amx_bf16_impl(const ProjArgs& a) {
           if ((i++ & 1) == 0) {
             _tile_loadd(0, Ag + size_t(b) * 32, astride);
             _tile_loadd(1, B + size_t(b) * 512, 64);
-            _tile_dpbf16ps(kC, 0, 1);
+            tile_dpbf16<kC, 0>();
           } else {
             _tile_loadd(2, Ag + size_t(b) * 32, astride);
             _tile_loadd(3, B + size_t(b) * 512, 64);
-            _tile_dpbf16ps(kC, 2, 3);
+            tile_dpbf16<kC, 2>();
           }
         };
         _tile_zero(4);
