@@ -432,24 +432,25 @@ TEST_CASE(
   using strata::cpu::detail::gemm_counts;
   namespace d = strata::cpu::detail;
   const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);
-  // 40 and 75 tokens (3 and 5 groups, the last partial) in passes of 1, 2 or every group; rows
-  // 16 .. 88 of 96: one pass of 4 row groups, then one of 0.5 (strict rows only).
-  for (int n : {40, 75})
-    for (int H : {1184, 3584}) {
-      const auto ex = strata::test::random_expert(H, 96, uint32_t(H + n));
-      const auto x = strata::test::random_activations(n, H, uint32_t(n), false);
-      for (int pg : {0, 1, 2})
-        for (int sb : {2, 4}) {
-          const auto before = gemm_counts();
-          check_projection(ex, x, n, d::project_amx_emulated, pg, 0, -1, sb);
-          CHECK(gemm_counts().fast > before.fast);
-          check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88, sb);
-          if (amx) {
-            check_projection(ex, x, n, d::project_amx, pg, 0, -1, sb);
-            check_projection(ex, x, n, d::project_amx, pg, 16, 88, sb);
-          }
-        }
+  // 40 tokens at nb = 37 and 75 at K3's width (3 and 5 groups, the last partial) in passes of 1,
+  // 2 or every group, 2 or 4 blocks per epilogue step; rows 16 .. 88 of 96: one pass of 4 row
+  // groups, then one of 0.5 (strict rows only).
+  for (int n : {40, 75}) {
+    const int H = n == 40 ? 1184 : 3584;
+    const auto ex = strata::test::random_expert(H, 96, uint32_t(H + n));
+    const auto x = strata::test::random_activations(n, H, uint32_t(n), false);
+    for (int pg : {0, 1, 2}) {
+      const int sb = pg == 1 ? 4 : 2;
+      const auto before = gemm_counts();
+      check_projection(ex, x, n, d::project_amx_emulated, pg, 0, -1, sb);
+      CHECK(gemm_counts().fast > before.fast);
+      check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88, sb);
+      if (amx) {
+        check_projection(ex, x, n, d::project_amx, pg, 0, -1, sb);
+        check_projection(ex, x, n, d::project_amx, pg, 16, 88, sb);
+      }
     }
+  }
   // Wide scale codes and every third token over 2^±60: both paths inside passes.
   const int n = 40;
   const auto ex = strata::test::random_expert(1184, 128, 7, 106, 130);
@@ -479,7 +480,7 @@ TEST_CASE("expert kernels: one workspace reused across layers of other shapes, s
   b.x[size_t(7) * 544 + 100] = std::numeric_limits<float>::infinity();
   Layer c = make_layer(160, 96, 3, {{2, 1}}, false, 33);
   const GluParams situ{true, 4.0, 25.0};
-  for (ExpertIsa isa : {ExpertIsa::scalar, ExpertIsa::avx512, ExpertIsa::amx})
+  for (ExpertIsa isa : {ExpertIsa::avx512, ExpertIsa::amx})
     if (supported_or_warn(isa))
       for (const Layer* L : {&a, &b, &c, &b, &a}) {
         check_layer(*L, situ, isa, &ws, isa == ExpertIsa::amx ? 16 : -1);
