@@ -256,13 +256,16 @@ void amx_pack_tokens_bf16(const int8_t* const* q, const int32_t* const* e, int n
         const int rx = t < n ? e[t][b] - temin[size_t(t)] : 0;
         for (int k = 0; k < 16; ++k)
           for (int h = 0; h < 2; ++h) {
-            // q · 2^rx as bf16: the fp32 value has at most 7 significant bits, so its upper 16
-            // bits are the exact bf16 (0 → +0; rx beyond the bf16 range only for tokens that
-            // fail the span check, whose outputs are not used).
-            const float v = qb ? std::ldexp(float(qb[k + 64 * h]), rx) : 0.0f;
+            // q · 2^rx as bf16: float(q) has at most 7 significant bits, so the upper 16 bits of
+            // its fp32 encoding with rx added to the exponent are the exact bf16 (q = 0 → +0;
+            // rx beyond the bf16 range only for tokens that fail the span check, whose outputs
+            // are not used).
+            const int8_t qv = qb ? qb[k + 64 * h] : int8_t(0);
+            const float f = float(qv);
             uint32_t bits = 0;
-            std::memcpy(&bits, &v, 4);
-            B[k * 32 + 2 * j + h] = v == 0.0f ? uint16_t(0) : uint16_t(bits >> 16);
+            std::memcpy(&bits, &f, 4);
+            B[k * 32 + 2 * j + h] =
+                qv == 0 ? uint16_t(0) : uint16_t((bits + (uint32_t(rx) << 23)) >> 16);
           }
       }
     }
@@ -497,10 +500,12 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) != 0;
   }();
   auto pack = [&](TokenSet& ts, int nb) {
-    ts.packed = isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens;
+    // AMX-BF16 above 16 tokens (its own packing only), else AMX-INT8 from kAmxMinTokens on.
+    ts.packed16 = isa == ExpertIsa::amx && opt.amx_bf16 && amx_bf16 && ts.idx.size() > 16;
+    ts.packed =
+        isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens && !ts.packed16;
     if (ts.packed)
       detail::amx_pack_tokens(ts.q.data(), ts.px.data(), int(ts.idx.size()), nb, ts.tb, ts.tpx);
-    ts.packed16 = ts.packed && opt.amx_bf16 && amx_bf16 && ts.idx.size() > 16;
     if (ts.packed16)
       detail::amx_pack_tokens_bf16(ts.q.data(), ts.e.data(), int(ts.idx.size()), nb, ts.tb16,
                                    ts.tx2, ts.tx4, ts.temin);

@@ -612,8 +612,9 @@ void project_amx_bf16_impl(const ProjArgs& a) {
 
 template <TileMode kMode>
 void project_amx_steps(const ProjArgs& a) {
-  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
+  if (a.n < kAmxMinTokens || !a.span) return project_avx512(a);
   if (a.tb16 && a.tx2 && a.tx4 && a.temin && a.n > 16) return project_amx_bf16_impl<kMode>(a);
+  if (!a.tb || !a.tpx) return project_avx512(a);
   if (a.amx_step_blocks == 4) return project_amx_impl<kMode, 4>(a);
   project_amx_impl<kMode, 2>(a);
 }

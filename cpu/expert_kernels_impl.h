@@ -80,7 +80,8 @@ void amx_pack_tokens_bf16(const int8_t* const* q, const int32_t* const* e, int n
 // Whether the CPU has AMX-INT8 and the OS lets this process use tile data (Linux: granted by
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) on the first call).
 bool amx_ready();
-// AMX-INT8 kernel (needs tb, tpx, span; n < kAmxMinTokens or missing inputs: project_avx512).
+// AMX kernel: AMX-BF16 above 16 tokens when tb16 … temin are set, else AMX-INT8 (needs tb, tpx);
+// span needed; n < kAmxMinTokens or missing inputs: project_avx512.
 void project_amx(const ProjArgs& a);
 // The same code with the tile instructions replaced by scalar code of the same semantics (tests
 // of the layouts and the epilogue on CPUs without AMX).

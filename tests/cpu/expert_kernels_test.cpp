@@ -359,7 +359,9 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   a.r1 = r1;
   a.amx_pass_groups = pass_groups;
   a.amx_step_blocks = step_blocks;
-  if (bf16) {
+  if (bf16) {  // as the layer driver packs for AMX-BF16: its operands only
+    a.tb = nullptr;
+    a.tpx = nullptr;
     a.tb16 = tb16.data();
     a.tx2 = tx2.data();
     a.tx4 = tx4.data();
