@@ -242,7 +242,8 @@ int run(const Options& o) {
             l.bytes = double(kExpertBytes) * o.experts;
             l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
             l.peak_is_bandwidth = 3.79 * M < ridge;
-            l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (measured)";
+            l.peak_name =
+                l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
             l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
             l.note = std::string(cpu::isa_name(isa)) + ", contract bits" +
                      (o.no_workspace ? ", fresh buffers per call" : ", workspace reused");
