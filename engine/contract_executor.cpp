@@ -25,7 +25,12 @@ static_assert(std::is_same_v<int32_t, int>,
 class ContractExecutor final : public ExpertExecutor {
  public:
   // An explicit ISA this CPU cannot run throws here (strata::Error; no silent fallback).
-  explicit ContractExecutor(cpu::ExpertIsa isa) { opt_.isa = cpu::resolve_isa(isa); }
+  explicit ContractExecutor(cpu::ExpertIsa isa) {
+    opt_.isa = cpu::resolve_isa(isa);
+    opt_.workspace = &ws_;  // the kernels' per-call buffers, kept between layers and tokens
+  }
+  ContractExecutor(const ContractExecutor&) = delete;
+  ContractExecutor& operator=(const ContractExecutor&) = delete;
 
   const char* name() const override { return "contract"; }
 
@@ -84,6 +89,7 @@ class ContractExecutor final : public ExpertExecutor {
   }
 
  private:
+  cpu::CpuExpertWorkspace ws_;  // reused (grow-only) by every run_experts_cpu call of this executor
   cpu::CpuExpertOptions opt_;
   cpu::QuantizedActivations xq_;  // reused: quantized layer input
   std::vector<cpu::ExpertTask> jobs_;
