@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstring>
 
 #include "cpu/expert_kernels_impl.h"
@@ -222,82 +221,6 @@ void amx_pack_tokens(const int8_t* const* q, const double* const* px, int n, int
   }
 }
 
-void amx_pack_tokens_bf16(const int8_t* const* q, const int32_t* const* e, int n, int nb,
-                          std::vector<uint16_t>& tb16, std::vector<uint8_t>& tx2,
-                          std::vector<uint8_t>& tx4, std::vector<int>& temin) {
-  const size_t ntg = size_t(n + 15) / 16, items = ntg * size_t(nb);
-  const size_t n2 = size_t(nb + 1) / 2, n4 = size_t(nb + 3) / 4;
-  if (tb16.size() < items * 512) tb16.resize(items * 512);
-  if (tx2.size() < ntg * n2) tx2.resize(ntg * n2);
-  if (tx4.size() < ntg * n4) tx4.resize(ntg * n4);
-  if (temin.size() < size_t(n)) temin.resize(size_t(n));
-  // A block is zero iff all its q are (a nonzero block has |q| ≥ 64 at its largest element).
-  auto block = [&](int t, int b) { return q[t] + (b / 4) * 128 + (b % 4) * 16; };
-  auto nonzero = [&](int t, int b) {
-    const int8_t* qb = block(t, b);
-    int8_t any = 0;
-    for (int j = 0; j < 16; ++j) any |= qb[j] | qb[64 + j];
-    return any != 0;
-  };
-  for (int t = 0; t < n; ++t) {
-    int m = 0;
-    bool any = false;
-    for (int b = 0; b < nb; ++b)
-      if (nonzero(t, b)) m = any ? std::min(m, e[t][b]) : e[t][b], any = true;
-    temin[size_t(t)] = m;
-  }
-  auto pack = [&](size_t i0, size_t i1) {  // item i = (token group i / nb, block i % nb)
-    for (size_t i = i0; i < i1; ++i) {
-      const int tg = int(i / size_t(nb)), b = int(i % size_t(nb));
-      uint16_t* B = tb16.data() + i * 512;
-      for (int j = 0; j < 16; ++j) {
-        const int t = tg * 16 + j;
-        const int8_t* qb = t < n ? block(t, b) : nullptr;
-        const int rx = t < n ? e[t][b] - temin[size_t(t)] : 0;
-        for (int k = 0; k < 16; ++k)
-          for (int h = 0; h < 2; ++h) {
-            // q · 2^rx as bf16: float(q) has at most 7 significant bits, so the upper 16 bits of
-            // its fp32 encoding with rx added to the exponent are the exact bf16 (q = 0 → +0;
-            // rx beyond the bf16 range only for tokens that fail the span check, whose outputs
-            // are not used).
-            const int8_t qv = qb ? qb[k + 64 * h] : int8_t(0);
-            const float f = float(qv);
-            uint32_t bits = 0;
-            std::memcpy(&bits, &f, 4);
-            B[k * 32 + 2 * j + h] =
-                qv == 0 ? uint16_t(0) : uint16_t((bits + (uint32_t(rx) << 23)) >> 16);
-          }
-      }
-    }
-  };
-  if (items >= 64) {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, items, 16),
-                      [&](const tbb::blocked_range<size_t>& r) { pack(r.begin(), r.end()); });
-  } else {
-    pack(0, items);
-  }
-  for (size_t tg = 0; tg < ntg; ++tg)
-    for (int G : {2, 4}) {
-      uint8_t* out = (G == 2 ? tx2.data() + tg * n2 : tx4.data() + tg * n4);
-      for (int g = 0; g * G < nb; ++g) {
-        int spread = 0;
-        for (int j = 0; j < 16 && int(tg) * 16 + j < n; ++j) {
-          const int t = int(tg) * 16 + j;
-          int lo = 0, hi = 0;
-          bool any = false;
-          for (int b = g * G; b < std::min(nb, g * G + G); ++b)
-            if (nonzero(t, b)) {
-              lo = any ? std::min(lo, e[t][b]) : e[t][b];
-              hi = any ? std::max(hi, e[t][b]) : e[t][b];
-              any = true;
-            }
-          spread = std::max(spread, hi - lo);
-        }
-        out[g] = uint8_t(std::min(spread, 255));
-      }
-    }
-}
-
 int exact_span_limit(int nb) {
   if (nb <= 0) return -1;
   const double lim = 9007199254740992.0;  // 2^53
@@ -366,17 +289,13 @@ struct TokenSet {
   std::vector<int8_t> tb;  // AMX only: amx_pack_tokens (valid when packed)
   std::vector<double> tpx;
   bool packed = false;
-  std::vector<uint16_t> tb16;  // AMX-BF16 variant: amx_pack_tokens_bf16 (valid when packed16)
-  std::vector<uint8_t> tx2, tx4;
-  std::vector<int> temin;
-  bool packed16 = false;
 };
 
 // Refills s (capacity kept) with the non-poisoned tokens of rows[0 .. n) (null rows: 0 .. n).
 void token_set(const QuantizedActivations& xq, const int* rows, int n, TokenSet& s) {
   s.idx.clear(), s.q.clear(), s.e.clear(), s.bias.clear(), s.nbias.clear(), s.px.clear();
   s.span.clear();
-  s.packed = s.packed16 = false;
+  s.packed = false;
   for (int i = 0; i < n; ++i) {
     const int t = rows ? rows[i] : i;
     if (xq.poisoned(t)) continue;
@@ -408,12 +327,6 @@ detail::ProjArgs proj_args(const QuantizedActivations& xq, const TokenSet& ts, i
   if (ts.packed) {
     a.tb = ts.tb.data();
     a.tpx = ts.tpx.data();
-  }
-  if (ts.packed16) {
-    a.tb16 = ts.tb16.data();
-    a.tx2 = ts.tx2.data();
-    a.tx4 = ts.tx4.data();
-    a.temin = ts.temin.data();
   }
   a.out_stride = kRowTile;
   a.prefetch = prefetch;
@@ -494,21 +407,10 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
     ws.h_floats = h_off[E];
   }
   float* const h = ws.h.get();
-  // The AMX-BF16 variant also needs AMX-BF16 (CPUID.(7,0):EDX[22]); without it: AMX-INT8.
-  static const bool amx_bf16 = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) != 0;
-  }();
   auto pack = [&](TokenSet& ts, int nb) {
-    // AMX-BF16 above 16 tokens (its own packing only), else AMX-INT8 from kAmxMinTokens on.
-    ts.packed16 = isa == ExpertIsa::amx && opt.amx_bf16 && amx_bf16 && ts.idx.size() > 16;
-    ts.packed =
-        isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens && !ts.packed16;
+    ts.packed = isa == ExpertIsa::amx && int(ts.idx.size()) >= detail::kAmxMinTokens;
     if (ts.packed)
       detail::amx_pack_tokens(ts.q.data(), ts.px.data(), int(ts.idx.size()), nb, ts.tb, ts.tpx);
-    if (ts.packed16)
-      detail::amx_pack_tokens_bf16(ts.q.data(), ts.e.data(), int(ts.idx.size()), nb, ts.tb16,
-                                   ts.tx2, ts.tx4, ts.temin);
   };
   if (isa == ExpertIsa::amx)
     tbb::parallel_for(size_t(0), E, [&](size_t e) { pack(xs[e], xq.blocks()); });

@@ -116,10 +116,6 @@ struct CpuExpertOptions {
   // each fp64 accumulator loaded and stored once per step): 2 or 4; other values: 2. A tuning knob
   // for the benchmark; results do not depend on it.
   int amx_step_blocks = 2;
-  // AMX kernel with more than 16 tokens: the AMX-BF16 variant (TDPBF16PS on bf16 operands with
-  // the block scales folded in, several blocks summed per tile where fp32 holds their sum
-  // exactly; same bits). Experimental: off by default.
-  bool amx_bf16 = false;
 };
 
 // All experts of one layer: x [T, H] fp32 (H = every task's w.hidden), quantized here once per

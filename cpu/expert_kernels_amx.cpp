@@ -22,15 +22,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "cpu/expert_kernels_impl.h"
 
 namespace strata::cpu::detail {
-
-namespace c = strata::contract;
 
 namespace {
 
@@ -41,8 +38,6 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-
-std::atomic<uint64_t> g_bf16_groups[3];  // tiles with 1, 2, 4 blocks per C tile
 
 struct AmxScratch {
   std::vector<uint8_t> buf;
@@ -325,307 +320,14 @@ void project_amx_impl(const ProjArgs& a) {
   gemm_count_add(nfast, nstrict);
 }
 
-// ------------------------------------------------------------------------------------------------
-// AMX-BF16 variant. The block scales are folded into the operands, both exact in bf16: A = the
-// doubled E2M1 weight · 2^(s_w − base) (base: the least scale code of the 16 rows), B = q ·
-// 2^(e_x − emin_t) (amx_pack_tokens_bf16). A TDPBF16PS over one block then gives the block term ·
-// 2^(128 − base − emin_t) in fp32, exactly: every partial sum is a multiple of the block's unit
-// below 2^24 of them (|d_b| ≤ 48,768 < 2^16). Several blocks (G = 2 or 4) go into one C tile when
-// their relative exponents differ by at most 7 (G = 2) or 6 (G = 4) for every (row, token) of the
-// tile — bounded by the rows' scale spread plus the tokens' exponent spread over the G blocks —
-// because G · 48,768 · 2^δ ≤ 2^24 keeps every partial sum exact. The epilogue per C row is then
-// cvt (fp32 → fp64) + add per G blocks (no scaling: the scales are in the operands), instead of
-// cvt + mul + fma per block; the exact fp64 sum is scaled by 2^(base − 128 + emin_t) at the end
-// (exact). Same bits as the int8 kernel wherever the span check passes (the same check).
-
-// Rows o0 … o0+15 into A (row stride nb · 32 bf16) with the scales folded in; ws2 / ws4: per pair
-// / quad of blocks the largest spread of one row's scale codes in it. *base = least scale code.
-// Returns max − min of the scale codes.
-int decode_rows_bf16(const ProjArgs& a, int o0, uint16_t* A, uint8_t* ws2, uint8_t* ws4,
-                     int* base) {
-  const int row_bytes = a.K / 2, nb = a.nb;
-  const uint8_t* s0 = a.scale + size_t(o0) * size_t(nb);
-  int smin = 255, smax = 0;
-  for (int i = 0; i < 16 * nb; ++i)
-    smin = std::min(smin, int(s0[i])), smax = std::max(smax, int(s0[i]));
-  for (int G : {2, 4}) {
-    uint8_t* out = G == 2 ? ws2 : ws4;
-    for (int g = 0; g * G < nb; ++g) {
-      int spread = 0;
-      for (int m = 0; m < 16; ++m) {
-        int lo = 255, hi = 0;
-        for (int b = g * G; b < std::min(nb, g * G + G); ++b)
-          lo = std::min(lo, int(s0[m * nb + b])), hi = std::max(hi, int(s0[m * nb + b]));
-        spread = std::max(spread, hi - lo);
-      }
-      out[g] = uint8_t(spread);
-    }
-  }
-  *base = smin;
-  // bf16 of the doubled E2M1 values, twice (vpermw reads 5 index bits).
-  alignas(64) static const uint16_t kLut[32] = {
-      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40C0, 0x4100, 0x4140, 0x0000, 0xBF80, 0xC000,
-      0xC040, 0xC080, 0xC0C0, 0xC100, 0xC140, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40C0,
-      0x4100, 0x4140, 0x0000, 0xBF80, 0xC000, 0xC040, 0xC080, 0xC0C0, 0xC100, 0xC140};
-  const __m512i lut = _mm512_load_si512(kLut);
-  const __m512i low4 = _mm512_set1_epi32(0x0F), high4 = _mm512_set1_epi32(0xF0000);
-  const uint8_t* p0 = a.packed + size_t(o0) * size_t(row_bytes);
-  for (int m = 0; m < 16; ++m) {
-    const uint8_t* prow = p0 + size_t(m) * size_t(row_bytes);
-    uint16_t* arow = A + size_t(m) * size_t(nb) * 32;
-    for (int b = 0; b < nb; ++b) {
-      if ((b & 3) == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(prow + b * 16 + 512), _MM_HINT_T0);
-      // Byte j → dword j: low word = its low nibble (column 2j), high word = its high nibble.
-      const __m512i x =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(prow + b * 16)));
-      const __m512i idx = _mm512_or_si512(_mm512_and_si512(x, low4),
-                                          _mm512_and_si512(_mm512_slli_epi32(x, 12), high4));
-      __m512i v = _mm512_permutexvar_epi16(idx, lut);
-      const __mmask32 nz = _mm512_test_epi16_mask(v, v);
-      v = _mm512_mask_add_epi16(v, nz, v, _mm512_set1_epi16(short((s0[m * nb + b] - smin) << 7)));
-      _mm512_store_si512(arow + b * 32, v);
-    }
-  }
-  return smax - smin;
-}
-
-// C tiles (units of G blocks) per step of the AMX-BF16 variant.
-constexpr int kBU = 4;
-
-// C tile kC (4 … 7) += tiles (kA, kA + 1): the tile intrinsics take register numbers as literal
-// macro arguments, so each combination is spelled out.
-template <int kC, int kA>
-inline void tile_dpbf16() {
-  static_assert(kC >= 4 && kC <= 7 && (kA == 0 || kA == 2));
-  if constexpr (kA == 0) {
-    if constexpr (kC == 4) _tile_dpbf16ps(4, 0, 1);
-    if constexpr (kC == 5) _tile_dpbf16ps(5, 0, 1);
-    if constexpr (kC == 6) _tile_dpbf16ps(6, 0, 1);
-    if constexpr (kC == 7) _tile_dpbf16ps(7, 0, 1);
-  } else {
-    if constexpr (kC == 4) _tile_dpbf16ps(4, 2, 3);
-    if constexpr (kC == 5) _tile_dpbf16ps(5, 2, 3);
-    if constexpr (kC == 6) _tile_dpbf16ps(6, 2, 3);
-    if constexpr (kC == 7) _tile_dpbf16ps(7, 2, 3);
-  }
-}
-
-template <TileMode kMode>
-void project_amx_bf16_impl(const ProjArgs& a) {
-  const int nb = a.nb, n = a.n, row_bytes = a.K / 2;
-  const int ntg = (n + 15) / 16;
-  const int pg = a.amx_pass_groups > 0 && a.amx_pass_groups < ntg ? a.amx_pass_groups : ntg;
-  const int rgs = pg == ntg ? 1 : kPassRowGroups;
-  const int n2 = (nb + 1) / 2, n4 = (nb + 3) / 4;
-  const size_t arow = size_t(nb) * 32;  // bf16 per decoded row
-  AmxScratch& sc = tl_amx;
-  const size_t abytes = size_t(rgs) * 16 * arow * 2;
-  const size_t need = abytes + 2048 + 2 * kBU * 1024 + size_t(rgs) * size_t(n2 + n4) + 256;
-  if (sc.buf.size() < need) sc.buf.resize(need);
-  uint16_t* A = reinterpret_cast<uint16_t*>(align64(sc.buf.data()));
-  double* F = reinterpret_cast<double*>(reinterpret_cast<uint8_t*>(A) + abytes);
-  float* C = reinterpret_cast<float*>(F + 256);  // 2 kBU buffers of 16 × 16 fp32
-  uint8_t* ws2 = reinterpret_cast<uint8_t*>(C + 2 * kBU * 256);
-  uint8_t* ws4 = ws2 + size_t(rgs) * size_t(n2);
-  int base[kPassRowGroups] = {};
-  const int limit = exact_span_limit(nb);
-  if constexpr (kMode == TileMode::real) {
-    TileConfig cfg;
-    cfg.palette = 1;
-    for (int i = 0; i < 8; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;  // A, B, C: 16 × 64 bytes
-    _tile_loadconfig(&cfg);
-  }
-  std::vector<uint8_t> pass(size_t(rgs) * size_t(n));
-  uint64_t nfast = 0, nstrict = 0;
-
-  auto tile = [&](int o0, int rg, const uint8_t* passg, int tg, const uint8_t* pf,
-                  const uint8_t* pfs) {
-    const uint16_t* Ag = A + size_t(rg) * 16 * arow;
-    const uint16_t* B = a.tb16 + size_t(tg) * size_t(nb) * 512;
-    // Blocks per C tile: the largest G whose exactness bound holds for every group of the tile.
-    int G = 4;
-    for (int g = 0; G == 4 && g < n4; ++g)
-      if (ws4[size_t(rg) * n4 + g] + a.tx4[size_t(tg) * n4 + g] > 6) G = 2;
-    for (int g = 0; G == 2 && g < n2; ++g)
-      if (ws2[size_t(rg) * n2 + g] + a.tx2[size_t(tg) * n2 + g] > 7) G = 1;
-    const int nu = (nb + G - 1) / G;
-    g_bf16_groups[G == 4 ? 2 : G - 1].fetch_add(1, std::memory_order_relaxed);
-    for (int i = 0; i < 256; i += 8) _mm512_store_pd(F + i, _mm512_setzero_pd());
-    if (pfs)
-      for (int i = 0; i < 16 * nb; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pfs + i), _MM_HINT_T1);
-    // Units (G blocks each) in steps of kBU: the units of step s + 1 are issued before the
-    // epilogue of step s. In one step the kBU units' blocks are interleaved — C tiles 4 … 7, one
-    // per unit, operands in tiles (0, 1) and (2, 3) alternately — so that consecutive products
-    // into one C tile are kBU products apart. Unit u's C goes to memory buffer u % (2 kBU).
-    auto issue_step = [&](int st) {
-      const int u0 = st * kBU, u1 = std::min(nu, u0 + kBU);
-      if constexpr (kMode == TileMode::real) {
-        __asm__ volatile("" ::: "memory");
-        const int astride = int(arow * 2);
-        int i = 0;
-        auto blk = [&]<int kC>(int u, int k) {
-          const int b = u * G + k;
-          if (u >= u1 || k >= G || b >= nb) return;
-          if ((i++ & 1) == 0) {
-            _tile_loadd(0, Ag + size_t(b) * 32, astride);
-            _tile_loadd(1, B + size_t(b) * 512, 64);
-            tile_dpbf16<kC, 0>();
-          } else {
-            _tile_loadd(2, Ag + size_t(b) * 32, astride);
-            _tile_loadd(3, B + size_t(b) * 512, 64);
-            tile_dpbf16<kC, 2>();
-          }
-        };
-        _tile_zero(4);
-        _tile_zero(5);
-        _tile_zero(6);
-        _tile_zero(7);
-        for (int k = 0; k < G; ++k) {
-          blk.template operator()<4>(u0, k);
-          blk.template operator()<5>(u0 + 1, k);
-          blk.template operator()<6>(u0 + 2, k);
-          blk.template operator()<7>(u0 + 3, k);
-        }
-        auto cbuf = [&](int u) { return C + (u % (2 * kBU)) * 256; };
-        _tile_stored(4, cbuf(u0), 64);
-        if (u0 + 1 < u1) _tile_stored(5, cbuf(u0 + 1), 64);
-        if (u0 + 2 < u1) _tile_stored(6, cbuf(u0 + 2), 64);
-        if (u0 + 3 < u1) _tile_stored(7, cbuf(u0 + 3), 64);
-        __asm__ volatile("" ::: "memory");
-      } else {
-        for (int u = u0; u < u1; ++u) {
-          float* Cu = C + (u % (2 * kBU)) * 256;
-          const int b0 = u * G, b1 = std::min(nb, b0 + G);
-          if constexpr (kMode == TileMode::emulated) {
-            for (int m = 0; m < 16; ++m)
-              for (int j = 0; j < 16; ++j) {
-                double sum = 0;  // exact: every partial sum is exact in fp32 (see above)
-                for (int b = b0; b < b1; ++b)
-                  for (int k = 0; k < 32; ++k) {
-                    const uint32_t wa = uint32_t(Ag[size_t(m) * arow + size_t(b) * 32 + k]) << 16;
-                    const uint32_t xb = uint32_t(B[size_t(b) * 512 + (k / 2) * 32 + 2 * j + k % 2])
-                                        << 16;
-                    float fa, fb;
-                    std::memcpy(&fa, &wa, 4);
-                    std::memcpy(&fb, &xb, 4);
-                    sum += double(fa) * double(fb);
-                  }
-                Cu[m * 16 + j] = float(sum);
-              }
-          } else {  // stub
-            __asm__ volatile("" ::: "memory");
-            __m512i x = _mm512_setzero_si512();
-            for (int b = b0; b < b1; ++b)
-              for (int r = 0; r < 16; ++r)
-                x = _mm512_xor_si512(x, _mm512_loadu_si512(B + size_t(b) * 512 + r * 32));
-            for (int m = 0; m < 16; ++m) {
-              __m512i y = x;
-              for (int b = b0; b < b1; ++b)
-                y = _mm512_xor_si512(y, _mm512_load_si512(Ag + size_t(m) * arow + size_t(b) * 32));
-              _mm512_store_si512(Cu + m * 16, y);
-            }
-            __asm__ volatile("" ::: "memory");
-          }
-        }
-      }
-    };
-    const int nst = (nu + kBU - 1) / kBU;
-    issue_step(0);
-    for (int st = 0; st < nst; ++st) {
-      if (st + 1 < nst) issue_step(st + 1);
-      const int u0 = st * kBU, nuu = std::min(kBU, nu - u0);
-      if (pf) {  // this step's share of the 16 rows' packed bytes (4 lines per block)
-        const int b0 = u0 * G, b1 = std::min(nb, (u0 + nuu) * G);
-        for (int i = b0 * 4; i < b1 * 4; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(pf + size_t(i) * 64), _MM_HINT_T1);
-      }
-      for (int m = 0; m < 16; ++m) {
-        __m512d f0 = _mm512_load_pd(F + m * 16), f1 = _mm512_load_pd(F + m * 16 + 8);
-        for (int k = 0; k < nuu; ++k) {
-          const float* cm = C + ((u0 + k) % (2 * kBU)) * 256 + m * 16;
-          f0 = _mm512_add_pd(f0, _mm512_cvtps_pd(_mm256_load_ps(cm)));
-          f1 = _mm512_add_pd(f1, _mm512_cvtps_pd(_mm256_load_ps(cm + 8)));
-        }
-        _mm512_store_pd(F + m * 16, f0);
-        _mm512_store_pd(F + m * 16 + 8, f1);
-      }
-    }
-    for (int j = 0; j < 16 && tg * 16 + j < n; ++j) {
-      const int t = tg * 16 + j;
-      if (!passg[size_t(t)]) continue;
-      const double scale = c::pow2(base[rg] - 128 + a.temin[t]);
-      float* out = a.out + size_t(t) * size_t(a.out_stride) + size_t(o0 - a.r0);
-      for (int m = 0; m < 16; ++m) out[m] = float(F[m * 16 + j] * scale);
-    }
-  };
-
-  const int last_tg0 = (ntg - 1) / pg * pg;
-  for (int s0 = a.r0; s0 < a.r1; s0 += 16 * rgs) {
-    const int nrg = std::min(rgs, (a.r1 - s0 + 15) / 16);
-    for (int rg = 0; rg < nrg; ++rg) {
-      const int o0 = s0 + 16 * rg, rows = std::min(16, a.r1 - o0);
-      uint8_t* passg = pass.data() + size_t(rg) * size_t(n);
-      const int span_w =
-          rows == 16 ? decode_rows_bf16(a, o0, A + size_t(rg) * 16 * arow, ws2 + size_t(rg) * n2,
-                                        ws4 + size_t(rg) * n4, &base[rg])
-                     : 0;
-      for (int t = 0; t < n; ++t) {
-        passg[size_t(t)] = rows == 16 && limit >= 0 && span_w + a.span[t] <= limit;
-        if (passg[size_t(t)]) {
-          ++nfast;
-          continue;
-        }
-        project_strict_pair(a, o0, rows, t);
-        ++nstrict;
-      }
-    }
-    for (int tg0 = 0; tg0 < ntg; tg0 += pg)
-      for (int rg = 0; rg < nrg; ++rg) {
-        const int o0 = s0 + 16 * rg;
-        if (a.r1 - o0 < 16) continue;
-        const uint8_t* passg = pass.data() + size_t(rg) * size_t(n);
-        for (int tg = tg0; tg < std::min(ntg, tg0 + pg); ++tg) {
-          bool any = false;
-          for (int j = 0; j < 16 && tg * 16 + j < n; ++j) any |= passg[size_t(tg * 16 + j)] != 0;
-          if (!any) continue;
-          const uint8_t* pf = nullptr;
-          const uint8_t* pfs = nullptr;
-          if (tg == last_tg0) {
-            const int on = o0 + 16 * rgs;
-            if (on + 16 <= a.r1) {
-              pf = a.packed + size_t(on) * size_t(row_bytes);
-              pfs = a.scale + size_t(on) * size_t(nb);
-            } else if (s0 + 16 * rgs >= a.r1 && a.next_packed && (rgs > 1 || rg == 0)) {
-              pf = a.next_packed + size_t(rg) * 16 * size_t(row_bytes);
-              pfs = a.next_scale + size_t(rg) * 16 * size_t(nb);
-            }
-          }
-          tile(o0, rg, passg, tg, pf, pfs);
-        }
-      }
-  }
-  if constexpr (kMode == TileMode::real) _tile_release();
-  gemm_count_add(nfast, nstrict);
-}
-
 template <TileMode kMode>
 void project_amx_steps(const ProjArgs& a) {
-  if (a.n < kAmxMinTokens || !a.span) return project_avx512(a);
-  if (a.tb16 && a.tx2 && a.tx4 && a.temin && a.n > 16) return project_amx_bf16_impl<kMode>(a);
-  if (!a.tb || !a.tpx) return project_avx512(a);
+  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
   if (a.amx_step_blocks == 4) return project_amx_impl<kMode, 4>(a);
   project_amx_impl<kMode, 2>(a);
 }
 
 }  // namespace
-
-Bf16GroupCounts amx_bf16_group_counts() {
-  return {g_bf16_groups[0].load(std::memory_order_relaxed),
-          g_bf16_groups[1].load(std::memory_order_relaxed),
-          g_bf16_groups[2].load(std::memory_order_relaxed)};
-}
 
 void project_amx(const ProjArgs& a) {
   project_amx_steps<TileMode::real>(a);

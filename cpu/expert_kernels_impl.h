@@ -46,12 +46,6 @@ struct ProjArgs {
   int amx_pass_groups = 0;
   // AMX only: blocks per epilogue step, 2 (default) or 4. See CpuExpertOptions::amx_step_blocks.
   int amx_step_blocks = 2;
-  // AMX-BF16 variant (used when tb16 is set and there are at least two token groups): the token
-  // set packed by amx_pack_tokens_bf16.
-  const uint16_t* tb16 = nullptr;
-  const uint8_t* tx2 = nullptr;
-  const uint8_t* tx4 = nullptr;
-  const int* temin = nullptr;
 };
 
 // Default of CpuExpertOptions::amx_pass_tokens.
@@ -67,21 +61,10 @@ inline constexpr int kAmxMinTokens = 8;
 void amx_pack_tokens(const int8_t* const* q, const double* const* px, int n, int nb,
                      std::vector<int8_t>& tb, std::vector<double>& tpx);
 
-// The n tokens as TDPBF16PS B operands with the block scales folded in, for the AMX-BF16 variant
-// (cpu/expert_kernels_amx.cpp): per group of 16 tokens and block b, 16 rows × 64 bytes, row k,
-// token j: the bf16 pair q[32b + 2k], q[32b + 2k + 1] · 2^(e_x,b − emin_t) (exact: |q| ≤ 127;
-// emin_t = the token's least nonzero-block exponent, temin[t]); zero blocks and tokens past n are
-// +0. tx2 / tx4: per token group and pair / quad of blocks, the largest spread (max − min) of e_x
-// over one token's nonzero blocks in it.
-void amx_pack_tokens_bf16(const int8_t* const* q, const int32_t* const* e, int n, int nb,
-                          std::vector<uint16_t>& tb16, std::vector<uint8_t>& tx2,
-                          std::vector<uint8_t>& tx4, std::vector<int>& temin);
-
 // Whether the CPU has AMX-INT8 and the OS lets this process use tile data (Linux: granted by
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) on the first call).
 bool amx_ready();
-// AMX kernel: AMX-BF16 above 16 tokens when tb16 … temin are set, else AMX-INT8 (needs tb, tpx);
-// span needed; n < kAmxMinTokens or missing inputs: project_avx512.
+// AMX-INT8 kernel (needs tb, tpx, span; n < kAmxMinTokens or missing inputs: project_avx512).
 void project_amx(const ProjArgs& a);
 // The same code with the tile instructions replaced by scalar code of the same semantics (tests
 // of the layouts and the epilogue on CPUs without AMX).
@@ -113,11 +96,6 @@ struct GemmCounts {
   uint64_t fast = 0, strict = 0;
 };
 GemmCounts gemm_counts();
-// How many tiles the AMX-BF16 variant has summed with 1, 2 and 4 blocks per C tile. For tests.
-struct Bf16GroupCounts {
-  uint64_t g1 = 0, g2 = 0, g4 = 0;
-};
-Bf16GroupCounts amx_bf16_group_counts();
 
 void project_scalar(const ProjArgs& a);
 void project_avx2(const ProjArgs& a);

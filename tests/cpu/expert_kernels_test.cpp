@@ -12,7 +12,6 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <utility>
 
 #include "cpu/expert_contract.h"
 #include "cpu/expert_kernels.h"
@@ -52,8 +51,7 @@ Layer make_layer(int H, int I, int T, const std::vector<std::vector<int>>& rows,
 
 // Runs the layer with `isa` and compares every output bit with expert_ffn_contract.
 void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
-                 strata::cpu::CpuExpertWorkspace* ws = nullptr, int pass_tokens = -1,
-                 bool bf16 = false) {
+                 strata::cpu::CpuExpertWorkspace* ws = nullptr, int pass_tokens = -1) {
   std::vector<std::vector<float>> y(L.experts.size());
   std::vector<ExpertTask> tasks;
   for (size_t e = 0; e < L.experts.size(); ++e) {
@@ -64,7 +62,6 @@ void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
   opt.isa = isa;
   opt.workspace = ws;
   opt.amx_pass_tokens = pass_tokens;
-  opt.amx_bf16 = bf16;
   strata::cpu::run_experts_cpu(tasks, L.x.data(), L.T, glu, opt);
   std::vector<float> want(size_t(L.H));
   size_t mismatches = 0, nan_rows = 0;
@@ -83,8 +80,8 @@ void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
           ++mismatches;
         }
     }
-  INFO("isa " << strata::cpu::isa_name(isa) << (bf16 ? " (bf16)" : "") << ", shape " << L.H << "->"
-              << L.I << "->" << L.H << ", NaN rows " << nan_rows);
+  INFO("isa " << strata::cpu::isa_name(isa) << ", shape " << L.H << "->" << L.I << "->" << L.H
+              << ", NaN rows " << nan_rows);
   CHECK(mismatches == 0);
 }
 
@@ -323,7 +320,7 @@ namespace {
 // for bit; the tokens packed for AMX as the layer driver does.
 void check_projection(const strata::test::RandomExpert& ex, const std::vector<float>& x, int n,
                       void (*kernel)(const strata::cpu::detail::ProjArgs&), int pass_groups = 0,
-                      int r0 = 0, int r1 = -1, int step_blocks = 2, bool bf16 = false) {
+                      int r0 = 0, int r1 = -1, int step_blocks = 2) {
   namespace d = strata::cpu::detail;
   strata::cpu::QuantizedActivations xq;
   xq.quantize(x.data(), n, ex.H);
@@ -343,10 +340,6 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   std::vector<int8_t> tb;
   std::vector<double> tpx;
   d::amx_pack_tokens(q.data(), px.data(), n, xq.blocks(), tb, tpx);
-  std::vector<uint16_t> tb16;
-  std::vector<uint8_t> tx2, tx4;
-  std::vector<int> temin;
-  if (bf16) d::amx_pack_tokens_bf16(q.data(), e.data(), n, xq.blocks(), tb16, tx2, tx4, temin);
   if (r1 < 0) r1 = ex.I;
   std::vector<float> got(size_t(n) * size_t(r1 - r0), -1.0f), want(got.size(), -2.0f);
   d::ProjArgs a;
@@ -359,14 +352,6 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   a.r1 = r1;
   a.amx_pass_groups = pass_groups;
   a.amx_step_blocks = step_blocks;
-  if (bf16) {  // as the layer driver packs for AMX-BF16: its operands only
-    a.tb = nullptr;
-    a.tpx = nullptr;
-    a.tb16 = tb16.data();
-    a.tx2 = tx2.data();
-    a.tx4 = tx4.data();
-    a.temin = temin.data();
-  }
   a.n = n;
   a.q = q.data();
   a.e = e.data();
@@ -387,8 +372,7 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
       if (bad++ < 5) UNSCOPED_INFO("output " << i << ": got " << got[i] << " want " << want[i]);
     }
   INFO("shape " << ex.I << "x" << ex.H << ", rows " << r0 << ".." << r1 << ", " << n
-                << " tokens, pass groups " << pass_groups << ", step blocks " << step_blocks
-                << (bf16 ? ", bf16" : ""));
+                << " tokens, pass groups " << pass_groups << ", step blocks " << step_blocks);
   CHECK(bad == 0);
 }
 
@@ -484,57 +468,6 @@ TEST_CASE("expert kernels: one workspace reused across layers of other shapes, s
   const GluParams situ{true, 4.0, 25.0};
   for (ExpertIsa isa : {ExpertIsa::avx512, ExpertIsa::amx})
     if (supported_or_warn(isa))
-      for (const Layer* L : {&a, &b, &c, &b, &a}) {
+      for (const Layer* L : {&a, &b, &c, &b, &a})
         check_layer(*L, situ, isa, &ws, isa == ExpertIsa::amx ? 16 : -1);
-        if (isa == ExpertIsa::amx) check_layer(*L, situ, isa, &ws, 16, true);  // AMX-BF16
-      }
-}
-
-TEST_CASE("expert kernels: AMX-BF16 variant (tile ops emulated), and on AMX", "[expert]") {
-  if (!supported_or_warn(ExpertIsa::avx512)) return;
-  using strata::cpu::detail::gemm_counts;
-  namespace d = strata::cpu::detail;
-  const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);
-  const auto groups0 = d::amx_bf16_group_counts();
-  // Scales 118..123 (spreads up to 5 within a pair or quad: G = 2 where the tokens allow) and the
-  // benchmark's window 117..121 (G = 4 where the tokens allow), in passes and not, partial
-  // row ranges; K3's width and one with a partial quad (nb = 37).
-  for (int H : {1184, 3584})
-    for (int lo : {117, 118}) {
-      const int n = 40;
-      const auto ex =
-          strata::test::random_expert(H, 96, uint32_t(H + lo), lo, lo == 117 ? 121 : 123);
-      const auto x = strata::test::random_activations(n, H, uint32_t(lo), false);
-      for (int pg : {0, 1}) {
-        const auto before = gemm_counts();
-        check_projection(ex, x, n, d::project_amx_emulated, pg, 0, -1, 2, true);
-        CHECK(gemm_counts().fast > before.fast);
-        check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88, 2, true);
-        if (amx) {
-          check_projection(ex, x, n, d::project_amx, pg, 0, -1, 2, true);
-          check_projection(ex, x, n, d::project_amx, pg, 16, 88, 2, true);
-        }
-      }
-    }
-  // Wide scale codes and every third token over 2^±60 (strict pairs, wide exponents), and
-  // activations over many binades in every token (blocks differing by far more than 7 binades:
-  // G = 1, with zero and subnormal blocks).
-  const int n = 40;
-  const auto ex = strata::test::random_expert(1184, 128, 7, 106, 130);
-  auto x = strata::test::random_activations(n, 1184, 5, false);
-  const auto wide = strata::test::random_activations(n, 1184, 6, true);
-  for (int t = 0; t < n; t += 3)
-    std::copy(wide.begin() + t * 1184, wide.begin() + (t + 1) * 1184, x.begin() + t * 1184);
-  const auto ex2 = strata::test::random_expert(1184, 64, 8);
-  for (const auto* e : {&ex, &ex2})
-    for (const std::vector<float>* xx : {&std::as_const(x), &wide}) {
-      check_projection(*e, *xx, n, d::project_amx_emulated, 0, 0, -1, 2, true);
-      check_projection(*e, *xx, n, d::project_amx_emulated, 1, 0, -1, 2, true);
-      if (amx) check_projection(*e, *xx, n, d::project_amx, 1, 0, -1, 2, true);
-    }
-  // Every tile width occurred.
-  const auto groups1 = d::amx_bf16_group_counts();
-  CHECK(groups1.g1 > groups0.g1);
-  CHECK(groups1.g2 > groups0.g2);
-  CHECK(groups1.g4 > groups0.g4);
 }
