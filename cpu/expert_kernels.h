@@ -112,10 +112,6 @@ struct CpuExpertOptions {
   // weights; 0 = all tokens per pass over 16 rows (the loop order before this option); < 0 = the
   // default. A tuning knob for the benchmark; results do not depend on it.
   int amx_pass_tokens = -1;
-  // AMX kernel: 32-element blocks per epilogue step (their tile products issued one step ahead;
-  // each fp64 accumulator loaded and stored once per step): 2 or 4; other values: 2. A tuning knob
-  // for the benchmark; results do not depend on it.
-  int amx_step_blocks = 2;
 };
 
 // All experts of one layer: x [T, H] fp32 (H = every task's w.hidden), quantized here once per

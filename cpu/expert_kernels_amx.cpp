@@ -107,20 +107,21 @@ int decode_rows_amx(const ProjArgs& a, int o0, uint8_t* A, int rs, double* pw) {
 }
 
 constexpr int kRingQuads = 4;
-// The tile instructions: real, emulated by scalar code of the same semantics (tests), or stubbed
-// by vector loads and stores of the same bytes (timing of everything else on CPUs without AMX;
-// wrong results).
-enum class TileMode { real, emulated, stub };
+// The tile instructions: real, or emulated by scalar code of the same semantics (tests).
+enum class TileMode { real, emulated };
 
 // Row groups (of 16) decoded per pass when the tokens are split into passes.
 constexpr int kPassRowGroups = 4;
 
-// kU: blocks per epilogue step; their products are issued one step (kU blocks) ahead, each
-// output's fp64 accumulator is loaded and stored once per step (C ring of 2 kU buffers).
-template <TileMode kMode, int kU>
+// Blocks per epilogue step: their products are issued one step (kU blocks) ahead, each output's
+// fp64 accumulator is loaded and stored once per step (C ring of 2 kU buffers). 4 was measured on
+// the H200 host and was no faster (M=16 7.53 vs 6.86 ms, M=256 102.0 vs 99.7 ms).
+constexpr int kU = 2;
+static_assert(kU >= 1 && 4 % kU == 0, "one ring quad per step at most");
+
+template <TileMode kMode>
 void project_amx_impl(const ProjArgs& a) {
-  static_assert(kU >= 1 && 4 % kU == 0, "one ring quad per step at most");
-  constexpr bool kEmu = kMode != TileMode::real;
+  constexpr bool kEmu = kMode == TileMode::emulated;
   const int nb = a.nb, n = a.n, nq = (nb + 3) / 4, rs = nq * 128, row_bytes = a.K / 2;
   const int ntg = (n + 15) / 16;
   // One token group: the weights are decoded a quad at a time into an L1 ring (kRingQuads
@@ -177,17 +178,7 @@ void project_amx_impl(const ProjArgs& a) {
       const int8_t* Bb = B + size_t(b) * 512;
       const uint8_t* Ab = ring ? R + size_t(b % (4 * kRingQuads)) * 32 : Ag + size_t(b) * 32;
       int32_t* Cb = C + (b % (2 * kU)) * 256;
-      if constexpr (kMode == TileMode::stub) {
-        __asm__ volatile("" ::: "memory");
-        __m512i x = _mm512_setzero_si512();
-        for (int r = 0; r < 8; ++r) x = _mm512_xor_si512(x, _mm512_loadu_si512(Bb + r * 64));
-        for (int m = 0; m < 16; ++m)
-          _mm512_store_si512(
-              Cb + m * 16,
-              _mm512_xor_si512(x, _mm512_castsi256_si512(_mm256_loadu_si256(
-                                      reinterpret_cast<const __m256i*>(Ab + size_t(m) * ars)))));
-        __asm__ volatile("" ::: "memory");
-      } else if constexpr (kEmu) {
+      if constexpr (kEmu) {
         for (int m = 0; m < 16; ++m)
           for (int j = 0; j < 16; ++j) {
             int32_t s = 0;
@@ -320,25 +311,16 @@ void project_amx_impl(const ProjArgs& a) {
   gemm_count_add(nfast, nstrict);
 }
 
-template <TileMode kMode>
-void project_amx_steps(const ProjArgs& a) {
-  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
-  if (a.amx_step_blocks == 4) return project_amx_impl<kMode, 4>(a);
-  project_amx_impl<kMode, 2>(a);
-}
-
 }  // namespace
 
 void project_amx(const ProjArgs& a) {
-  project_amx_steps<TileMode::real>(a);
+  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
+  project_amx_impl<TileMode::real>(a);
 }
 
 void project_amx_emulated(const ProjArgs& a) {
-  project_amx_steps<TileMode::emulated>(a);
-}
-
-void project_amx_stubbed(const ProjArgs& a) {
-  project_amx_steps<TileMode::stub>(a);
+  if (a.n < kAmxMinTokens || !a.tb || !a.tpx || !a.span) return project_avx512(a);
+  project_amx_impl<TileMode::emulated>(a);
 }
 
 }  // namespace strata::cpu::detail

@@ -44,8 +44,6 @@ struct ProjArgs {
   // AMX only: token groups (of 16) per pass over up to 4 decoded row groups (64 rows); 0 = every
   // group per pass over one row group. See CpuExpertOptions::amx_pass_tokens.
   int amx_pass_groups = 0;
-  // AMX only: blocks per epilogue step, 2 (default) or 4. See CpuExpertOptions::amx_step_blocks.
-  int amx_step_blocks = 2;
 };
 
 // Default of CpuExpertOptions::amx_pass_tokens.
@@ -69,9 +67,6 @@ void project_amx(const ProjArgs& a);
 // The same code with the tile instructions replaced by scalar code of the same semantics (tests
 // of the layouts and the epilogue on CPUs without AMX).
 void project_amx_emulated(const ProjArgs& a);
-// The same with the tile instructions replaced by vector loads and stores of the same bytes: wrong
-// results, for timing the rest of the kernel (decode, epilogue, passes) on CPUs without AMX.
-void project_amx_stubbed(const ProjArgs& a);
 void gemm_count_add(uint64_t fast, uint64_t strict);
 
 // The any-order exactness bound (docs/numerics.md §3.1): the largest s ≥ 0 with

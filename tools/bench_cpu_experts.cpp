@@ -39,7 +39,6 @@ struct Options {
   std::string isa = "auto";
   std::vector<int> prefetch = {-1};
   std::vector<int> pass_tokens = {-1};
-  std::vector<int> step_blocks = {2};
   bool no_workspace = false;
   int repeats = 5;
   int gemm = 4096;
@@ -222,38 +221,35 @@ int run(const Options& o) {
       tasks.push_back({views[size_t(e)], rows.data(), M, y.data() + size_t(e) * size_t(M) * kH});
     const int reps = M >= 64 ? std::max(1, o.repeats / 2) : o.repeats;
     for (int pf : o.prefetch)
-      for (int pt : o.pass_tokens)
-        for (int sb : o.step_blocks) {
-          opt.prefetch = pf;
-          opt.amx_pass_tokens = pt;
-          opt.amx_step_blocks = sb;
-          const cpu::detail::GemmCounts c0 = cpu::detail::gemm_counts();
-          BenchLine l;
-          l.name = "cpu-experts M=" + std::to_string(M);
-          if (o.prefetch.size() > 1) l.name += " pf=" + std::to_string(pf);
-          if (o.pass_tokens.size() > 1) l.name += " pass=" + std::to_string(pt);
-          if (o.step_blocks.size() > 1) l.name += " step=" + std::to_string(sb);
-          l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
-          l.time = measure([&] { cpu::run_experts_cpu(tasks, x.data(), M, glu, opt); }, reps, 1);
-          l.bytes = double(kExpertBytes) * o.experts;
-          l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
-          l.peak_is_bandwidth = 3.79 * M < ridge;
-          l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
-          l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
-          l.note = std::string(cpu::isa_name(isa)) + ", contract bits" +
-                   (o.no_workspace ? ", fresh buffers per call" : ", workspace reused");
-          const cpu::detail::GemmCounts c1 = cpu::detail::gemm_counts();
-          if (c1.fast + c1.strict > c0.fast + c0.strict) {
-            std::ostringstream ss;
-            ss.precision(4);
-            ss << ", any-order pairs "
-               << 100.0 * double(c1.fast - c0.fast) /
-                      double(c1.fast + c1.strict - c0.fast - c0.strict)
-               << "%";
-            l.note += ss.str();
-          }
-          rep.add(l);
+      for (int pt : o.pass_tokens) {
+        opt.prefetch = pf;
+        opt.amx_pass_tokens = pt;
+        const cpu::detail::GemmCounts c0 = cpu::detail::gemm_counts();
+        BenchLine l;
+        l.name = "cpu-experts M=" + std::to_string(M);
+        if (o.prefetch.size() > 1) l.name += " pf=" + std::to_string(pf);
+        if (o.pass_tokens.size() > 1) l.name += " pass=" + std::to_string(pt);
+        l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
+        l.time = measure([&] { cpu::run_experts_cpu(tasks, x.data(), M, glu, opt); }, reps, 1);
+        l.bytes = double(kExpertBytes) * o.experts;
+        l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
+        l.peak_is_bandwidth = 3.79 * M < ridge;
+        l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
+        l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
+        l.note = std::string(cpu::isa_name(isa)) + ", contract bits" +
+                 (o.no_workspace ? ", fresh buffers per call" : ", workspace reused");
+        const cpu::detail::GemmCounts c1 = cpu::detail::gemm_counts();
+        if (c1.fast + c1.strict > c0.fast + c0.strict) {
+          std::ostringstream ss;
+          ss.precision(4);
+          ss << ", any-order pairs "
+             << 100.0 * double(c1.fast - c0.fast) /
+                    double(c1.fast + c1.strict - c0.fast - c0.strict)
+             << "%";
+          l.note += ss.str();
         }
+        rep.add(l);
+      }
   }
   if (!o.json.empty()) rep.write_json(o.json);
   return 0;
@@ -274,9 +270,6 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--amx-pass-tokens", o->pass_tokens,
                  "AMX kernel: tokens per pass over 64 decoded weight rows, a line each (0: all "
                  "tokens per 16 rows, the old loop order; default: the kernel's default, 64)")
-      ->delimiter(',');
-  app.add_option("--amx-step-blocks", o->step_blocks,
-                 "AMX kernel: blocks per epilogue step, 2 or 4, a line each (default 2)")
       ->delimiter(',');
   app.add_flag("--no-workspace", o->no_workspace,
                "allocate the kernels' buffers in every call (no CpuExpertWorkspace)");

@@ -320,7 +320,7 @@ namespace {
 // for bit; the tokens packed for AMX as the layer driver does.
 void check_projection(const strata::test::RandomExpert& ex, const std::vector<float>& x, int n,
                       void (*kernel)(const strata::cpu::detail::ProjArgs&), int pass_groups = 0,
-                      int r0 = 0, int r1 = -1, int step_blocks = 2) {
+                      int r0 = 0, int r1 = -1) {
   namespace d = strata::cpu::detail;
   strata::cpu::QuantizedActivations xq;
   xq.quantize(x.data(), n, ex.H);
@@ -351,7 +351,6 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
   a.r0 = r0;
   a.r1 = r1;
   a.amx_pass_groups = pass_groups;
-  a.amx_step_blocks = step_blocks;
   a.n = n;
   a.q = q.data();
   a.e = e.data();
@@ -372,7 +371,7 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
       if (bad++ < 5) UNSCOPED_INFO("output " << i << ": got " << got[i] << " want " << want[i]);
     }
   INFO("shape " << ex.I << "x" << ex.H << ", rows " << r0 << ".." << r1 << ", " << n
-                << " tokens, pass groups " << pass_groups << ", step blocks " << step_blocks);
+                << " tokens, pass groups " << pass_groups);
   CHECK(bad == 0);
 }
 
@@ -392,9 +391,6 @@ TEST_CASE("expert kernels: AMX kernel layouts and epilogue (tile ops emulated), 
       check_projection(ex, x, n, strata::cpu::detail::project_amx_emulated);
       CHECK(gemm_counts().fast > before.fast);
       if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx);
-      // Four blocks per epilogue step (the ring path for n <= 16).
-      check_projection(ex, x, n, strata::cpu::detail::project_amx_emulated, 0, 0, -1, 4);
-      if (amx) check_projection(ex, x, n, strata::cpu::detail::project_amx, 0, 0, -1, 4);
     }
     // Wide scale codes per row and every third token over 2^±60: both paths.
     const auto ex = strata::test::random_expert(1184, 96, 7, 106, 130);
@@ -419,21 +415,20 @@ TEST_CASE(
   namespace d = strata::cpu::detail;
   const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);
   // 40 tokens at nb = 37 and 75 at K3's width (3 and 5 groups, the last partial) in passes of 1,
-  // 2 or every group, 2 or 4 blocks per epilogue step; rows 16 .. 88 of 96: one pass of 4 row
+  // 2 or every group; rows 16 .. 88 of 96: one pass of 4 row
   // groups, then one of 0.5 (strict rows only).
   for (int n : {40, 75}) {
     const int H = n == 40 ? 1184 : 3584;
     const auto ex = strata::test::random_expert(H, 96, uint32_t(H + n));
     const auto x = strata::test::random_activations(n, H, uint32_t(n), false);
     for (int pg : {0, 1, 2}) {
-      const int sb = pg == 1 ? 4 : 2;
       const auto before = gemm_counts();
-      check_projection(ex, x, n, d::project_amx_emulated, pg, 0, -1, sb);
+      check_projection(ex, x, n, d::project_amx_emulated, pg, 0, -1);
       CHECK(gemm_counts().fast > before.fast);
-      check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88, sb);
+      check_projection(ex, x, n, d::project_amx_emulated, pg, 16, 88);
       if (amx) {
-        check_projection(ex, x, n, d::project_amx, pg, 0, -1, sb);
-        check_projection(ex, x, n, d::project_amx, pg, 16, 88, sb);
+        check_projection(ex, x, n, d::project_amx, pg, 0, -1);
+        check_projection(ex, x, n, d::project_amx, pg, 16, 88);
       }
     }
   }
