@@ -496,13 +496,16 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
 
 }  // namespace
 
-void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
-                     const GluParams& glu, const CpuExpertOptions& opt) {
-  const ExpertIsa isa = resolve_isa(opt.isa);
+namespace {
+
+// Runs f(workspace state) with the caller's workspace (or one for this call only), inside
+// opt.arena when one is set.
+template <class F>
+void with_workspace(const CpuExpertOptions& opt, F&& f) {
   std::unique_ptr<CpuExpertWorkspace> local;
   if (!opt.workspace) local = std::make_unique<CpuExpertWorkspace>();
   CpuExpertWorkspace::State& ws = (opt.workspace ? opt.workspace : local.get())->state();
-  auto body = [&] { run_layer(tasks, xq, glu, isa, opt, ws); };
+  auto body = [&] { f(ws); };
   if (opt.arena) {
     opt.arena->execute(body);
   } else {
@@ -510,22 +513,23 @@ void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivatio
   }
 }
 
+}  // namespace
+
+void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
+                     const GluParams& glu, const CpuExpertOptions& opt) {
+  const ExpertIsa isa = resolve_isa(opt.isa);
+  with_workspace(opt,
+                 [&](CpuExpertWorkspace::State& ws) { run_layer(tasks, xq, glu, isa, opt, ws); });
+}
+
 void run_experts_cpu(std::span<const ExpertTask> tasks, const float* x, int T, const GluParams& glu,
                      const CpuExpertOptions& opt) {
   if (tasks.empty()) return;
   const ExpertIsa isa = resolve_isa(opt.isa);
-  std::unique_ptr<CpuExpertWorkspace> local;
-  if (!opt.workspace) local = std::make_unique<CpuExpertWorkspace>();
-  CpuExpertWorkspace::State& ws = (opt.workspace ? opt.workspace : local.get())->state();
-  auto body = [&] {
+  with_workspace(opt, [&](CpuExpertWorkspace::State& ws) {
     ws.xq.quantize(x, T, tasks[0].w.hidden);
     run_layer(tasks, ws.xq, glu, isa, opt, ws);
-  };
-  if (opt.arena) {
-    opt.arena->execute(body);
-  } else {
-    body();
-  }
+  });
 }
 
 }  // namespace strata::cpu
