@@ -281,17 +281,36 @@ STRATA_XC double det_sigmoid(double x) {
 }
 
 // §4.2: the GLU of one element, from the fp32 projections g and u; result canonicalised if NaN.
-STRATA_XC float glu(float g, float u, const GluParams& p) {
-  double gd = double(g), ud = double(u), h;
+// It is three independent transcendental parts and a product: glu_part(k, …) for k = 0, 1, 2
+// and glu_combine — split so that a parallel implementation can evaluate the parts apart (the
+// same operations, so the same bits).
+STRATA_XC bool glu_has_part(int k, const GluParams& p) {
+  return p.situ ? (k < 2 || p.beta2 > 0.0) : k == 1;
+}
+STRATA_XC double glu_part(int k, float g, float u, const GluParams& p) {
+  const double gd = double(g), ud = double(u);
+  if (k == 0) return det_tanh(ddiv(gd, p.beta1));
+  if (k == 1) return det_sigmoid(gd);
+  return det_tanh(ddiv(ud, p.beta2));
+}
+STRATA_XC float glu_combine(float g, float u, double r0, double r1, double r2, const GluParams& p) {
+  const double gd = double(g), ud = double(u);
+  double h;
   if (p.situ) {
-    double a = dmul(dmul(p.beta1, det_tanh(ddiv(gd, p.beta1))), det_sigmoid(gd));
-    double b = p.beta2 > 0.0 ? dmul(p.beta2, det_tanh(ddiv(ud, p.beta2))) : ud;
+    double a = dmul(dmul(p.beta1, r0), r1);
+    double b = p.beta2 > 0.0 ? dmul(p.beta2, r2) : ud;
     h = dmul(a, b);
   } else {
-    h = dmul(dmul(gd, det_sigmoid(gd)), ud);
+    h = dmul(dmul(gd, r1), ud);
   }
   float hf = float(h);
   return is_nan(h) ? canonical_nan() : hf;
+}
+STRATA_XC float glu(float g, float u, const GluParams& p) {
+  const double r0 = glu_has_part(0, p) ? glu_part(0, g, u, p) : 0.0;
+  const double r1 = glu_part(1, g, u, p);
+  const double r2 = glu_has_part(2, p) ? glu_part(2, g, u, p) : 0.0;
+  return glu_combine(g, u, r0, r1, r2, p);
 }
 
 }  // namespace contract

@@ -62,18 +62,29 @@ __global__ void quantize_kernel(const float* x, int rows, int K, QuantRows out) 
   quantize_block_warp(x[blk * c::kBlock + lane], lane, out.q + blk * c::kBlock, out.e + blk);
 }
 
-__global__ void glu_quantize_kernel(const float* gu, int rows, int K, GluParams glu,
-                                    QuantRows out) {
+// h = glu(g, u), quantized. The GLU's cost is latency: three independent chains of fp64
+// operations per element (tanh(g/β1), sigmoid(g), tanh(u/β2); contract::glu_part). So each runs on
+// its own thread: a block takes 64 elements, thread k·64 + e evaluates part k of element e into
+// shared memory, then warps 0 and 1 combine (contract::glu_combine) and quantize the two 32-element
+// blocks — contract::glu and quantize_block bit for bit. Measured on the H200 against one thread
+// per element: decode line 89.7 against 91.0 µs (docs/performance.md).
+constexpr int kGluElems = 64;
+__global__ void __launch_bounds__(3 * kGluElems)
+    glu_quantize_kernel(const float* gu, int rows, int K, GluParams glu, QuantRows out) {
   // Launched as a programmatic dependent (GEMV path): gu is complete only after the wait.
   asm volatile("griddepcontrol.launch_dependents;");
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int lane = threadIdx.x & 31;
-  const int nb = K / c::kBlock;
-  const size_t blk = size_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
-  if (blk >= size_t(rows) * nb) return;
-  const size_t row = blk / nb, col = (blk % nb) * c::kBlock + lane;
-  const float g = gu[row * 2 * K + col], u = gu[row * 2 * K + K + col];
-  quantize_block_warp(c::glu(g, u, glu), lane, out.q + blk * c::kBlock, out.e + blk);
+  __shared__ double part[3][kGluElems];
+  const int t = threadIdx.x, k = t / kGluElems, e = t % kGluElems;
+  const size_t n = size_t(rows) * K, i = size_t(blockIdx.x) * kGluElems + e;
+  const size_t row = i / K, col = i % K;
+  float g = 0.0f, u = 0.0f;
+  if (i < n) g = gu[row * 2 * K + col], u = gu[row * 2 * K + K + col];
+  if (i < n) part[k][e] = c::glu_has_part(k, glu) ? c::glu_part(k, g, u, glu) : 0.0;
+  __syncthreads();
+  if (k > 0 || i >= n) return;  // whole warps: K is a multiple of 32
+  const float h = c::glu_combine(g, u, part[0][e], part[1][e], part[2][e], glu);
+  quantize_block_warp(h, t & 31, out.q + (i & ~size_t(31)), out.e + i / c::kBlock);
 }
 
 unsigned quant_grid(int rows, int K) {
@@ -116,8 +127,8 @@ Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
                          const QuantRows& out, bool dependent, void* stream) {
   if (rows == 0) return {};
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(quant_grid(rows, K));
-  cfg.blockDim = dim3(kQuantWarps * 32);
+  cfg.gridDim = dim3(unsigned((size_t(rows) * K + kGluElems - 1) / kGluElems));
+  cfg.blockDim = dim3(3 * kGluElems);
   cfg.stream = kernels::detail::as_stream(stream);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
