@@ -126,17 +126,9 @@ Status quantize_rows(const float* x, int rows, int K, const QuantRows& out, void
 Status glu_quantize_rows(const float* gu, int rows, int K, const GluParams& glu,
                          const QuantRows& out, bool dependent, void* stream) {
   if (rows == 0) return {};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((size_t(rows) * K + kGluElems - 1) / kGluElems));
-  cfg.blockDim = dim3(3 * kGluElems);
-  cfg.stream = kernels::detail::as_stream(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent ? 1 : 0;
-  return kernels::detail::status_of(
-      cudaLaunchKernelEx(&cfg, glu_quantize_kernel, gu, rows, K, glu, out));
+  return kernels::detail::launch_pdl(glu_quantize_kernel,
+                                     dim3(unsigned((size_t(rows) * K + kGluElems - 1) / kGluElems)),
+                                     dim3(3 * kGluElems), stream, dependent, gu, rows, K, glu, out);
 }
 
 }  // namespace detail

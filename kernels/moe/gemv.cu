@@ -198,17 +198,7 @@ Status launch_t(GemvArgs a, int P, void* stream) {
     grid = dim3(unsigned((a.N + kWarps * kStripRows - 1) / (kWarps * kStripRows)), unsigned(a.G));
   }
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = kd::as_stream(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return kd::status_of(cudaLaunchKernelEx(&cfg, gemv_kernel<MAXI>, a));
+  return kd::launch_pdl(gemv_kernel<MAXI>, grid, dim3(kWarps * 32), stream, true, a);
 }
 
 Status launch(const GemvArgs& a, int P, void* stream) {

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "kernels/runtime.h"
 
 namespace strata::kernels::detail {
@@ -28,6 +30,24 @@ inline Status status_of(cudaError_t e) {
 // (cudaErrorInvalidValue) rather than launched.
 inline Status invalid(const char* what) {
   return {static_cast<int>(cudaErrorInvalidValue), what};
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...). dependent: launched as a programmatic dependent of
+// the kernel before it in the stream — it may start while that one still runs, so it must wait
+// (griddepcontrol.wait) before reading that kernel's results.
+template <typename... Params, typename... Args>
+Status launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream, bool dependent,
+                  Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = as_stream(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
