@@ -173,56 +173,49 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   }
 }
 
-template <int MAXI>
-Status launch_t(GemvArgs a, int P, void* stream) {
-  static_assert(MAXI >= 1 && MAXI <= 8);
+using KernelFn = void (*)(GemvArgs);
+// MAXI = 1..8: input widths up to 8192.
+constexpr KernelFn kKernels[8] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
+                                  gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
+
+KernelFn kernel_for(int K) {
+  const int maxi = (K / c::kBlock + 31) / 32;
+  return maxi >= 1 && maxi <= 8 ? kKernels[maxi - 1] : nullptr;
+}
+
+// Persistent equal shares of R virtual rows over as many warps as fit on the device.
+Status persistent_plan(KernelFn k, long long R, int& rows_per_warp, long long& used_warps) {
   namespace kd = kernels::detail;
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      e != cudaSuccess)
+    return kd::status_of(e);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, reinterpret_cast<const void*>(k), kWarps * 32, 0);
+      e != cudaSuccess)
+    return kd::status_of(e);
+  const long long warps = (long long)std::max(1, sms * std::max(1, per_sm)) * kWarps;
+  rows_per_warp = int((R + warps - 1) / warps);
+  used_warps = (R + rows_per_warp - 1) / rows_per_warp;
+  return {};
+}
+
+Status launch(GemvArgs a, int P, void* stream) {
+  if (a.G <= 0 || P <= 0) return {};
+  const KernelFn k = kernel_for(a.K);
+  if (!k) return kernels::detail::invalid("grouped_experts: input width above 8192");
   dim3 grid;
   if (P <= a.G) {  // at most one token per group on average: persistent equal shares
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
-    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        e != cudaSuccess)
-      return kd::status_of(e);
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<MAXI>,
-                                                                      kWarps * 32, 0);
-        e != cudaSuccess)
-      return kd::status_of(e);
-    const long long R = (long long)a.G * a.N;
-    const long long warps = (long long)std::max(1, sms * std::max(1, per_sm)) * kWarps;
-    a.rows_per_warp = int((R + warps - 1) / warps);
-    const long long used_warps = (R + a.rows_per_warp - 1) / a.rows_per_warp;
+    long long used_warps = 0;
+    if (Status s = persistent_plan(k, (long long)a.G * a.N, a.rows_per_warp, used_warps); !s.ok())
+      return s;
     grid = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
   } else {  // strips of one group each; the hardware balances groups of different token counts
     a.rows_per_warp = 0;
     grid = dim3(unsigned((a.N + kWarps * kStripRows - 1) / (kWarps * kStripRows)), unsigned(a.G));
   }
-
-  return kd::launch_pdl(gemv_kernel<MAXI>, grid, dim3(kWarps * 32), stream, true, a);
-}
-
-Status launch(const GemvArgs& a, int P, void* stream) {
-  if (a.G <= 0 || P <= 0) return {};
-  switch ((a.K / c::kBlock + 31) / 32) {
-    case 1:
-      return launch_t<1>(a, P, stream);
-    case 2:
-      return launch_t<2>(a, P, stream);
-    case 3:
-      return launch_t<3>(a, P, stream);
-    case 4:
-      return launch_t<4>(a, P, stream);
-    case 5:
-      return launch_t<5>(a, P, stream);
-    case 6:
-      return launch_t<6>(a, P, stream);
-    case 7:
-      return launch_t<7>(a, P, stream);
-    case 8:
-      return launch_t<8>(a, P, stream);
-    default:
-      return kernels::detail::invalid("grouped_experts: input width above 8192");
-  }
+  return kernels::detail::launch_pdl(k, grid, dim3(kWarps * 32), stream, true, a);
 }
 
 }  // namespace
