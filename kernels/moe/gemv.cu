@@ -1,11 +1,11 @@
 // GEMV path of the grouped MXFP4 experts (few tokens per expert; decode). The work is the list of
 // "virtual rows" v = g·N + o over the groups g and the N output rows of one projection (gate|up:
 // the I rows of w1, then the I rows of w3, so the output [P, 2, I] is row-contiguous the same way;
-// down: the H rows of w2). Every warp walks one contiguous range of virtual rows: with at most one
-// token per group on average (decode) the grid is persistent (as many blocks as fit) and the
-// ranges are equal shares, so there is no tail wave and a warp's weights are one contiguous
-// stream; with more tokens per group (their counts differ) a warp takes a strip of kStripRows rows
-// of one group and the hardware balances the strips.
+// down: the H rows of w2). With at most one token per group on average (decode) the grid is
+// persistent: for K ≤ 4096 one block per SM whose warps share the SM's contiguous range of rows in
+// chunks claimed from a shared-memory counter (gemv_sm_kernel), above that as many blocks as fit,
+// each warp an equal contiguous share. With more tokens per group (their counts differ) a warp
+// takes a strip of kStripRows rows of one group and the hardware balances the strips.
 //
 // Per row, lane j holds blocks j, j+32, … (16 packed bytes + 1 scale byte each: the warp reads 512
 // contiguous bytes per step) in registers, and the next row's loads are in flight while it
@@ -52,7 +52,8 @@ struct GemvArgs {
   int split;               // rows ≥ split come from the second matrix (gate|up: I; down: N)
   float* out;              // [P, N]
   int G;                   // groups
-  int rows_per_warp;       // persistent mode: contiguous virtual rows per warp; 0: strip mode
+  int rows_per_unit;       // persistent: rows per warp (equal shares) or per block (SM kernel);
+                           // 0: strip mode
 };
 
 // Where the weights of virtual row (g, on) start, and the cursor that walks the rows.
@@ -120,10 +121,10 @@ __device__ __forceinline__ void row_tokens(const GemvArgs& a, int p0, int p1, in
 // This warp's virtual rows [v0, v1).
 __device__ __forceinline__ void warp_range(const GemvArgs& a, long long& v0, long long& v1) {
   const int warp_in_block = threadIdx.x >> 5;
-  if (a.rows_per_warp > 0) {
+  if (a.rows_per_unit > 0) {
     const long long R = (long long)a.G * a.N;
-    v0 = ((long long)blockIdx.x * kWarps + warp_in_block) * a.rows_per_warp;
-    v1 = min(R, v0 + a.rows_per_warp);
+    v0 = ((long long)blockIdx.x * kWarps + warp_in_block) * a.rows_per_unit;
+    v1 = min(R, v0 + a.rows_per_unit);
   } else {
     const long long g0 = (long long)blockIdx.y * a.N;
     const int o = (blockIdx.x * kWarps + warp_in_block) * kStripRows;
@@ -173,6 +174,79 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   }
 }
 
+// Persistent decode mode for K ≤ 4096, one block of 24 warps per SM. With equal fixed shares per
+// warp the warps of one SM finished up to 15 µs apart (the schedulers favour some warps; on the
+// H200 at K3's gate|up the first warp of an SM was done after ≈ 39 µs, the last after ≈ 53), and
+// the SM ran its tail with ever fewer warps. So the block takes a contiguous range of rows and its
+// warps share it: warp i starts with chunk i, then claims chunk nwarps + t for the t-th increment
+// of a shared-memory counter (each claim issued a chunk ahead of its use).
+constexpr int kSmChunk = 2;       // rows per chunk
+constexpr int kSmMaxWarps = 24;   // block size bound (80 registers per thread)
+
+template <int MAXI>
+__global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a) {
+  __shared__ int claimed;
+  if (threadIdx.x == 0) claimed = 0;
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  const int nb = a.K / c::kBlock;
+  const long long R = (long long)a.G * a.N;
+  const long long b0 = (long long)blockIdx.x * a.rows_per_unit;
+  const int rows = int(max(0LL, min(R, b0 + a.rows_per_unit) - b0));
+  const int g0 = int(b0 / a.N), on0 = int(b0 % a.N);
+  // Chunk c of the block's rows: the cursor at its first row and its row count; false if none.
+  auto chunk = [&](int c, Cursor& cu, int& left) -> bool {
+    const int d = c * kSmChunk;
+    if (d >= rows) return false;
+    left = min(kSmChunk, rows - d);
+    int g = g0, on = on0 + d;
+    while (on >= a.N) on -= a.N, g++;
+    seek(a, cu, g, on);
+    return true;
+  };
+  Cursor cc;
+  int left = 0;
+  if (!chunk(threadIdx.x >> 5, cc, left)) return;
+  uint4 cw[MAXI], nw[MAXI];
+  int cs[MAXI], ns[MAXI];
+  auto load = [&](const Cursor& cu, uint4* w, int* s) {
+    const uint4* wp = reinterpret_cast<const uint4*>(cu.pk) + lane;
+    const uint8_t* sp = cu.sc + lane;
+#pragma unroll
+    for (int i = 0; i < MAXI; i++)
+      if (i < MAXI - 1 || lane + 32 * i < nb)
+        w[i] = __ldcs(wp + 32 * i), s[i] = __ldcs(sp + 32 * i);
+  };
+  load(cc, cw, cs);
+  int pending = lane == 0 ? atomicAdd(&claimed, 1) : 0;
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
+  for (;;) {
+    Cursor nc = cc;
+    bool more = true;
+    if (--left > 0) {
+      advance(a, nc);
+    } else if ((more = chunk(nwarps + __shfl_sync(0xffffffffu, pending, 0), nc, left))) {
+      if (lane == 0) pending = atomicAdd(&claimed, 1);
+    }
+    if (more) load(nc, nw, ns);
+    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, [&](int i, uint4& w, int& s) {
+      w = cw[i];
+      s = cs[i];
+    });
+    if (!more) break;
+#pragma unroll
+    for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
+    if (nc.g != cc.g) p0 = __ldg(a.group_offsets + nc.g), p1 = __ldg(a.group_offsets + nc.g + 1);
+    cc = nc;
+  }
+}
+
+using SmKernelFn = void (*)(GemvArgs);
+constexpr SmKernelFn kSmKernels[4] = {gemv_sm_kernel<1>, gemv_sm_kernel<2>, gemv_sm_kernel<3>,
+                                      gemv_sm_kernel<4>};
+
 using KernelFn = void (*)(GemvArgs);
 // MAXI = 1..8: input widths up to 8192.
 constexpr KernelFn kKernels[8] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
@@ -205,17 +279,35 @@ Status launch(GemvArgs a, int P, void* stream) {
   if (a.G <= 0 || P <= 0) return {};
   const KernelFn k = kernel_for(a.K);
   if (!k) return kernels::detail::invalid("grouped_experts: input width above 8192");
+  namespace kd = kernels::detail;
   dim3 grid;
+  const int maxi = (a.K / c::kBlock + 31) / 32;
+  if (P <= a.G && maxi <= 4) {  // decode: one block per SM, its warps sharing the SM's rows
+    const SmKernelFn sk = kSmKernels[maxi - 1];
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        e != cudaSuccess)
+      return kd::status_of(e);
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, reinterpret_cast<const void*>(sk), kSmMaxWarps * 32, 0);
+        e != cudaSuccess)
+      return kd::status_of(e);
+    if (per_sm >= 1) {
+      a.rows_per_unit = int(((long long)a.G * a.N + sms - 1) / sms);
+      return kd::launch_pdl(sk, dim3(unsigned(sms)), dim3(kSmMaxWarps * 32), stream, true, a);
+    }
+  }
   if (P <= a.G) {  // at most one token per group on average: persistent equal shares
     long long used_warps = 0;
-    if (Status s = persistent_plan(k, (long long)a.G * a.N, a.rows_per_warp, used_warps); !s.ok())
+    if (Status s = persistent_plan(k, (long long)a.G * a.N, a.rows_per_unit, used_warps); !s.ok())
       return s;
     grid = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
   } else {  // strips of one group each; the hardware balances groups of different token counts
-    a.rows_per_warp = 0;
+    a.rows_per_unit = 0;
     grid = dim3(unsigned((a.N + kWarps * kStripRows - 1) / (kWarps * kStripRows)), unsigned(a.G));
   }
-  return kernels::detail::launch_pdl(k, grid, dim3(kWarps * 32), stream, true, a);
+  return kd::launch_pdl(k, grid, dim3(kWarps * 32), stream, true, a);
 }
 
 }  // namespace
