@@ -180,8 +180,8 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
 // the SM ran its tail with ever fewer warps. So the block takes a contiguous range of rows and its
 // warps share it: warp i starts with chunk i, then claims chunk nwarps + t for the t-th increment
 // of a shared-memory counter (each claim issued a chunk ahead of its use).
-constexpr int kSmChunk = 2;       // rows per chunk
-constexpr int kSmMaxWarps = 24;   // block size bound (80 registers per thread)
+constexpr int kSmChunk = 2;      // rows per chunk
+constexpr int kSmMaxWarps = 24;  // block size bound (80 registers per thread)
 
 template <int MAXI>
 __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a) {
