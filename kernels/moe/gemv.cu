@@ -118,6 +118,27 @@ __device__ __forceinline__ void row_tokens(const GemvArgs& a, int p0, int p1, in
   }
 }
 
+// Lane's blocks of the row at cu into registers: 16 packed bytes and the scale code per lane
+// round (blocks lane, lane + 32, …; only the last round is partial).
+template <int MAXI>
+__device__ __forceinline__ void load_row(const Cursor& cu, int nb, int lane, uint4* w, int* s) {
+  const uint4* wp = reinterpret_cast<const uint4*>(cu.pk) + lane;
+  const uint8_t* sp = cu.sc + lane;
+#pragma unroll
+  for (int i = 0; i < MAXI; i++)
+    if (i < MAXI - 1 || lane + 32 * i < nb) w[i] = __ldcs(wp + 32 * i), s[i] = __ldcs(sp + 32 * i);
+}
+
+// row_tokens on the row held in registers by load_row.
+template <int MAXI>
+__device__ __forceinline__ void row_from_registers(const GemvArgs& a, int p0, int p1, int on,
+                                                   int nb, int lane, const uint4* w, const int* s) {
+  row_tokens<MAXI>(a, p0, p1, on, nb, lane, [&](int i, uint4& wv, int& sv) {
+    wv = w[i];
+    sv = s[i];
+  });
+}
+
 // This warp's virtual rows [v0, v1).
 __device__ __forceinline__ void warp_range(const GemvArgs& a, long long& v0, long long& v1) {
   const int warp_in_block = threadIdx.x >> 5;
@@ -148,14 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   seek(a, cc, int(v0 / a.N), int(v0 % a.N));
   uint4 cw[MAXI], nw[MAXI];
   int cs[MAXI], ns[MAXI];
-  auto load = [&](const Cursor& cu, uint4* w, int* s) {
-    const uint4* wp = reinterpret_cast<const uint4*>(cu.pk) + lane;
-    const uint8_t* sp = cu.sc + lane;
-#pragma unroll
-    for (int i = 0; i < MAXI; i++)
-      if (i < MAXI - 1 || lane + 32 * i < nb)
-        w[i] = __ldcs(wp + 32 * i), s[i] = __ldcs(sp + 32 * i);
-  };
+  auto load = [&](const Cursor& cu, uint4* w, int* s) { load_row<MAXI>(cu, nb, lane, w, s); };
   load(cc, cw, cs);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
@@ -163,10 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   for (int k = 0; k < count; k++) {
     advance(a, nc);
     if (k + 1 < count) load(nc, nw, ns);
-    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, [&](int i, uint4& w, int& s) {
-      w = cw[i];
-      s = cs[i];
-    });
+    row_from_registers<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
 #pragma unroll
     for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
     if (k + 1 < count && nc.g != cc.g) p0 = p1, p1 = __ldg(a.group_offsets + nc.g + 1);
@@ -210,14 +221,7 @@ __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a
   if (!chunk(threadIdx.x >> 5, cc, left)) return;
   uint4 cw[MAXI], nw[MAXI];
   int cs[MAXI], ns[MAXI];
-  auto load = [&](const Cursor& cu, uint4* w, int* s) {
-    const uint4* wp = reinterpret_cast<const uint4*>(cu.pk) + lane;
-    const uint8_t* sp = cu.sc + lane;
-#pragma unroll
-    for (int i = 0; i < MAXI; i++)
-      if (i < MAXI - 1 || lane + 32 * i < nb)
-        w[i] = __ldcs(wp + 32 * i), s[i] = __ldcs(sp + 32 * i);
-  };
+  auto load = [&](const Cursor& cu, uint4* w, int* s) { load_row<MAXI>(cu, nb, lane, w, s); };
   load(cc, cw, cs);
   int pending = lane == 0 ? atomicAdd(&claimed, 1) : 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -231,10 +235,7 @@ __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a
       if (lane == 0) pending = atomicAdd(&claimed, 1);
     }
     if (more) load(nc, nw, ns);
-    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, [&](int i, uint4& w, int& s) {
-      w = cw[i];
-      s = cs[i];
-    });
+    row_from_registers<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
     if (!more) break;
 #pragma unroll
     for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
@@ -243,11 +244,10 @@ __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a
   }
 }
 
-using SmKernelFn = void (*)(GemvArgs);
-constexpr SmKernelFn kSmKernels[4] = {gemv_sm_kernel<1>, gemv_sm_kernel<2>, gemv_sm_kernel<3>,
-                                      gemv_sm_kernel<4>};
-
 using KernelFn = void (*)(GemvArgs);
+constexpr KernelFn kSmKernels[4] = {gemv_sm_kernel<1>, gemv_sm_kernel<2>, gemv_sm_kernel<3>,
+                                    gemv_sm_kernel<4>};
+
 // MAXI = 1..8: input widths up to 8192.
 constexpr KernelFn kKernels[8] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
                                   gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
@@ -257,18 +257,22 @@ KernelFn kernel_for(int K) {
   return maxi >= 1 && maxi <= 8 ? kKernels[maxi - 1] : nullptr;
 }
 
-// Persistent equal shares of R virtual rows over as many warps as fit on the device.
-Status persistent_plan(KernelFn k, long long R, int& rows_per_warp, long long& used_warps) {
+// The device's SM count and how many blocks of `threads` threads of kernel k fit on one SM.
+Status device_fit(const void* k, int threads, int& sms, int& per_sm) {
   namespace kd = kernels::detail;
-  int dev = 0, sms = 0, per_sm = 0;
+  int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       e != cudaSuccess)
     return kd::status_of(e);
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, reinterpret_cast<const void*>(k), kWarps * 32, 0);
-      e != cudaSuccess)
-    return kd::status_of(e);
+  return kd::status_of(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, threads, 0));
+}
+
+// Persistent equal shares of R virtual rows over as many warps as fit on the device.
+Status persistent_plan(KernelFn k, long long R, int& rows_per_warp, long long& used_warps) {
+  int sms = 0, per_sm = 0;
+  if (Status s = device_fit(reinterpret_cast<const void*>(k), kWarps * 32, sms, per_sm); !s.ok())
+    return s;
   const long long warps = (long long)std::max(1, sms * std::max(1, per_sm)) * kWarps;
   rows_per_warp = int((R + warps - 1) / warps);
   used_warps = (R + rows_per_warp - 1) / rows_per_warp;
@@ -283,16 +287,11 @@ Status launch(GemvArgs a, int P, void* stream) {
   dim3 grid;
   const int maxi = (a.K / c::kBlock + 31) / 32;
   if (P <= a.G && maxi <= 4) {  // decode: one block per SM, its warps sharing the SM's rows
-    const SmKernelFn sk = kSmKernels[maxi - 1];
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return kd::status_of(e);
-    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        e != cudaSuccess)
-      return kd::status_of(e);
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, reinterpret_cast<const void*>(sk), kSmMaxWarps * 32, 0);
-        e != cudaSuccess)
-      return kd::status_of(e);
+    const KernelFn sk = kSmKernels[maxi - 1];
+    int sms = 0, per_sm = 0;
+    if (Status s = device_fit(reinterpret_cast<const void*>(sk), kSmMaxWarps * 32, sms, per_sm);
+        !s.ok())
+      return s;
     if (per_sm >= 1) {
       a.rows_per_unit = int(((long long)a.G * a.N + sms - 1) / sms);
       return kd::launch_pdl(sk, dim3(unsigned(sms)), dim3(kSmMaxWarps * 32), stream, true, a);
