@@ -252,8 +252,13 @@ constexpr KernelFn kSmKernels[4] = {gemv_sm_kernel<1>, gemv_sm_kernel<2>, gemv_s
 constexpr KernelFn kKernels[8] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
                                   gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
 
+// MAXI for input width K: 32-block rounds per lane.
+int lane_rounds(int K) {
+  return (K / c::kBlock + 31) / 32;
+}
+
 KernelFn kernel_for(int K) {
-  const int maxi = (K / c::kBlock + 31) / 32;
+  const int maxi = lane_rounds(K);
   return maxi >= 1 && maxi <= 8 ? kKernels[maxi - 1] : nullptr;
 }
 
@@ -285,7 +290,7 @@ Status launch(GemvArgs a, int P, void* stream) {
   if (!k) return kernels::detail::invalid("grouped_experts: input width above 8192");
   namespace kd = kernels::detail;
   dim3 grid;
-  const int maxi = (a.K / c::kBlock + 31) / 32;
+  const int maxi = lane_rounds(a.K);
   if (P <= a.G && maxi <= 4) {  // decode: one block per SM, its warps sharing the SM's rows
     const KernelFn sk = kSmKernels[maxi - 1];
     int sms = 0, per_sm = 0;
