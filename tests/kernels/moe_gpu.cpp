@@ -159,7 +159,16 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   b.y = d_y.as<float>();
   b.G = int(c.group_slot.size()), b.P = p.P, b.T = c.T, b.H = c.H, b.I = c.I;
   b.glu = c.glu;
+  // A first launch on other inputs, so the checked one runs on a used workspace (as every layer
+  // after the first does): nothing it leaves there (partial sums, counters) may leak into the next.
+  std::vector<float> x_other(p.x.rbegin(), p.x.rend());
+  DeviceBuffer d_x_other = DeviceBuffer::from(x_other);
+  b.x = d_x_other.as<float>();
   strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
+  INFO("launch status (first launch): " << s.message);
+  REQUIRE(s.ok());
+  b.x = d_x.as<float>();
+  s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
   INFO("launch status: " << s.message);
   REQUIRE(s.ok());
   strata::kernels::device_sync("grouped_experts");
