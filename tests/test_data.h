@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -23,6 +24,22 @@ inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> o(v.size());
   for (size_t i = 0; i < v.size(); ++i) o[i] = strata::f32_to_bf16(v[i]);
   return o;
+}
+
+// Largest |a[i] - b[i]|. A NaN on either side (or inf - inf) returns NaN, which fails every
+// `<= bound` check; vectors of different lengths give +inf.
+inline float max_abs_diff(const float* a, const float* b, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
+  return m;
+}
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<float>::infinity();
+  return max_abs_diff(a.data(), b.data(), a.size());
 }
 
 // splitmix64: cheap, seedable, identical on every platform.

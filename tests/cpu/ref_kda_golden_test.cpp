@@ -13,9 +13,11 @@
 
 #include "cpu/ref/ops.h"
 #include "storage/safetensors.h"
+#include "tests/test_data.h"
 #include "tests/test_util.h"
 
 namespace ref = strata::cpu::ref;
+using strata::test::max_abs_diff;
 
 namespace {
 
@@ -33,16 +35,6 @@ std::map<std::string, std::vector<float>> read_f32_tensors(const std::filesystem
     out[t.name] = std::move(v);
   }
   return out;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  float m = 0.0f;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = d;  // NaN propagates as a failure
-  }
-  return m;
 }
 
 // [H, K, V] (golden layout) ↔ [H, V, K] (the engine's layout).

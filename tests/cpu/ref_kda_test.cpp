@@ -7,12 +7,13 @@
 #include <vector>
 
 #include "cpu/ref/ops.h"
-#include "test_data.h"
 #include "storage/bf16.h"
+#include "test_data.h"
 
 namespace ref = strata::cpu::ref;
 using ref::Precision;
 
+using strata::test::max_abs_diff;
 using strata::test::randn;
 using strata::test::to_bf16;
 
@@ -20,15 +21,6 @@ namespace {
 
 bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = d;
-  }
-  return m;
 }
 
 // Prepared KDA inputs (q, k L2-normalised; g from the chosen gate; beta in (0,1)).

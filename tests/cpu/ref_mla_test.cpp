@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "cpu/ref/ops.h"
-#include "test_data.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
+#include "test_data.h"
 
 namespace ref = strata::cpu::ref;
 using ref::Precision;
 
+using strata::test::max_abs_diff;
 using strata::test::randn;
 using strata::test::to_bf16;
 
@@ -22,15 +23,6 @@ namespace {
 float max_abs(const std::vector<float>& a) {
   float m = 0;
   for (float x : a) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = d;
-  }
   return m;
 }
 

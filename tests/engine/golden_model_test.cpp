@@ -15,11 +15,13 @@
 #include "engine/session.h"
 #include "storage/bf16.h"
 #include "storage/safetensors.h"
+#include "test_data.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace strata;
 using namespace strata::engine;
+using strata::test::max_abs_diff;
 
 namespace {
 
@@ -77,11 +79,6 @@ std::unique_ptr<Golden> load_golden(const std::string& set) {
 float max_abs(const float* a, int64_t n) {
   float m = 0;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i]));
-  return m;
-}
-float max_abs_diff(const float* a, const float* b, int64_t n) {
-  float m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
   return m;
 }
 int argmax_row(const float* a, int64_t n) {
