@@ -3,9 +3,10 @@
 // the I rows of w1, then the I rows of w3, so the output [P, 2, I] is row-contiguous the same way;
 // down: the H rows of w2). With at most one token per group on average (decode) the grid is
 // persistent: for K ≤ 4096 one block per SM whose warps share the SM's contiguous range of rows in
-// chunks claimed from a shared-memory counter (gemv_sm_kernel), above that as many blocks as fit,
-// each warp an equal contiguous share. With more tokens per group (their counts differ) a warp
-// takes a strip of kStripRows rows of one group and the hardware balances the strips.
+// 2-row chunks claimed from a shared-memory counter (gemv_sm_kernel), above that as many blocks as
+// fit, each warp an equal contiguous share (gemv_kernel). With more tokens per group (their counts
+// differ) a warp takes a strip of kStripRows rows of one group and the hardware balances the
+// strips (gemv_kernel).
 //
 // Per row, lane j holds blocks j, j+32, … (16 packed bytes + 1 scale byte each: the warp reads 512
 // contiguous bytes per step) in registers, and the next row's loads are in flight while it
@@ -20,8 +21,9 @@
 //
 // Measured on the H200 and dropped: L2 prefetch of the rows 1–10 ahead (per-lane prefetch, 7–19 %
 // slower) and a per-warp shared-memory ring fed by cp.async.bulk with 2–6 stages (110 µs against
-// 90 µs for the decode line): the kernel is bound by issuing the decode instructions, not by bytes
-// in flight (docs/performance.md).
+// 90 µs for the decode line): the kernel is bound by the instructions it issues per row, not by
+// bytes in flight — the decode kernel's chunk pairs, which cut them by 20 %, took the line from
+// 85.3 to 80.8 µs (docs/performance.md).
 //
 // Requirement: packed rows 16-byte aligned (K/2 is a multiple of 16, so the matrix base must be).
 #include <cuda_runtime.h>
@@ -86,31 +88,39 @@ __device__ __forceinline__ void advance(const GemvArgs& a, Cursor& cu) {
   }
 }
 
-// Computes row `on` of the current group for its tokens [p0, p1): wblk(i, w, s) gives lane's
-// block i (packed 16 bytes and scale code).
-template <int MAXI, class WBlk>
+// Lane's partial sum for one token (numerics.md §3: its blocks lane, lane + 32, … in increasing
+// order): qr / er are the token's activations and block exponents at the lane's first block, w / s
+// the row's packed weights and scale codes held by load_row. emin: the smallest block exponent
+// seen (kPoisonedBlock, INT32_MIN, names a poison).
+template <int MAXI>
+__device__ __forceinline__ double lane_sum(const int8_t* qr, const int32_t* er, int nb, int lane,
+                                           const uint4* w, const int* s, int& emin) {
+  double L = 0.0;
+#pragma unroll
+  for (int i = 0; i < MAXI; i++) {
+    const int b = lane + 32 * i;
+    if (i < MAXI - 1 || b < nb) {
+      const uint4* qb = reinterpret_cast<const uint4*>(qr + 32 * c::kBlock * i);
+      const uint4 q0 = __ldg(qb), q1 = __ldg(qb + 1);
+      const int ex = __ldg(er + 32 * i);
+      emin = min(emin, ex);
+      const double t = block_term_bits(dot_block_biased(w[i], q0, q1), ex, s[i]);
+      // 0 + t is t: a term is never −0 (the bits subtraction of equal values gives +0).
+      L = i == 0 ? t : c::dadd(L, t);
+    }
+  }
+  return L;
+}
+
+// Row `on` of the current group for its tokens [p0, p1), from the row held in registers.
+template <int MAXI>
 __device__ __forceinline__ void row_tokens(const GemvArgs& a, int p0, int p1, int on, int nb,
-                                           int lane, WBlk&& wblk) {
+                                           int lane, const uint4* w, const int* s) {
   for (int p = p0; p < p1; p++) {
     const int row = a.row_map ? __ldg(a.row_map + p) : p;
-    const int8_t* qr = a.in.q + size_t(row) * a.K + lane * c::kBlock;
-    const int32_t* er = a.in.e + size_t(row) * nb + lane;
-    double L = 0.0;
     int emin = 0;
-#pragma unroll
-    for (int i = 0; i < MAXI; i++) {
-      const int b = lane + 32 * i;
-      if (i < MAXI - 1 || b < nb) {
-        const uint4* qb = reinterpret_cast<const uint4*>(qr + 32 * c::kBlock * i);
-        const uint4 q0 = __ldg(qb), q1 = __ldg(qb + 1);
-        const int ex = __ldg(er + 32 * i);
-        emin = min(emin, ex);  // kPoisonedBlock is INT32_MIN: the minimum names a poison
-        uint4 w;
-        int s;
-        wblk(i, w, s);
-        L = c::dadd(L, block_term_bits(dot_block_biased(w, q0, q1), ex, s));
-      }
-    }
+    double L = lane_sum<MAXI>(a.in.q + size_t(row) * a.K + lane * c::kBlock,
+                              a.in.e + size_t(row) * nb + lane, nb, lane, w, s, emin);
     const bool poisoned = __any_sync(0xffffffffu, emin == kPoisonedBlock);
 #pragma unroll
     for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
@@ -127,16 +137,6 @@ __device__ __forceinline__ void load_row(const Cursor& cu, int nb, int lane, uin
 #pragma unroll
   for (int i = 0; i < MAXI; i++)
     if (i < MAXI - 1 || lane + 32 * i < nb) w[i] = __ldcs(wp + 32 * i), s[i] = __ldcs(sp + 32 * i);
-}
-
-// row_tokens on the row held in registers by load_row.
-template <int MAXI>
-__device__ __forceinline__ void row_from_registers(const GemvArgs& a, int p0, int p1, int on,
-                                                   int nb, int lane, const uint4* w, const int* s) {
-  row_tokens<MAXI>(a, p0, p1, on, nb, lane, [&](int i, uint4& wv, int& sv) {
-    wv = w[i];
-    sv = s[i];
-  });
 }
 
 // This warp's virtual rows [v0, v1).
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   for (int k = 0; k < count; k++) {
     advance(a, nc);
     if (k + 1 < count) load(nc, nw, ns);
-    row_from_registers<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
+    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
 #pragma unroll
     for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
     if (k + 1 < count && nc.g != cc.g) p0 = p1, p1 = __ldg(a.group_offsets + nc.g + 1);
@@ -189,10 +189,49 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
 // warp the warps of one SM finished up to 15 µs apart (the schedulers favour some warps; on the
 // H200 at K3's gate|up the first warp of an SM was done after ≈ 39 µs, the last after ≈ 53), and
 // the SM ran its tail with ever fewer warps. So the block takes a contiguous range of rows and its
-// warps share it: warp i starts with chunk i, then claims chunk nwarps + t for the t-th increment
-// of a shared-memory counter (each claim issued a chunk ahead of its use).
-constexpr int kSmChunk = 2;      // rows per chunk
+// warps share it in chunks of two rows (2c, 2c + 1): warp i starts with chunk i, then claims chunk
+// nwarps + t for the t-th increment of a shared-memory counter (each claim issued a chunk ahead of
+// its use).
+//
+// A warp's trip is one chunk: the second row's loads go out, the first row is computed, the next
+// chunk's first row's loads go out, the second row is computed — always one row in flight while
+// one is computed, in two register buffers. The pointers of the next row come from the current
+// row's by a step while both lie in one run of rows contiguous in memory (same group, same
+// matrix); only a new run goes through seek. For a group of one token (decode) the two rows'
+// butterflies run as one: lanes < 16 add row A's upper half (off 16) while lanes ≥ 16 add row B's
+// lower half — the same sums, as fp64 addition commutes — then lanes 0–15 hold row A's partials and
+// lanes 16–31 row B's, the levels 8, 4, 2, 1 run in both halves at once, and lanes 0 and 16 store.
+// One butterfly, one poison vote and one store per chunk instead of per row, and the token's
+// activation address kept per group: 20 % fewer instructions than row by row, and on the H200 the
+// decode line at 80.8 µs against 85.3 µs (docs/performance.md). Groups of several tokens (or
+// none) take the row-by-row path (row_tokens).
+//
+// Launcher's requirements: rows_per_unit even (with N even, every block's row count is even and a
+// chunk never straddles a run), G·N < 2^30 and (input rows)·K < 2^31 (32-bit row arithmetic).
+constexpr int kSmChunk = 2;      // rows per chunk (the trip structure assumes exactly two)
 constexpr int kSmMaxWarps = 24;  // block size bound (80 registers per thread)
+
+// Lane 0's claim of the next chunk. atom.inc with a limit never reached rather than atom.add:
+// ptxas wraps a lane-0-only add in its warp-aggregation sequence (vote, popc, shuffle: 13
+// instructions per claim).
+__device__ __forceinline__ int claim_chunk(int* counter) {
+  unsigned v;
+  asm volatile("atom.shared.inc.u32 %0, [%1], 0x7FFFFFFF;"
+               : "=r"(v)
+               : "r"(unsigned(__cvta_generic_to_shared(counter)))
+               : "memory");
+  return int(v);
+}
+
+// The row at relative row d of the block starting at absolute row b0: its cursor, and the end
+// (relative) of its run.
+__device__ __forceinline__ void locate(const GemvArgs& a, int b0, int rows, int d, Cursor& cu,
+                                       int& end) {
+  const int v = b0 + d;
+  const int g = v / a.N, on = v - g * a.N;
+  seek(a, cu, g, on);
+  end = min(rows, g * a.N + (on < a.split ? a.split : a.N) - b0);
+}
 
 template <int MAXI>
 __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a) {
@@ -202,51 +241,71 @@ __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a
   asm volatile("griddepcontrol.launch_dependents;");
   const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const int nb = a.K / c::kBlock;
-  const long long R = (long long)a.G * a.N;
-  const long long b0 = (long long)blockIdx.x * a.rows_per_unit;
-  const int rows = int(max(0LL, min(R, b0 + a.rows_per_unit) - b0));
-  const int g0 = int(b0 / a.N), on0 = int(b0 % a.N);
-  // Chunk c of the block's rows: the cursor at its first row and its row count; false if none.
-  auto chunk = [&](int c, Cursor& cu, int& left) -> bool {
-    const int d = c * kSmChunk;
-    if (d >= rows) return false;
-    left = min(kSmChunk, rows - d);
-    int g = g0, on = on0 + d;
-    while (on >= a.N) on -= a.N, g++;
-    seek(a, cu, g, on);
-    return true;
-  };
+  const int b0 = blockIdx.x * a.rows_per_unit;
+  const int rows = max(0, min(a.G * a.N, b0 + a.rows_per_unit) - b0);
+  int d = (threadIdx.x >> 5) * kSmChunk;  // the chunk's first row, relative to b0
+  if (d >= rows) return;
+  int end;
   Cursor cc;
-  int left = 0;
-  if (!chunk(threadIdx.x >> 5, cc, left)) return;
+  locate(a, b0, rows, d, cc, end);
   uint4 w0[MAXI], w1[MAXI];
   int s0[MAXI], s1[MAXI];
   auto load = [&](const Cursor& cu, uint4* w, int* s) { load_row<MAXI>(cu, nb, lane, w, s); };
   load(cc, w0, s0);
-  int pending = lane == 0 ? atomicAdd(&claimed, 1) : 0;
+  int pending = lane == 0 ? claim_chunk(&claimed) : 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
-  // One row: the next row's loads into (nw, ns), then the current row from (cw, cs); false after
-  // the last.
-  auto step = [&](const uint4* cw, const int* cs, uint4* nw, int* ns) -> bool {
-    Cursor nc = cc;
-    bool more = true;
-    if (--left > 0) {
-      advance(a, nc);
-    } else if ((more = chunk(nwarps + __shfl_sync(0xffffffffu, pending, 0), nc, left))) {
-      if (lane == 0) pending = atomicAdd(&claimed, 1);
-    }
-    if (more) load(nc, nw, ns);
-    row_from_registers<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
-    if (!more) return false;
-    if (nc.g != cc.g) p0 = __ldg(a.group_offsets + nc.g), p1 = __ldg(a.group_offsets + nc.g + 1);
-    cc = nc;
-    return true;
+  // The group's tokens [p0, p1); qoff: the first token's activations relative to a.in.q, the lane
+  // included (its block exponents are at a.in.e + qoff / 32, as K is a multiple of 32).
+  int p0, p1;
+  unsigned qoff = 0;
+  auto tokens = [&](int g) {
+    p0 = __ldg(a.group_offsets + g), p1 = __ldg(a.group_offsets + g + 1);
+    const int r0 = p0 < p1 && a.row_map ? __ldg(a.row_map + p0) : p0;
+    qoff = unsigned(r0) * unsigned(a.K) + unsigned(lane * c::kBlock);
   };
-  // Two rows per trip, the buffers swapping roles: no copy of the next row's registers into the
-  // current ones (21 moves per row at K = 3584). H200, alternating in one process: decode line
-  // 85.25 µs (mean of four) against 86.07 µs with the copies (docs/performance.md).
-  while (step(w0, s0, w1, s1) && step(w1, s1, w0, s0)) {
+  tokens(cc.g);
+  for (;;) {
+    Cursor c1 = cc;  // the chunk's second row: same run
+    c1.on++, c1.pk += a.K / 2, c1.sc += nb;
+    load(c1, w1, s1);
+    const bool single = p1 - p0 == 1;
+    double LA = 0.0;
+    int emin = 0;
+    if (single)
+      LA = lane_sum<MAXI>(a.in.q + qoff, a.in.e + (qoff >> 5), nb, lane, w0, s0, emin);
+    else
+      row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, w0, s0);
+    const int nd = kSmChunk * (nwarps + __shfl_sync(0xffffffffu, pending, 0));
+    const bool more = nd < rows;
+    Cursor nc = cc;
+    int nend = end;
+    if (more) {
+      if (lane == 0) pending = claim_chunk(&claimed);
+      if (nd < end) {
+        const int j = nd - d;
+        nc.on += j, nc.pk += size_t(j) * (a.K / 2), nc.sc += size_t(j) * nb;
+      } else {
+        locate(a, b0, rows, nd, nc, nend);
+      }
+      load(nc, w0, s0);
+    }
+    if (single) {
+      int same = 0;  // the same token's exponents: row A's vote covers row B
+      const double LB = lane_sum<MAXI>(a.in.q + qoff, a.in.e + (qoff >> 5), nb, lane, w1, s1, same);
+      const bool poisoned = __any_sync(0xffffffffu, emin == kPoisonedBlock);
+      const bool upper = lane >= 16;
+      double x = c::dadd(upper ? LB : LA, __shfl_xor_sync(0xffffffffu, upper ? LA : LB, 16));
+#pragma unroll
+      for (int off = 8; off >= 1; off >>= 1)
+        x = c::dadd(x, __shfl_down_sync(0xffffffffu, x, off, 16));
+      if ((lane & 15) == 0)
+        a.out[size_t(p0) * a.N + cc.on + (lane >> 4)] = poisoned ? c::canonical_nan() : float(x);
+    } else {
+      row_tokens<MAXI>(a, p0, p1, c1.on, nb, lane, w1, s1);
+    }
+    if (!more) return;
+    if (nc.g != cc.g) tokens(nc.g);
+    cc = nc, d = nd, end = nend;
   }
 }
 
@@ -257,16 +316,6 @@ constexpr KernelFn kSmKernels[4] = {gemv_sm_kernel<1>, gemv_sm_kernel<2>, gemv_s
 // MAXI = 1..8: input widths up to 8192.
 constexpr KernelFn kKernels[8] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
                                   gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
-
-// MAXI for input width K: 32-block rounds per lane.
-int lane_rounds(int K) {
-  return (K / c::kBlock + 31) / 32;
-}
-
-KernelFn kernel_for(int K) {
-  const int maxi = lane_rounds(K);
-  return maxi >= 1 && maxi <= 8 ? kKernels[maxi - 1] : nullptr;
-}
 
 // The device's SM count and how many blocks of `threads` threads of kernel k fit on one SM.
 Status device_fit(const void* k, int threads, int& sms, int& per_sm) {
@@ -292,26 +341,28 @@ Status persistent_plan(KernelFn k, long long R, int& rows_per_warp, long long& u
 
 Status launch(GemvArgs a, int P, void* stream) {
   if (a.G <= 0 || P <= 0) return {};
-  const KernelFn k = kernel_for(a.K);
-  if (!k) return kernels::detail::invalid("grouped_experts: input width above 8192");
   namespace kd = kernels::detail;
-  dim3 grid;
-  const int maxi = lane_rounds(a.K);
-  if (P <= a.G && maxi <= 4) {  // decode: one block per SM, its warps sharing the SM's rows
+  const int maxi = (a.K / c::kBlock + 31) / 32;  // 32-block rounds per lane
+  if (maxi < 1 || maxi > 8) return kd::invalid("grouped_experts: input width above 8192");
+  const long long R = (long long)a.G * a.N;
+  // Decode: one block per SM, its warps sharing the SM's rows (the input rows are at most P).
+  if (P <= a.G && maxi <= 4 && R < (1LL << 30) && (long long)P * a.K < (1LL << 31)) {
     const KernelFn sk = kSmKernels[maxi - 1];
     int sms = 0, per_sm = 0;
     if (Status s = device_fit(reinterpret_cast<const void*>(sk), kSmMaxWarps * 32, sms, per_sm);
         !s.ok())
       return s;
     if (per_sm >= 1) {
-      a.rows_per_unit = int(((long long)a.G * a.N + sms - 1) / sms);
+      a.rows_per_unit = int((R + sms - 1) / sms);
+      a.rows_per_unit += a.rows_per_unit & 1;  // whole chunks per block
       return kd::launch_pdl(sk, dim3(unsigned(sms)), dim3(kSmMaxWarps * 32), stream, true, a);
     }
   }
+  const KernelFn k = kKernels[maxi - 1];
+  dim3 grid;
   if (P <= a.G) {  // at most one token per group on average: persistent equal shares
     long long used_warps = 0;
-    if (Status s = persistent_plan(k, (long long)a.G * a.N, a.rows_per_unit, used_warps); !s.ok())
-      return s;
+    if (Status s = persistent_plan(k, R, a.rows_per_unit, used_warps); !s.ok()) return s;
     grid = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
   } else {  // strips of one group each; the hardware balances groups of different token counts
     a.rows_per_unit = 0;
