@@ -3,8 +3,10 @@
 # and by .ci/run. CUDA (nvcc, cuBLASLt, NCCL) is taken from /usr/local/cuda when present; without
 # it the CPU build is complete and the CUDA kernels are skipped.
 set -euo pipefail
+# ocl-icd-opencl-dev: oneDNN's CMake package (dnnl-config.cmake) calls find_package(OpenCL REQUIRED),
+# and libdnnl-dev only recommends the OpenCL headers (we install without recommends).
 pkgs=(build-essential cmake pkg-config ninja-build git
-      liburing-dev libhwloc-dev libtbb-dev libdnnl-dev catch2
+      liburing-dev libhwloc-dev libtbb-dev libdnnl-dev ocl-icd-opencl-dev catch2
       nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev)
 missing=()
 for p in "${pkgs[@]}"; do
