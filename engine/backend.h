@@ -47,7 +47,7 @@ struct Act {
   int64_t size() const { return rows * cols; }
 };
 
-enum class MixSite { attn, mlp, output };   // AttnRes mixes: before the mixer, the FFN, the head
+enum class MixSite { attn, mlp, output };    // AttnRes mixes: before the mixer, the FFN, the head
 enum class NormSite { input, post, final };  // input_layernorm, post_attention_layernorm, norm
 
 enum class KdaForm { automatic, recurrent, chunked };  // automatic: chunked iff T > 1
@@ -89,10 +89,11 @@ class Backend {
   virtual void set_trace(const Trace* t) = 0;
 
   // Step arena: begin_step sizes it for the step; alloc hands out [rows, cols] activations valid
-  // until the next begin_step; end_step advances every slot of the step by its T.
+  // until the next begin_step. commit_step advances every slot of the step by its T (separate, so
+  // the layer-by-layer API can run a step's layers one call at a time).
   virtual void begin_step(const StepShape& s) = 0;
   virtual Act alloc(int64_t rows, int64_t cols) = 0;
-  virtual void end_step(const StepShape& s) = 0;
+  virtual void commit_step(const StepShape& s) = 0;
 
   // Sublayers (spec/model.md §2.2). Shapes: x, out [rows, D] unless stated.
   virtual void embed(std::span<const int32_t> ids, Act out) = 0;  // ids validated by the caller

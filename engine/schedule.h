@@ -1,0 +1,71 @@
+// The one layer schedule of a forward pass (spec/model.md §2.2, DESIGN decision 9), written once
+// for every backend: embed; per layer (a) AttnRes mix over [B…, P] (or P), (b) block banking,
+// (c) norm → token mixer (KDA or gated MLA) → residual add, (d) mix → norm → FFN (dense or MoE) →
+// residual add; final mix → norm → lm_head. Each step is named and dumped at a stable site
+// (blk.{layer}.{mix_attn, attn_norm, kda_out|mla_out, mix_mlp, ffn_norm, moe_out|mlp_out, out};
+// embed, final_mix, final_norm, logits) so a numeric difference is located by one command.
+//
+// A step runs several sequences at once (continuous batching): each SeqChunk is one slot's new
+// tokens; rows are packed in chunk order. Prefill and decode are the same call.
+// Not here: what a sublayer computes (the backends), sampling and the generation loop.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/backend.h"
+#include "storage/config.h"
+
+namespace strata::engine {
+
+// The residual stream of a step between layers (spec §2.2): banked AttnRes blocks B and the
+// running partial sum P (plain models: P is the hidden state; B stays empty). P.data == nullptr
+// right after a block was banked.
+struct ActStream {
+  std::vector<Act> blocks;
+  Act P;
+};
+
+struct SeqChunk {
+  int slot = 0;
+  std::span<const int32_t> ids;
+  bool want_logits = true;  // the last row's logits
+  bool all_logits = false;  // every row's logits (implies want_logits)
+};
+
+struct ScheduleOptions {
+  int stop_after_layer = -1;  // ≥ 0: stop after this layer, no logits
+  Dumper* dumper = nullptr;   // model-level sites (single-sequence steps only)
+};
+
+class Schedule {
+ public:
+  Schedule(Backend& backend, const ModelConfig& c, ScheduleOptions o = {})
+      : b_(backend), c_(c), opt_(o) {}
+
+  // One step over the chunks (distinct slots). Returns per chunk its logits: [V] for the last row,
+  // [T, V] with all_logits, empty when not wanted or stopped early. Advances every slot.
+  // Throws strata::Error for a token id outside the vocabulary (naming slot and position).
+  std::vector<std::vector<float>> step(std::span<const SeqChunk> chunks);
+
+  // The pieces of step(), for the layer-by-layer API (engine/session.h).
+  StepShape shape(std::span<const SeqChunk> chunks) const;
+  void begin(const StepShape& s);  // begins the backend's step and takes the scratch
+  ActStream embed(const StepShape& s, std::span<const int32_t> ids);  // ids: all rows, packed
+  void run_layer(int l, const StepShape& s, ActStream& st);
+  // Final mix, norm and lm_head of `rows`; out: host [rows.size(), V].
+  void head(const ActStream& st, std::span<const int64_t> rows, float* out);
+
+ private:
+  void dump(const std::string& name, Act a, const std::vector<int64_t>& row_shape);
+  void dump(int l, const char* site, Act a, const std::vector<int64_t>& row_shape);
+
+  Backend& b_;
+  const ModelConfig& c_;
+  ScheduleOptions opt_;
+  bool single_ = true;       // the current step has one sequence (dumps allowed)
+  Act x_, h_, a_;            // this step's scratch activations [rows, D]
+  std::vector<float> host_;  // dump staging
+};
+
+}  // namespace strata::engine
