@@ -94,6 +94,8 @@ class Backend {
   virtual void begin_step(const StepShape& s) = 0;
   virtual Act alloc(int64_t rows, int64_t cols) = 0;
   virtual void commit_step(const StepShape& s) = 0;
+  // The most rows one step may hold (callers split longer prompts into chunks).
+  virtual int64_t max_step_rows() const { return INT64_MAX; }
 
   // Sublayers (spec/model.md §2.2). Shapes: x, out [rows, D] unless stated.
   virtual void embed(std::span<const int32_t> ids, Act out) = 0;  // ids validated by the caller
@@ -106,6 +108,9 @@ class Backend {
   virtual void add(Act acc, Act b) = 0;  // acc = acc + b (a bf16 rounding point in bf16 mode)
   // logits[i, :] = lm_head · h[rows[i], :], fp32, written to host memory [rows.size(), V].
   virtual void logits(Act h, std::span<const int64_t> rows, float* out) = 0;
+
+  // One line of what this backend did since start (experts per executor, time split), or "".
+  virtual std::string telemetry_line() const { return {}; }
 
   // Copies an activation to host memory (dumps, the layer-by-layer API, checks).
   virtual void to_host(Act a, float* dst) = 0;

@@ -9,6 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/cuda_backend.h"
+#include "engine/offload_executor.h"
+#include "kernels/runtime.h"
 #include "storage/error.h"
 
 namespace strata::engine {
@@ -55,7 +58,13 @@ std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_
 
 SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c) : in_(o) {
   opt_.precision = parse_precision(o.precision);
-  opt_.experts = parse_expert_numerics(o.experts_numerics);
+  if (o.experts_numerics == "auto")
+    opt_.experts =
+        c.moe.mxfp4 || c.num_moe_layers() == 0 ? ExpertNumerics::contract : ExpertNumerics::exact;
+  else
+    opt_.experts = parse_expert_numerics(o.experts_numerics);
+  if (o.device != "auto" && o.device != "cpu" && o.device != "gpu")
+    throw Error("--device: expected auto, cpu or gpu, got '" + o.device + "'");
   if (o.threads < 0)
     throw Error("--threads: expected a positive count, got " + std::to_string(o.threads));
   num_threads_ = o.threads > 0 ? o.threads : int(tbb::info::default_concurrency());
@@ -94,6 +103,44 @@ void SessionSetup::finish() const {
 std::string SessionSetup::describe() const {
   return std::string("precision ") + precision_name(opt_.precision) + ", experts " +
          expert_numerics_name(opt_.experts) + ", " + std::to_string(num_threads_) + " threads";
+}
+
+std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const SessionOptions& so,
+                                                    int slots) {
+  const bool reference = so.precision == Precision::fp32 || so.experts == ExpertNumerics::exact;
+  const bool gpu_present = kernels::cuda_device_count() > 0;
+  bool want_gpu = in_.device == "gpu" || (in_.device == "auto" && gpu_present && !reference);
+  if (in_.device == "auto" && gpu_present && reference)
+    device_line_ = std::string("--precision ") + precision_name(so.precision) +
+                   " --experts-numerics " + expert_numerics_name(so.experts) +
+                   ": running on the CPU reference (the oracle), not the GPU";
+  if (want_gpu) {
+    CudaBackendOptions co;
+    co.slots = slots;
+    co.max_context = in_.max_context;
+    co.max_step_rows = in_.max_step_rows;
+    if (!in_.gpu_mem.empty()) co.gpu_mem_bytes = parse_size(in_.gpu_mem, 0, "--gpu-mem");
+    if (!in_.gpu_experts.empty()) {
+      const std::string& g = in_.gpu_experts;
+      char* end = nullptr;
+      double v = std::strtod(g.c_str(), &end);
+      if (end && *end == '%') v /= 100.0, ++end;
+      if (g.empty() || !end || *end || !(v >= 0.0 && v <= 1.0))
+        throw Error("--gpu-experts: expected a share of the routed experts like 10% or 0.1, got '" +
+                    g + "'");
+      co.gpu_expert_share = v;
+    }
+    try {
+      auto b = std::make_unique<CudaBackend>(m, so.backend(), co);
+      device_line_ = b->name();
+      for (const auto& line : b->budget_lines()) device_line_ += "\nstrata:   " + line;
+      return b;
+    } catch (const Error& e) {
+      if (in_.device == "gpu") throw;
+      device_line_ = std::string("GPU not used (") + e.what() + "); running on the CPU reference";
+    }
+  }
+  return std::make_unique<CpuRefBackend>(m, so.backend(), slots);
 }
 
 uint64_t peak_rss_bytes() {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/session.h"
 
 namespace strata::engine {
@@ -25,8 +26,15 @@ std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_
 
 // The options every forward-running command accepts, as parsed by CLI11.
 struct InspectOptions {
-  std::string precision = "fp32";
-  std::string experts_numerics = "exact";
+  std::string precision = "bf16";
+  std::string experts_numerics = "auto";  // contract for MXFP4 experts, exact for bf16 experts
+  // Device table (README "Devices, precisions, experts"): auto = the GPU when present and the
+  // numerics are bf16 + contract, else the CPU reference.
+  std::string device = "auto";
+  std::string gpu_mem;      // GPU budget (SIZE); empty: free memory − 1 GiB
+  std::string gpu_experts;  // share of routed experts in the GPU cache ("10%", "0.1"); empty: fit
+  int64_t max_context = 8192;
+  int64_t max_step_rows = 512;
   int threads = 0;  // 0: all cores
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;
@@ -42,6 +50,10 @@ class SessionSetup {
   SessionOptions options() const { return opt_; }
   void finish() const;
   std::string describe() const;  // "precision fp32, experts exact, 2 threads"
+  // The backend of the device table for `so` (which carries the offload hooks), with `slots`
+  // sequence slots. Prints one line when auto chose the CPU for a reason the user should know.
+  std::unique_ptr<Backend> make_backend(const Model& m, const SessionOptions& so, int slots = 1);
+  const std::string& device_line() const { return device_line_; }
 
  private:
   InspectOptions in_;
@@ -50,6 +62,7 @@ class SessionSetup {
   std::unique_ptr<RoutingLog> record_, replay_;
   std::unique_ptr<tbb::global_control> threads_;
   int num_threads_ = 0;
+  std::string device_line_;
 };
 
 // Peak resident set size of this process (getrusage), bytes.

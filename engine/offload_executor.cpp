@@ -11,11 +11,16 @@
 namespace strata::engine {
 
 uint64_t parse_host_mem(const std::string& s, uint64_t expert_bytes) {
+  return parse_size(s, expert_bytes, "--host-mem");
+}
+
+uint64_t parse_size(const std::string& s, uint64_t percent_of, const char* flag) {
   auto bad = [&]() {
-    return Error("--host-mem '" + s +
-                 "': expected bytes with an optional unit (e.g. 512MiB, 64GiB, 1.5GB) or a share "
-                 "of the model's routed expert bytes (e.g. 30%)");
+    return Error(std::string(flag) + " '" + s +
+                 "': expected bytes with an optional unit (e.g. 512MiB, 64GiB, 1.5GB)" +
+                 (percent_of ? " or a share of the model's routed expert bytes (e.g. 30%)" : ""));
   };
+  const uint64_t expert_bytes = percent_of;
   size_t used = 0;
   double v = 0;
   try {
@@ -26,7 +31,10 @@ uint64_t parse_host_mem(const std::string& s, uint64_t expert_bytes) {
   std::string unit = s.substr(used);
   if (!(v > 0) || !std::isfinite(v)) throw bad();
   double mult = 1;
-  if (unit == "%") return uint64_t(double(expert_bytes) * v / 100.0);
+  if (unit == "%") {
+    if (!expert_bytes) throw bad();
+    return uint64_t(double(expert_bytes) * v / 100.0);
+  }
   if (unit.empty() || unit == "B")
     mult = 1;
   else if (unit == "KiB" || unit == "K")

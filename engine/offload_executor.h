@@ -30,6 +30,8 @@ struct OffloadOptions {
 // "64GiB", "512MiB", "1.5GB", "123456" (bytes), or "30%" of `expert_bytes` (the model's routed
 // expert bytes). Throws strata::Error naming --host-mem.
 uint64_t parse_host_mem(const std::string& s, uint64_t expert_bytes);
+// The same syntax for any size flag; percent_of = 0 refuses "N%". Throws naming `flag`.
+uint64_t parse_size(const std::string& s, uint64_t percent_of, const char* flag);
 
 class StoreExpertExecutor final : public ExpertExecutor {
  public:

@@ -1,6 +1,7 @@
 // Session (engine/session.h): one slot of a backend driven by the layer schedule.
 #include "engine/session.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "storage/error.h"
@@ -56,12 +57,23 @@ Session::Session(const Model& model, Backend& backend, int slot, SessionOptions 
 }
 
 std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logits) {
-  SeqChunk ch;
-  ch.slot = slot_;
-  ch.ids = ids;
-  ch.all_logits = all_logits;
   backend_->set_trace(&trace_);
-  return std::move(schedule_.step(std::span<const SeqChunk>(&ch, 1))[0]);
+  // Prompts longer than one step of the backend run in chunks (chunked prefill); only the last
+  // chunk's last row gives logits unless all rows are wanted.
+  if (ids.empty()) throw Error("forward: empty token list");
+  const int64_t R = std::max<int64_t>(1, backend_->max_step_rows());
+  std::vector<float> out;
+  for (size_t at = 0; at < ids.size(); at += size_t(R)) {
+    SeqChunk ch;
+    ch.slot = slot_;
+    ch.ids = ids.subspan(at, std::min(ids.size() - at, size_t(R)));
+    const bool last = at + ch.ids.size() >= ids.size();
+    ch.all_logits = all_logits;
+    ch.want_logits = last || all_logits;
+    std::vector<float> l = std::move(schedule_.step(std::span<const SeqChunk>(&ch, 1))[0]);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
 }
 
 StepShape Session::shape(int64_t T) const {

@@ -2,6 +2,7 @@
 // GPU is present (GPU tests skip cleanly when not), and a status type every launcher returns.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace strata::kernels {
@@ -25,3 +26,46 @@ struct Status {
 };
 
 }  // namespace strata::kernels
+
+// Streams, events, copies, pinned and device memory, CUDA graphs — the runtime the engine's CUDA
+// backend needs, without CUDA types (cudaStream_t, cudaEvent_t, cudaGraphExec_t travel as void*).
+// Builds without CUDA return a Status with code -1 ("no CUDA in this build") / nullptr.
+namespace strata::kernels::rt {
+
+// Device `i` current for this thread.
+Status set_device(int i);
+// Free and total device memory of the current device.
+Status mem_info(size_t* free_bytes, size_t* total_bytes);
+
+void* stream_create();  // non-blocking stream; nullptr on failure
+void stream_destroy(void* s);
+Status stream_sync(void* s);
+
+void* event_create();  // timing-disabled event; nullptr on failure
+void event_destroy(void* e);
+Status event_record(void* e, void* stream);
+Status stream_wait(void* stream, void* e);
+
+// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing decides the direction).
+Status copy_async(void* dst, const void* src, size_t bytes, void* stream);
+// Synchronous copy (start-up uploads).
+Status copy(void* dst, const void* src, size_t bytes);
+
+void* device_alloc(size_t bytes, std::string* why);  // cudaMalloc; nullptr + why on failure
+void device_free(void* p);
+void* pinned_alloc(size_t bytes, std::string* why);  // cudaMallocHost
+void pinned_free(void* p);
+
+// Graph capture of the work a stream receives between begin and end (relaxed capture mode), and
+// replay. end_capture returns an executable graph (nullptr on failure, status says why).
+Status begin_capture(void* stream);
+Status end_capture(void* stream, void** graph_exec);
+Status graph_launch(void* graph_exec, void* stream);
+void graph_destroy(void* graph_exec);
+
+// Device allocations made through device_alloc / pinned_alloc so far (counted, for the test that
+// nothing is allocated in the decode loop).
+uint64_t device_allocations();
+uint64_t pinned_allocations();
+
+}  // namespace strata::kernels::rt

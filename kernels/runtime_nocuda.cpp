@@ -13,5 +13,68 @@ bool host_register(void*, size_t, std::string* why) {
   return false;
 }
 void host_unregister(void*) {}
+namespace rt {
+namespace {
+Status none() {
+  return {-1, "no CUDA in this build"};
+}
+}  // namespace
+Status set_device(int) {
+  return none();
+}
+Status mem_info(size_t*, size_t*) {
+  return none();
+}
+void* stream_create() {
+  return nullptr;
+}
+void stream_destroy(void*) {}
+Status stream_sync(void*) {
+  return none();
+}
+void* event_create() {
+  return nullptr;
+}
+void event_destroy(void*) {}
+Status event_record(void*, void*) {
+  return none();
+}
+Status stream_wait(void*, void*) {
+  return none();
+}
+Status copy_async(void*, const void*, size_t, void*) {
+  return none();
+}
+Status copy(void*, const void*, size_t) {
+  return none();
+}
+void* device_alloc(size_t, std::string* why) {
+  if (why) *why = "no CUDA in this build";
+  return nullptr;
+}
+void device_free(void*) {}
+void* pinned_alloc(size_t, std::string* why) {
+  if (why) *why = "no CUDA in this build";
+  return nullptr;
+}
+void pinned_free(void*) {}
+Status begin_capture(void*) {
+  return none();
+}
+Status end_capture(void*, void** exec) {
+  *exec = nullptr;
+  return none();
+}
+Status graph_launch(void*, void*) {
+  return none();
+}
+void graph_destroy(void*) {}
+uint64_t device_allocations() {
+  return 0;
+}
+uint64_t pinned_allocations() {
+  return 0;
+}
+}  // namespace rt
 }  // namespace strata::kernels
 #endif

@@ -17,10 +17,23 @@ void add_offload_options(CLI::App& app, engine::OffloadOptions& o);  // offload_
 
 // The options of every forward-running command (also used by cmd_run.cpp).
 void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
-  app.add_option("--precision", o.precision, "fp32 (the oracle) or bf16 (spec §12.2 rounding)")
+  app.add_option("--device", o.device,
+                 "auto (the GPU when present, for bf16 + contract), cpu or gpu")
+      ->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32 (the oracle, CPU) or bf16 (spec §12.2 rounding)")
       ->capture_default_str();
   app.add_option("--experts-numerics", o.experts_numerics,
-                 "routed experts: exact (fp32 dequant) or contract (docs/numerics.md)")
+                 "routed experts: auto (contract for MXFP4 experts, exact for bf16 experts), exact "
+                 "(fp32 dequant, CPU) or contract (docs/numerics.md)")
+      ->capture_default_str();
+  app.add_option("--gpu-mem", o.gpu_mem, "GPU memory budget (e.g. 60GiB; default: free - 1 GiB)");
+  app.add_option("--gpu-experts", o.gpu_experts,
+                 "share of each MoE layer's routed experts held in the GPU cache (e.g. 10%; "
+                 "default: as many as the budget holds)");
+  app.add_option("--max-context", o.max_context, "positions per sequence the GPU state holds")
+      ->capture_default_str();
+  app.add_option("--max-step-rows", o.max_step_rows,
+                 "tokens per GPU step (prefill chunk); longer prompts run in chunks")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "worker threads (0 = all cores)")->capture_default_str();
   app.add_option("--dump", o.dump_dir, "write matching intermediates to DIR/dump.safetensors");
@@ -49,7 +62,10 @@ int run_logits(const LogitsOptions& o) {
   for (const auto& line : offload.describe()) std::fprintf(stderr, "strata: %s\n", line.c_str());
   engine::SessionOptions sopt = setup.options();
   offload.install(sopt);
-  engine::Session session(*model, sopt);
+  auto backend = setup.make_backend(*model, sopt);
+  if (!setup.device_line().empty())
+    std::fprintf(stderr, "strata: %s\n", setup.device_line().c_str());
+  engine::Session session(*model, *backend, 0, sopt);
   std::vector<float> out;
   std::string name;
   std::vector<int64_t> shape;
@@ -86,7 +102,7 @@ STRATA_COMMAND("logits", "Logits of every prompt position (F32 [T, vocab]) to a 
                  app.add_option("--ids", o->ids_file, "prompt token ids: a JSON array")->required();
                  app.add_option("-o,--output", o->out, "output .safetensors file")->required();
                  add_inspect_options(app, o->inspect);
-      add_offload_options(app, o->offload);
+                 add_offload_options(app, o->offload);
                  return [o] { return run_logits(*o); };
                });
 

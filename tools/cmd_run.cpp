@@ -75,7 +75,10 @@ int run_generate(const RunOptions& o) {
   engine::OffloadRuntime offload(*model, o.offload);  // --host-mem: experts from the store
   for (const auto& line : offload.describe()) std::fprintf(stderr, "strata: %s\n", line.c_str());
   offload.install(sopt);
-  engine::Session session(*model, sopt);
+  auto backend = setup.make_backend(*model, sopt);
+  if (!setup.device_line().empty())
+    std::fprintf(stderr, "strata: %s\n", setup.device_line().c_str());
+  engine::Session session(*model, *backend, 0, sopt);
   engine::SamplerConfig sc;
   sc.temperature = o.temp;
   sc.top_k = o.top_k;
@@ -156,24 +159,26 @@ int run_generate(const RunOptions& o) {
   std::fflush(stdout);
   setup.finish();
   offload.finish();  // the tier telemetry line (and --stats-json)
+  if (!backend->telemetry_line().empty())
+    std::fprintf(stderr, "strata: %s\n", backend->telemetry_line().c_str());
   // Decode rate counts the forward passes of generated tokens (the first token comes from the
   // prefill's logits). CPU seconds (all threads) next to wall seconds show starvation on a
   // shared machine.
   std::fprintf(stderr,
                "strata run: prompt %zu tokens, prefill %.2f tok/s (%.3f s, %.3f CPU s), decode "
                "%.2f tok/s (%d steps, %.3f s, %.3f CPU s), generated %zu tokens, peak RSS %.1f "
-               "MiB (%s)\n",
+               "MiB (%s, %s)\n",
                prompt.size(), double(prompt.size()) / prefill_s, prefill_s, prefill_cpu,
                decode_steps > 0 ? decode_steps / decode_s : 0.0, decode_steps, decode_s, decode_cpu,
                generated.size(), double(engine::peak_rss_bytes()) / (1024.0 * 1024.0),
-               setup.describe().c_str());
+               setup.describe().c_str(), backend->name());
   return 0;
 }
 
 }  // namespace
 
 STRATA_COMMAND(
-    "run", "Generate text with the reference CPU engine (prefill + decode)",
+    "run", "Generate text (prefill + decode) on the GPU engine or the CPU",
     [](CLI::App& app) -> CommandRun {
       auto o = std::make_shared<RunOptions>();
       app.add_option("-m,--model", o->model_dir, "model directory")->required();

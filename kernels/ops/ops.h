@@ -85,3 +85,16 @@ Status f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream);
 Status bf16_to_f32(const uint16_t* in, float* out, int64_t n, void* stream);
 
 }  // namespace strata::kernels::ops
+
+namespace strata::kernels::ops {
+
+// Residual add (spec §2.2): acc = acc + b, fp32; round_bf16 rounds the sum (the bf16 model's
+// residual stream is bf16). acc, b: [n].
+Status add_inplace(float* acc, const float* b, int64_t n, bool round_bf16, void* stream);
+// x = bf16(x) in place (a bf16 GEMM output taken in fp32).
+Status round_bf16_inplace(float* x, int64_t n, void* stream);
+// MLA output gate (spec §5.2 step 6) in the bf16 model: o = bf16(o · bf16(sigmoid(g))).
+// o: [n] bf16 bits (in/out), g: [n] bf16 bits (g_proj output).
+Status sigmoid_gate_bf16(uint16_t* o, const uint16_t* g, int64_t n, void* stream);
+
+}  // namespace strata::kernels::ops

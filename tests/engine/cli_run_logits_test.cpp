@@ -61,7 +61,8 @@ TEST_CASE("strata run --print-ids reproduces the golden greedy continuation", "[
   fs::path dir = test::scratch_dir("cli-run");
   write_file(dir / "ids.json", m["prompt_ids"].dump());
   Result r = run("run -m " + g.string() + " --ids " + (dir / "ids.json").string() +
-                 " --print-ids --ignore-eos -n 12 --temp 0 --threads 2");
+                 " --print-ids --ignore-eos -n 12 --temp 0 --threads 2 --precision fp32 "
+                 "--experts-numerics exact");
   INFO(r.out);
   REQUIRE(r.status == 0);
   // stdout is the JSON array of generated ids (one line starting with '['); stderr has the
@@ -86,7 +87,9 @@ TEST_CASE("strata logits writes the golden prefill logits, dump and stop-after-l
   auto m = meta(g);
   fs::path dir = test::scratch_dir("cli-logits");
   write_file(dir / "ids.json", m["prompt_ids"].dump());
-  const std::string base = "logits -m " + g.string() + " --ids " + (dir / "ids.json").string();
+  // The golden data is the fp32 oracle's: the CLI defaults (bf16, contract) are overridden.
+  const std::string base = "logits -m " + g.string() + " --ids " + (dir / "ids.json").string() +
+                           " --precision fp32 --experts-numerics exact";
   Result r = run(base + " -o " + (dir / "out.safetensors").string() + " --dump " +
                  (dir / "dump").string() + " --dump-sites 'blk\\.3\\..*' --record-routing " +
                  (dir / "routing.json").string());
@@ -132,9 +135,10 @@ TEST_CASE("strata logits writes the golden prefill logits, dump and stop-after-l
   CHECK(dumped == h);  // the same computation, bit for bit
 
   // Replay the recorded routing in bf16: accepted, and recording it again gives the same file.
-  Result p = run(base + " -o " + (dir / "r.safetensors").string() +
-                 " --precision bf16 --replay-routing " + (dir / "routing.json").string() +
-                 " --record-routing " + (dir / "routing2.json").string());
+  Result p = run("logits -m " + g.string() + " --ids " + (dir / "ids.json").string() + " -o " +
+                 (dir / "r.safetensors").string() + " --precision bf16 --replay-routing " +
+                 (dir / "routing.json").string() + " --record-routing " +
+                 (dir / "routing2.json").string());
   INFO(p.out);
   REQUIRE(p.status == 0);
   std::ifstream r1(dir / "routing.json"), r2(dir / "routing2.json");

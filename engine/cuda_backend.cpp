@@ -1,0 +1,1075 @@
+// The CUDA backend (engine/cuda_backend.h). Host code only: kernels are reached through their
+// CUDA-free launchers (kernels/*/*.h) and the runtime wrappers of kernels/runtime.h, so this file
+// builds (and its constructor refuses with a clear line) without CUDA too.
+//
+// bf16 rounding points (spec §12.2) as the CPU reference places them: every GEMM output is rounded
+// (cuBLASLt fp32 output + round_bf16_inplace, or bf16 output), norms/GLUs/gates round inside their
+// kernels, residual adds round. The routed experts' fp32 contract outputs are rounded to bf16 on
+// both executors before the merge (engine/contract_executor.cpp does the same), so the merge sees
+// the same bits whichever executor computed a row.
+#include "engine/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "engine/routing.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/kda/kda.h"
+#include "kernels/mla/mla.h"
+#include "kernels/moe/experts.h"
+#include "kernels/ops/ops.h"
+#include "kernels/runtime.h"
+#include "storage/bf16.h"
+#include "storage/error.h"
+
+namespace strata::engine {
+
+namespace rt = kernels::rt;
+namespace kops = kernels::ops;
+
+namespace {
+
+constexpr float kMlaNormEps = 1e-6f;  // q_a / kv_a layernorms (spec §3.1)
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+void check(kernels::Status s, const char* what) {
+  if (!s.ok()) throw Error(std::string("CUDA backend: ") + what + ": " + s.message);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(1ull << 30));
+  return b;
+}
+
+// A device allocation owned by the backend.
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevMem() = default;
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  DevMem(DevMem&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
+  ~DevMem() { rt::device_free(p); }
+  void alloc(size_t n, const char* what) {
+    std::string why;
+    p = rt::device_alloc(n, &why);
+    if (!p)
+      throw Error(std::string("CUDA backend: cannot allocate ") + gib(double(n)) + " for " + what +
+                  ": " + why);
+    bytes = n;
+  }
+};
+
+// A bump allocator over one device region: plan with p = nullptr (sizes only), then carve.
+struct Bump {
+  char* base = nullptr;
+  size_t cap = 0, used = 0;
+  void* take(size_t n, const char* what) {
+    const size_t a = align_up(n);
+    if (used + a > cap)
+      throw Error(std::string("CUDA backend: step arena exhausted taking ") + what + " (" +
+                  std::to_string(used + a) + " of " + std::to_string(cap) + " bytes)");
+    void* p = base + used;
+    used += a;
+    return p;
+  }
+};
+
+}  // namespace
+
+// --------------------------------------------------------------------------------------------
+// Device weights
+
+struct DevMatrix {  // bf16 [rows, cols] on the device
+  const uint16_t* p = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+struct DevVec {
+  const float* p = nullptr;
+};
+
+struct KdaDev {
+  DevMatrix qkv, f_a, f_b, b, g, g_a, g_b, o;
+  DevVec conv_q, conv_k, conv_v, A_log, dt_bias, o_norm;
+};
+struct MlaDev {
+  DevMatrix q_a, q_b, q, kv_a, kv_b, g, o;
+  DevVec q_a_norm, kv_a_norm;
+};
+struct MlpDev {
+  DevMatrix gate_up, down;
+  int64_t I = 0;
+};
+struct MoeDev {
+  DevMatrix router, latent_down, latent_up;
+  DevVec bias, latent_norm;
+  MlpDev shared;
+  bool has_shared = false;
+  std::vector<int32_t> gpu_slot;  // [E]: expert cache slot, −1 = not resident
+};
+struct LayerDev {
+  DevVec input_norm, post_norm, attn_norm_w, attn_proj_w, mlp_norm_w, mlp_proj_w;
+  KdaDev kda;
+  MlaDev mla;
+  MlpDev dense;
+  MoeDev moe;
+  // Per-slot state (device): KDA [slots, H, V, K] fp32 and conv [slots, 3P, 3] bf16; MLA cache
+  // [slots, max_context, 576] bf16.
+  float* kda_S = nullptr;
+  uint16_t* kda_conv = nullptr;
+  uint16_t* mla_cache = nullptr;
+};
+
+struct CudaBackend::Impl {
+  void* stream = nullptr;
+  std::unique_ptr<kernels::gemm::Gemm> gemm;
+  std::vector<DevMem> mem;  // every weight / state / arena allocation
+  std::vector<LayerDev> layers;
+  DevMatrix embed, lm_head;
+  DevVec final_norm, out_norm_w, out_proj_w;
+  // Expert cache: slot s holds one expert's MXFP4 arrays; views_host[s] points into it.
+  std::vector<Mxfp4ExpertView> views_host;
+  size_t expert_bytes = 0;
+  int64_t resident = 0;
+  // Step arena and pinned staging.
+  Bump arena;
+  size_t acts_mark = 0;
+  char* pinned = nullptr;
+  size_t pinned_bytes = 0;
+  std::unique_ptr<ExpertExecutor> cpu_executor;
+  ~Impl() {
+    rt::pinned_free(pinned);
+    if (stream) rt::stream_destroy(stream);
+  }
+};
+
+namespace {
+
+// Uploads a bf16 weight view (rows of several views concatenated) into one device matrix.
+struct Uploader {
+  CudaBackend::Impl& im;
+  uint64_t done = 0, total = 0;
+  double t0 = now_s(), last = 0;
+  bool progress = true;
+
+  void note(uint64_t n) {
+    done += n;
+    const double t = now_s() - t0;
+    if (progress && (t - last > 0.5 || done == total)) {
+      last = t;
+      const double rate = t > 0 ? double(done) / t : 0;
+      std::fprintf(stderr, "\rstrata: uploading weights %.2f / %.2f GB at %.2f GB/s, ETA %.0f s   ",
+                   double(done) / 1e9, double(total) / 1e9, rate / 1e9,
+                   rate > 0 ? double(total - done) / rate : 0.0);
+      if (done == total) std::fputc('\n', stderr);
+    }
+  }
+  void* device(size_t bytes, const char* what) {
+    im.mem.emplace_back();
+    im.mem.back().alloc(bytes, what);
+    return im.mem.back().p;
+  }
+  DevMatrix matrix(std::initializer_list<const WeightView*> parts, const char* what) {
+    int64_t rows = 0, cols = -1;
+    for (const WeightView* w : parts) {
+      if (w->format != cpu::ref::WeightFormat::bf16)
+        throw Error(std::string("CUDA backend: ") + what + " is not bf16");
+      if (cols >= 0 && w->cols != cols)
+        throw Error(std::string("CUDA backend: ") + what + " widths");
+      cols = w->cols;
+      rows += w->rows;
+    }
+    auto* d = static_cast<uint16_t*>(device(size_t(rows * cols) * 2, what));
+    int64_t r = 0;
+    for (const WeightView* w : parts) {
+      const size_t n = size_t(w->rows * w->cols) * 2;
+      check(rt::copy(d + r * cols, w->data, n), what);
+      r += w->rows;
+      note(n);
+    }
+    return DevMatrix{d, rows, cols};
+  }
+  DevVec vec(const std::vector<float>& v, const char* what) {
+    auto* d = static_cast<float*>(device(v.size() * 4 + 4, what));
+    check(rt::copy(d, v.data(), v.size() * 4), what);
+    note(v.size() * 4);
+    return DevVec{d};
+  }
+};
+
+uint64_t matrix_bytes(const WeightView& w) {
+  return uint64_t(w.rows * w.cols) * 2;
+}
+
+}  // namespace
+
+// --------------------------------------------------------------------------------------------
+// Construction: checks, budget, uploads.
+
+CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackendOptions cuda)
+    : model_(model), c_(model.config()), opt_(std::move(options)), cuda_(cuda) {
+  if (kernels::cuda_device_count() == 0)
+    throw Error("--device gpu: no CUDA device (" + kernels::cuda_device_description(0) + ")");
+  if (opt_.precision != Precision::bf16 || opt_.experts != ExpertNumerics::contract)
+    throw Error(
+        "--device gpu runs bf16 with contract experts; --precision fp32 and --experts-numerics "
+        "exact are the CPU reference's (use --device cpu or auto)");
+  const auto& k = c_.kda;
+  const auto& m = c_.mla;
+  const auto& mo = c_.moe;
+  if (c_.num_kda_layers() > 0 && (k.head_dim != 128 || k.conv_kernel != 4))
+    throw Error("--device gpu: KDA kernels support head_dim 128 and conv 4 (model: " +
+                std::to_string(k.head_dim) + ", " + std::to_string(k.conv_kernel) + ")");
+  if (c_.num_mla_layers() > 0 &&
+      (m.qk_nope_head_dim != kernels::mla::kNope || m.qk_rope_head_dim != kernels::mla::kRope ||
+       m.v_head_dim != kernels::mla::kV || m.kv_lora_rank != kernels::mla::kLatent))
+    throw Error("--device gpu: MLA kernels support nope 128, rope 64, v 128, kv_lora 512 (model: " +
+                std::to_string(m.qk_nope_head_dim) + ", " + std::to_string(m.qk_rope_head_dim) +
+                ", " + std::to_string(m.v_head_dim) + ", " + std::to_string(m.kv_lora_rank) +
+                "); use --device cpu");
+  if (c_.num_moe_layers() > 0 && !mo.mxfp4)
+    throw Error(
+        "--device gpu: routed experts must be MXFP4 (this model's are bf16); use --device cpu");
+  if (cuda_.slots < 1 || cuda_.slots > kernels::mla::kMaxSeqs)
+    throw Error("--slots must be in 1.." + std::to_string(kernels::mla::kMaxSeqs));
+  check(rt::set_device(cuda_.device), "cudaSetDevice");
+  impl_ = std::make_unique<Impl>();
+  Impl& im = *impl_;
+  im.stream = rt::stream_create();
+  if (!im.stream) throw Error("CUDA backend: cannot create a stream");
+  im.gemm = std::make_unique<kernels::gemm::Gemm>();
+  pos_.assign(size_t(cuda_.slots), 0);
+
+  const auto& W = model.weights();
+  const int64_t D = c_.hidden_size, V = c_.vocab_size, R = cuda_.max_step_rows;
+  const int64_t P = k.proj_dim(), H = k.num_heads, L = c_.expert_in_dim(), E = mo.num_experts,
+                Kt = mo.top_k, I = mo.intermediate_size;
+  const int64_t Hm = m.num_heads;
+  const int nl = c_.num_layers;
+
+  // ---- The budget (STYLE §9: sized once, printed, then allocated) ----
+  uint64_t dense = matrix_bytes(W.embed) + matrix_bytes(W.lm_head);
+  uint64_t experts_total = 0;
+  im.expert_bytes = 0;
+  for (const LayerWeights& lw : W.layers) {
+    auto add = [&](const WeightView& w) {
+      if (w.data) dense += matrix_bytes(w);
+    };
+    if (lw.kda) {
+      const KdaWeights& kw = *lw.kda;
+      for (const WeightView* w : {&kw.q_proj, &kw.k_proj, &kw.v_proj, &kw.f_a_proj, &kw.f_b_proj,
+                                  &kw.b_proj, &kw.g_proj, &kw.g_a_proj, &kw.g_b_proj, &kw.o_proj})
+        add(*w);
+    }
+    if (lw.mla) {
+      const MlaWeights& mw = *lw.mla;
+      for (const WeightView* w : {&mw.q_a_proj, &mw.q_b_proj, &mw.q_proj, &mw.kv_a_proj,
+                                  &mw.kv_b_proj, &mw.g_proj, &mw.o_proj})
+        add(*w);
+    }
+    if (lw.dense) {
+      add(lw.dense->mlp.gate), add(lw.dense->mlp.up), add(lw.dense->mlp.down);
+    }
+    if (lw.moe) {
+      const MoeWeights& mw = *lw.moe;
+      add(mw.router), add(mw.latent_down), add(mw.latent_up);
+      if (mw.shared) add(mw.shared->gate), add(mw.shared->up), add(mw.shared->down);
+      for (const ExpertWeights& e : mw.experts) {
+        const size_t b = size_t(e.w1.rows * e.w1.cols / 2 + e.w1.rows * e.w1.cols / 32) * 2 +
+                         size_t(e.w2.rows * e.w2.cols / 2 + e.w2.rows * e.w2.cols / 32);
+        im.expert_bytes = b;
+        experts_total += b;
+      }
+    }
+  }
+  const int64_t max_blocks =
+      c_.has_attn_res() ? (nl + c_.attn_res_block_size - 1) / c_.attn_res_block_size + 1 : 0;
+  uint64_t state_per_slot = 0;
+  for (int l = 0; l < nl; ++l) {
+    if (c_.is_kda(l)) state_per_slot += uint64_t(H * 128 * 128) * 4 + uint64_t(3 * P * 3) * 2;
+    if (c_.is_mla(l)) state_per_slot += uint64_t(cuda_.max_context) * kernels::mla::kCacheDim * 2;
+  }
+  // Step arena: activations the schedule takes, plus the largest sublayer scratch (summed
+  // generously: every sublayer's pieces, 256-aligned).
+  const int64_t widest =
+      std::max({D, 3 * P, int64_t(2) * c_.dense_intermediate_size,
+                int64_t(2) * std::max(1, mo.shared_intermediate()), Hm * 256, E, V});
+  uint64_t arena = uint64_t(6 + max_blocks) * align_up(size_t(R * D) * 4);
+  arena += 8 * align_up(size_t(R * widest) * 4);  // GEMM outputs and copies
+  arena += 4 * align_up(size_t(R * Kt * L) * 4);  // expert outputs, merge
+  arena += align_up(kernels::moe::experts_workspace_bytes(int(R), int(R * Kt), int(L), int(I)));
+  arena += align_up(kernels::kda::prefill_workspace_bytes(int(std::max<int64_t>(H, 1)), 1, R));
+  if (c_.num_mla_layers() > 0)
+    arena += align_up(
+        std::max(kernels::mla::prefill_workspace_bytes(int(Hm), cuda_.max_context),
+                 kernels::mla::decode_workspace_bytes(int(Hm), cuda_.slots, cuda_.max_context)));
+  arena += align_up(size_t(E) * sizeof(Mxfp4ExpertView)) + 8 * align_up(size_t(R * Kt + E + 1) * 4);
+  const uint64_t pinned = uint64_t(R * Kt * L) * 4 + uint64_t(R * std::max(L, D)) * 4 +
+                          uint64_t(R * Kt) * 24 + uint64_t(E) * sizeof(Mxfp4ExpertView) +
+                          uint64_t(E + R + 2) * 8 + uint64_t(R) * 4;
+  size_t free_b = 0, total_b = 0;
+  check(rt::mem_info(&free_b, &total_b), "cudaMemGetInfo");
+  const uint64_t margin = 1ull << 30;
+  const uint64_t budget =
+      cuda_.gpu_mem_bytes ? cuda_.gpu_mem_bytes : (free_b > margin ? free_b - margin : 0);
+  const uint64_t fixed = dense + state_per_slot * uint64_t(cuda_.slots) + arena + (64ull << 20);
+  if (fixed > budget || (cuda_.gpu_mem_bytes && cuda_.gpu_mem_bytes > free_b))
+    throw Error("--gpu-mem: the GPU budget " + gib(double(budget)) + " (device free " +
+                gib(double(free_b)) + ") cannot hold the dense weights " + gib(double(dense)) +
+                " + state " + gib(double(state_per_slot)) + " x " + std::to_string(cuda_.slots) +
+                " slots + step arena " + gib(double(arena)) + "; lower --slots, --max-context or " +
+                "--max-step-rows, or raise --gpu-mem");
+  const int64_t n_routed = int64_t(c_.num_moe_layers()) * E;
+  int64_t cache_slots = 0;
+  if (n_routed > 0 && im.expert_bytes > 0) {
+    const int64_t fit = int64_t((budget - fixed) / im.expert_bytes);
+    if (cuda_.gpu_expert_share < 0) {
+      cache_slots = std::min(fit, n_routed);
+    } else {
+      cache_slots = int64_t(std::llround(cuda_.gpu_expert_share * double(E))) * c_.num_moe_layers();
+      if (cache_slots > fit)
+        throw Error("--gpu-experts: " + std::to_string(cache_slots) + " experts (" +
+                    gib(double(cache_slots) * double(im.expert_bytes)) +
+                    ") do not fit the GPU budget after the dense part (" +
+                    gib(double(budget - fixed)) + " left)");
+    }
+  }
+  const int64_t per_layer = c_.num_moe_layers() > 0 ? cache_slots / c_.num_moe_layers() : 0;
+  budget_.push_back("GPU " + kernels::cuda_device_description(cuda_.device) + ": budget " +
+                    gib(double(budget)) +
+                    (cuda_.gpu_mem_bytes ? " (--gpu-mem)" : " (free - 1 GiB)"));
+  budget_.push_back("  dense weights (bf16)      " + gib(double(dense)));
+  budget_.push_back("  expert cache              " +
+                    gib(double(per_layer * c_.num_moe_layers()) * double(im.expert_bytes)) + " = " +
+                    std::to_string(per_layer) + " of " + std::to_string(E) + " experts x " +
+                    std::to_string(c_.num_moe_layers()) + " MoE layers (" +
+                    std::to_string(experts_total
+                                       ? 100.0 * double(per_layer * c_.num_moe_layers()) *
+                                             double(im.expert_bytes) / double(experts_total)
+                                       : 0.0)
+                        .substr(0, 5) +
+                    "% of " + gib(double(experts_total)) + ")");
+  budget_.push_back("  state per sequence        " + gib(double(state_per_slot)) + " x " +
+                    std::to_string(cuda_.slots) + " slots (max context " +
+                    std::to_string(cuda_.max_context) + ")");
+  budget_.push_back("  step arena + workspaces   " + gib(double(arena)) + " (" + std::to_string(R) +
+                    " rows per step)");
+  budget_.push_back("host: pinned staging " + gib(double(pinned)) +
+                    "; experts not in the GPU cache are computed by the CPU from host memory");
+
+  // ---- Uploads ----
+  Uploader up{im};
+  up.progress = cuda_.progress;
+  up.total = dense;
+  im.embed = up.matrix({&W.embed}, "embed_tokens");
+  im.lm_head = up.matrix({&W.lm_head}, "lm_head");
+  im.final_norm = up.vec(W.final_norm, "norm");
+  if (W.output_res) {
+    im.out_norm_w = up.vec(W.output_res->norm, "output_attn_res.norm");
+    im.out_proj_w = up.vec(W.output_res->proj, "output_attn_res.proj");
+  }
+  im.layers.resize(size_t(nl));
+  for (int l = 0; l < nl; ++l) {
+    const LayerWeights& lw = W.layers[size_t(l)];
+    LayerDev& d = im.layers[size_t(l)];
+    d.input_norm = up.vec(lw.input_norm, "input_layernorm");
+    d.post_norm = up.vec(lw.post_norm, "post_attention_layernorm");
+    if (lw.attn_res) {
+      d.attn_norm_w = up.vec(lw.attn_res->norm, "attn_res.norm");
+      d.attn_proj_w = up.vec(lw.attn_res->proj, "attn_res.proj");
+      d.mlp_norm_w = up.vec(lw.mlp_res->norm, "mlp_res.norm");
+      d.mlp_proj_w = up.vec(lw.mlp_res->proj, "mlp_res.proj");
+    }
+    if (lw.kda) {
+      const KdaWeights& kw = *lw.kda;
+      KdaDev& kd = d.kda;
+      kd.qkv = up.matrix({&kw.q_proj, &kw.k_proj, &kw.v_proj}, "q|k|v_proj");
+      kd.f_a = up.matrix({&kw.f_a_proj}, "f_a_proj");
+      kd.f_b = up.matrix({&kw.f_b_proj}, "f_b_proj");
+      kd.b = up.matrix({&kw.b_proj}, "b_proj");
+      if (k.full_rank_output_gate) {
+        kd.g = up.matrix({&kw.g_proj}, "g_proj");
+      } else {
+        kd.g_a = up.matrix({&kw.g_a_proj}, "g_a_proj");
+        kd.g_b = up.matrix({&kw.g_b_proj}, "g_b_proj");
+      }
+      kd.o = up.matrix({&kw.o_proj}, "o_proj");
+      kd.conv_q = up.vec(kw.q_conv, "q_conv1d");
+      kd.conv_k = up.vec(kw.k_conv, "k_conv1d");
+      kd.conv_v = up.vec(kw.v_conv, "v_conv1d");
+      kd.A_log = up.vec(kw.A_log, "A_log");
+      kd.dt_bias = up.vec(kw.dt_bias, "dt_bias");
+      kd.o_norm = up.vec(kw.o_norm, "o_norm");
+      d.kda_S =
+          static_cast<float*>(up.device(size_t(cuda_.slots * H * 128 * 128) * 4, "KDA state"));
+      d.kda_conv =
+          static_cast<uint16_t*>(up.device(size_t(cuda_.slots * 3 * P * 3) * 2, "KDA conv state"));
+    }
+    if (lw.mla) {
+      const MlaWeights& mw = *lw.mla;
+      MlaDev& md = d.mla;
+      if (m.q_lora_rank > 0) {
+        md.q_a = up.matrix({&mw.q_a_proj}, "q_a_proj");
+        md.q_a_norm = up.vec(mw.q_a_norm, "q_a_layernorm");
+        md.q_b = up.matrix({&mw.q_b_proj}, "q_b_proj");
+      } else {
+        md.q = up.matrix({&mw.q_proj}, "q_proj");
+      }
+      md.kv_a = up.matrix({&mw.kv_a_proj}, "kv_a_proj_with_mqa");
+      md.kv_a_norm = up.vec(mw.kv_a_norm, "kv_a_layernorm");
+      md.kv_b = up.matrix({&mw.kv_b_proj}, "kv_b_proj");
+      if (m.output_gate) md.g = up.matrix({&mw.g_proj}, "g_proj");
+      md.o = up.matrix({&mw.o_proj}, "o_proj");
+      d.mla_cache = static_cast<uint16_t*>(
+          up.device(size_t(cuda_.slots * cuda_.max_context) * kernels::mla::kCacheDim * 2,
+                    "MLA latent cache"));
+    }
+    if (lw.dense) {
+      d.dense.gate_up = up.matrix({&lw.dense->mlp.gate, &lw.dense->mlp.up}, "mlp.gate|up");
+      d.dense.down = up.matrix({&lw.dense->mlp.down}, "mlp.down");
+      d.dense.I = lw.dense->mlp.gate.rows;
+    }
+    if (lw.moe) {
+      const MoeWeights& mw = *lw.moe;
+      MoeDev& md = d.moe;
+      md.router = up.matrix({&mw.router}, "gate.weight");
+      md.bias = up.vec(mw.router_bias, "e_score_correction_bias");
+      if (mo.latent_size > 0) {
+        md.latent_down = up.matrix({&mw.latent_down}, "routed_expert_down_proj");
+        md.latent_up = up.matrix({&mw.latent_up}, "routed_expert_up_proj");
+        if (mo.latent_norm) md.latent_norm = up.vec(mw.latent_norm, "routed_expert_norm");
+      }
+      if (mw.shared) {
+        md.has_shared = true;
+        md.shared.gate_up = up.matrix({&mw.shared->gate, &mw.shared->up}, "shared_experts.gate|up");
+        md.shared.down = up.matrix({&mw.shared->down}, "shared_experts.down");
+        md.shared.I = mw.shared->gate.rows;
+      }
+      md.gpu_slot.assign(size_t(E), -1);
+    }
+  }
+  // Expert cache: per MoE layer the first per_layer experts of a fixed per-layer permutation
+  // (random-weight routers are uniform; a live-statistics policy is future work).
+  if (per_layer > 0) {
+    const size_t total_cache = size_t(per_layer * c_.num_moe_layers()) * im.expert_bytes;
+    auto* base = static_cast<uint8_t*>(up.device(total_cache, "GPU expert cache"));
+    uint64_t done = 0;
+    const double t0 = now_s();
+    for (int l = 0; l < nl; ++l) {
+      if (!W.layers[size_t(l)].moe) continue;
+      const MoeWeights& mw = *W.layers[size_t(l)].moe;
+      std::vector<int32_t> order(static_cast<size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        auto h = [&](int32_t e) { return (uint32_t(e) * 2654435761u) ^ (uint32_t(l) * 40503u); };
+        return h(a) != h(b) ? h(a) < h(b) : a < b;
+      });
+      for (int64_t i = 0; i < per_layer; ++i) {
+        const int32_t e = order[size_t(i)];
+        const ExpertWeights& ew = mw.experts[size_t(e)];
+        uint8_t* p = base + size_t(im.resident) * im.expert_bytes;
+        Mxfp4ExpertView v;
+        v.hidden = int(L);
+        v.inter = int(I);
+        auto put = [&](const WeightView& w, const uint8_t** packed, const uint8_t** scale) {
+          const size_t np = size_t(w.rows * w.cols / 2), ns = size_t(w.rows * w.cols / 32);
+          check(rt::copy(p, w.data, np), "expert upload");
+          *packed = p;
+          p += np;
+          check(rt::copy(p, w.scale, ns), "expert upload");
+          *scale = p;
+          p += ns;
+        };
+        put(ew.w1, &v.w1_packed, &v.w1_scale);
+        put(ew.w3, &v.w3_packed, &v.w3_scale);
+        put(ew.w2, &v.w2_packed, &v.w2_scale);
+        im.layers[size_t(l)].moe.gpu_slot[size_t(e)] = int32_t(im.views_host.size());
+        im.views_host.push_back(v);
+        ++im.resident;
+        done += im.expert_bytes;
+      }
+    }
+    if (cuda_.progress)
+      std::fprintf(stderr, "strata: expert cache: %lld experts, %.2f GB in %.1f s\n",
+                   (long long)im.resident, double(done) / 1e9, now_s() - t0);
+  }
+  // Step arena and pinned staging.
+  im.arena.base = static_cast<char*>(up.device(arena, "step arena"));
+  im.arena.cap = arena;
+  std::string why;
+  im.pinned = static_cast<char*>(rt::pinned_alloc(pinned, &why));
+  if (!im.pinned) throw Error("CUDA backend: cannot allocate pinned staging: " + why);
+  im.pinned_bytes = pinned;
+  // CPU executor for the experts that miss the GPU cache.
+  im.cpu_executor = make_expert_executor(ExpertNumerics::contract, c_);
+  if (opt_.wrap_executor) im.cpu_executor = opt_.wrap_executor(std::move(im.cpu_executor));
+  for (int s = 0; s < cuda_.slots; ++s) reset_slot(s);
+  check(rt::stream_sync(im.stream), "start-up");
+  name_ = "cuda bf16, experts contract (" + std::to_string(im.resident) + " of " +
+          std::to_string(n_routed) + " routed experts in the GPU cache)";
+}
+
+CudaBackend::~CudaBackend() {
+  if (impl_ && impl_->stream) rt::stream_sync(impl_->stream);
+}
+
+int64_t CudaBackend::gpu_resident_experts() const {
+  return impl_->resident;
+}
+int64_t CudaBackend::routed_experts() const {
+  return int64_t(c_.num_moe_layers()) * c_.moe.num_experts;
+}
+
+std::string CudaBackend::telemetry_line() const {
+  const double pairs = double(tel_.gpu_expert_pairs + tel_.cpu_expert_pairs);
+  char b[400];
+  std::snprintf(b, sizeof b,
+                "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | CPU experts "
+                "%.3f s, waiting for the GPU %.3f s | H2D %.3f GB, D2H %.3f GB",
+                (unsigned long long)tel_.steps,
+                pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
+                pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0, tel_.cpu_expert_s,
+                tel_.sync_wait_s, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9);
+  return b;
+}
+
+void CudaBackend::reset_slot(int slot) {
+  Impl& im = *impl_;
+  pos_[size_t(slot)] = 0;
+  const int64_t H = c_.kda.num_heads, P = c_.kda.proj_dim();
+  std::vector<uint8_t> zeros;
+  for (int l = 0; l < c_.num_layers; ++l) {
+    LayerDev& d = im.layers[size_t(l)];
+    if (d.kda_S) {
+      const size_t nS = size_t(H * 128 * 128) * 4, nc = size_t(3 * P * 3) * 2;
+      zeros.assign(std::max(nS, nc), 0);
+      check(rt::copy_async(d.kda_S + size_t(slot) * (nS / 4), zeros.data(), nS, im.stream),
+            "reset KDA state");
+      check(rt::copy_async(d.kda_conv + size_t(slot) * (nc / 2), zeros.data(), nc, im.stream),
+            "reset conv state");
+      check(rt::stream_sync(im.stream), "reset");
+    }
+  }
+}
+
+uint64_t CudaBackend::state_bytes(int slot) const {
+  const int64_t H = c_.kda.num_heads, P = c_.kda.proj_dim();
+  return uint64_t(c_.num_kda_layers()) * (uint64_t(H * 128 * 128) * 4 + uint64_t(3 * P * 3) * 2) +
+         uint64_t(c_.num_mla_layers()) * uint64_t(pos_[size_t(slot)]) * kernels::mla::kCacheDim * 2;
+}
+
+void CudaBackend::begin_step(const StepShape& s) {
+  if (s.rows > cuda_.max_step_rows)
+    throw Error("a step of " + std::to_string(s.rows) + " rows exceeds the backend's " +
+                std::to_string(cuda_.max_step_rows) + " (--max-step-rows)");
+  for (const SeqSpan& q : s.seqs)
+    if (q.pos0 + q.T > cuda_.max_context)
+      throw Error("sequence in slot " + std::to_string(q.slot) + " reaches position " +
+                  std::to_string(q.pos0 + q.T) + ", beyond --max-context " +
+                  std::to_string(cuda_.max_context));
+  impl_->arena.used = 0;
+  ++tel_.steps;
+}
+
+Act CudaBackend::alloc(int64_t rows, int64_t cols) {
+  Act a{static_cast<float*>(impl_->arena.take(size_t(rows * cols) * 4, "activation")), rows, cols};
+  impl_->acts_mark = impl_->arena.used;
+  return a;
+}
+
+void CudaBackend::commit_step(const StepShape& s) {
+  for (const SeqSpan& q : s.seqs) pos_[size_t(q.slot)] += q.T;
+}
+
+void CudaBackend::to_host(Act a, float* dst) {
+  check(rt::copy_async(dst, a.data, size_t(a.size()) * 4, impl_->stream), "download");
+  check(rt::stream_sync(impl_->stream), "download");
+}
+void CudaBackend::from_host(const float* src, Act a) {
+  check(rt::copy_async(a.data, src, size_t(a.size()) * 4, impl_->stream), "upload");
+  check(rt::stream_sync(impl_->stream), "upload");
+}
+void CudaBackend::copy(Act src, Act dst) {
+  check(rt::copy_async(dst.data, src.data, size_t(src.size()) * 4, impl_->stream), "copy");
+}
+
+namespace {
+// Scratch of one sublayer: taken after the step's activations, released when it goes out of scope.
+struct Scratch {
+  Bump& b;
+  size_t mark;
+  explicit Scratch(Bump& bump) : b(bump), mark(bump.used) {}
+  ~Scratch() { b.used = mark; }
+  template <typename T>
+  T* take(int64_t n, const char* what) {
+    return static_cast<T*>(b.take(size_t(n) * sizeof(T), what));
+  }
+};
+}  // namespace
+
+void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
+  Impl& im = *impl_;
+  Scratch sc(im.arena);
+  auto* d_ids = sc.take<int32_t>(int64_t(ids.size()), "ids");
+  std::memcpy(im.pinned, ids.data(), ids.size() * 4);
+  check(rt::copy_async(d_ids, im.pinned, ids.size() * 4, im.stream), "ids upload");
+  check(kops::embedding_gather(im.embed.p, c_.vocab_size, c_.hidden_size, d_ids,
+                               int64_t(ids.size()), out.data, im.stream),
+        "embedding_gather");
+  // The pinned ids must stay until the copy ran (the next use of the staging waits for it).
+  check(rt::stream_sync(im.stream), "embed");
+}
+
+void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
+  Impl& im = *impl_;
+  kops::AttnResSources src;
+  STRATA_ASSERT(int(sources.size()) <= kops::kMaxAttnResSources);
+  for (const Act& a : sources) src.src[src.n++] = a.data;
+  const float *nw, *pw;
+  if (site == MixSite::output) {
+    nw = im.out_norm_w.p, pw = im.out_proj_w.p;
+  } else {
+    const LayerDev& d = im.layers[size_t(layer)];
+    nw = site == MixSite::attn ? d.attn_norm_w.p : d.mlp_norm_w.p;
+    pw = site == MixSite::attn ? d.attn_proj_w.p : d.mlp_proj_w.p;
+  }
+  check(kops::attn_res_mix(src, nw, pw, out.data, out.rows, out.cols, c_.rms_norm_eps, true,
+                           im.stream),
+        "attn_res_mix");
+}
+
+void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
+  Impl& im = *impl_;
+  const float* w = site == NormSite::final   ? im.final_norm.p
+                   : site == NormSite::input ? im.layers[size_t(layer)].input_norm.p
+                                             : im.layers[size_t(layer)].post_norm.p;
+  check(kops::kimi_rms_norm(x.data, w, out.data, x.rows, x.cols, c_.rms_norm_eps, true, im.stream),
+        "kimi_rms_norm");
+}
+
+void CudaBackend::add(Act acc, Act b) {
+  check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
+}
+
+namespace {
+// y = x·Wᵀ with the bf16 GEMM-output rounding: y fp32 (rounded) or bf16.
+void gemm_f32(CudaBackend::Impl& im, const uint16_t* xb, const DevMatrix& W, float* y, int64_t T) {
+  check(im.gemm->linear(xb, W.p, y, kernels::gemm::OutType::f32, T, W.rows, W.cols, im.stream),
+        "GEMM");
+  check(kops::round_bf16_inplace(y, T * W.rows, im.stream), "round");
+}
+void gemm_bf16(CudaBackend::Impl& im, const uint16_t* xb, const DevMatrix& W, uint16_t* y,
+               int64_t T) {
+  check(im.gemm->linear(xb, W.p, y, kernels::gemm::OutType::bf16, T, W.rows, W.cols, im.stream),
+        "GEMM");
+}
+uint16_t* to_bf16(CudaBackend::Impl& im, Scratch& sc, const float* x, int64_t n) {
+  auto* b = sc.take<uint16_t>(n, "bf16 input");
+  check(kops::f32_to_bf16(x, b, n, im.stream), "f32_to_bf16");
+  return b;
+}
+kops::GluParams glu_params(const cpu::ref::Glu& g) {
+  kops::GluParams p;
+  p.kind = g.kind == cpu::ref::GluKind::situ ? kops::GluKind::situ : kops::GluKind::silu;
+  p.beta1 = g.beta1;
+  p.beta2 = g.beta2;
+  return p;
+}
+// A GLU MLP (dense layer, shared experts): out = round(down(round(glu(round(gate|up x))))).
+void mlp(CudaBackend::Impl& im, const MlpDev& w, const kops::GluParams& act, const uint16_t* xb,
+         float* out, int64_t T) {
+  Scratch sc(im.arena);
+  auto* gu = sc.take<float>(T * 2 * w.I, "gate|up");
+  gemm_f32(im, xb, w.gate_up, gu, T);
+  auto* h = sc.take<float>(T * w.I, "glu");
+  check(kops::glu_fused(act, gu, h, T, w.I, true, im.stream), "glu");
+  uint16_t* hb = to_bf16(im, sc, h, T * w.I);
+  gemm_f32(im, hb, w.down, out, T);
+}
+}  // namespace
+
+void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
+  Impl& im = *impl_;
+  Scratch sc(im.arena);
+  const int64_t D = c_.hidden_size, V = c_.vocab_size, n = int64_t(rows.size());
+  auto* g = sc.take<float>(n * D, "head rows");
+  for (int64_t i = 0; i < n;) {  // runs of consecutive rows, one copy each
+    int64_t j = i + 1;
+    while (j < n && rows[size_t(j)] == rows[size_t(j - 1)] + 1) ++j;
+    check(
+        rt::copy_async(g + i * D, h.data + rows[size_t(i)] * D, size_t((j - i) * D) * 4, im.stream),
+        "head gather");
+    i = j;
+  }
+  uint16_t* gb = to_bf16(im, sc, g, n * D);
+  auto* y = sc.take<float>(n * V, "logits");
+  gemm_f32(im, gb, im.lm_head, y, n);
+  check(rt::copy_async(out, y, size_t(n * V) * 4, im.stream), "logits download");
+  check(rt::stream_sync(im.stream), "logits");
+  tel_.d2h_bytes += double(n * V) * 4;
+}
+
+// --------------------------------------------------------------------------------------------
+// Token mixers
+
+void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
+  Impl& im = *impl_;
+  LayerDev& d = im.layers[size_t(l)];
+  Scratch sc(im.arena);
+  const int64_t T = x.rows, D = c_.hidden_size;
+  uint16_t* xb = to_bf16(im, sc, x.data, T * D);
+  if (c_.is_kda(l)) {
+    const auto& k = c_.kda;
+    const int64_t H = k.num_heads, P = k.proj_dim();
+    const KdaDev& w = d.kda;
+    auto* qkv = sc.take<uint16_t>(T * 3 * P, "qkv");
+    gemm_bf16(im, xb, w.qkv, qkv, T);
+    auto* fa = sc.take<uint16_t>(T * w.f_a.rows, "f_a");
+    gemm_bf16(im, xb, w.f_a, fa, T);
+    auto* z = sc.take<uint16_t>(T * P, "z");
+    gemm_bf16(im, fa, w.f_b, z, T);
+    auto* bb = sc.take<uint16_t>(T * H, "b");
+    gemm_bf16(im, xb, w.b, bb, T);
+    auto* g = sc.take<uint16_t>(T * P, "g");
+    if (k.full_rank_output_gate) {
+      gemm_bf16(im, xb, w.g, g, T);
+    } else {
+      auto* ga = sc.take<uint16_t>(T * w.g_a.rows, "g_a");
+      gemm_bf16(im, xb, w.g_a, ga, T);
+      gemm_bf16(im, ga, w.g_b, g, T);
+    }
+    kernels::kda::Params p;
+    p.H = int(H);
+    p.conv_q = w.conv_q.p;
+    p.conv_k = w.conv_k.p;
+    p.conv_v = w.conv_v.p;
+    p.gate_form = k.gate == KdaGateKind::bounded_sigmoid ? kernels::kda::GateForm::bounded
+                                                         : kernels::kda::GateForm::softplus;
+    p.A_log = w.A_log.p;
+    p.dt_bias = w.dt_bias.p;
+    p.lower_bound = k.gate_lower_bound;
+    p.o_norm_w = w.o_norm.p;
+    p.o_norm_eps = c_.rms_norm_eps;
+    auto* y = sc.take<uint16_t>(T * P, "kda y");
+    const size_t nS = size_t(H * 128 * 128), nc = size_t(3 * P * 3);
+    // Decode rows (T == 1) of consecutive slots go in one call; prefill one sequence per call.
+    for (size_t i = 0; i < s.seqs.size();) {
+      const SeqSpan& q = s.seqs[i];
+      kernels::kda::Inputs in;
+      in.q = qkv + q.row0 * 3 * P;
+      in.k = in.q + P;
+      in.v = in.q + 2 * P;
+      in.qkv_stride = 3 * P;
+      in.z = z + q.row0 * P;
+      in.b = bb + q.row0 * H;
+      in.gate = g + q.row0 * P;
+      kernels::kda::State st{d.kda_S + size_t(q.slot) * nS, d.kda_conv + size_t(q.slot) * nc};
+      const bool chunked =
+          opt_.kda_form == KdaForm::chunked || (opt_.kda_form == KdaForm::automatic && q.T > 1);
+      if (!chunked && q.T == 1) {
+        size_t j = i + 1;
+        while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
+               s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
+          ++j;
+        check(kernels::kda::decode(p, in, int(j - i), st, y + q.row0 * P, nullptr, im.stream),
+              "kda decode");
+        i = j;
+      } else {
+        const int32_t cu[2] = {0, int32_t(q.T)};
+        const size_t wsb = kernels::kda::prefill_workspace_bytes(int(H), 1, q.T);
+        Scratch ws(im.arena);
+        void* wsp = ws.take<uint8_t>(int64_t(wsb), "kda workspace");
+        check(kernels::kda::prefill(p, in, cu, 1, st, y + q.row0 * P, wsp, wsb, im.stream),
+              "kda prefill");
+        ++i;
+      }
+    }
+    gemm_f32(im, y, w.o, out.data, T);
+  } else {
+    const auto& m = c_.mla;
+    const int64_t H = m.num_heads;
+    const MlaDev& w = d.mla;
+    auto* q = sc.take<uint16_t>(T * H * kernels::mla::kQDim, "q");
+    if (m.q_lora_rank > 0) {
+      auto* cq = sc.take<float>(T * m.q_lora_rank, "cq");
+      gemm_f32(im, xb, w.q_a, cq, T);
+      check(
+          kops::kimi_rms_norm(cq, w.q_a_norm.p, cq, T, m.q_lora_rank, kMlaNormEps, true, im.stream),
+          "q_a norm");
+      uint16_t* cqb = to_bf16(im, sc, cq, T * m.q_lora_rank);
+      gemm_bf16(im, cqb, w.q_b, q, T);
+    } else {
+      gemm_bf16(im, xb, w.q, q, T);
+    }
+    auto* ckv = sc.take<uint16_t>(T * kernels::mla::kCacheDim, "ckv");
+    gemm_bf16(im, xb, w.kv_a, ckv, T);
+    auto* o = sc.take<uint16_t>(T * H * kernels::mla::kV, "mla o");
+    const int64_t stride = cuda_.max_context * kernels::mla::kCacheDim;
+    for (const SeqSpan& sq : s.seqs)
+      check(kernels::mla::write_latent(ckv + sq.row0 * kernels::mla::kCacheDim, w.kv_a_norm.p,
+                                       kMlaNormEps, d.mla_cache + sq.slot * stride, sq.pos0, sq.T,
+                                       im.stream),
+            "mla write_latent");
+    for (size_t i = 0; i < s.seqs.size();) {
+      const SeqSpan& sq = s.seqs[i];
+      const bool expanded =
+          opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && sq.T > 1);
+      if (!expanded && sq.T == 1) {
+        size_t j = i + 1;
+        while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
+               s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
+          ++j;
+        std::vector<int32_t> lens;
+        for (size_t b = i; b < j; ++b) lens.push_back(int32_t(s.seqs[b].pos0 + 1));
+        const size_t wsb =
+            kernels::mla::decode_workspace_bytes(int(H), int(j - i), cuda_.max_context);
+        Scratch ws(im.arena);
+        void* wsp = ws.take<uint8_t>(int64_t(wsb), "mla decode workspace");
+        check(
+            kernels::mla::decode(int(H), q + sq.row0 * H * kernels::mla::kQDim,
+                                 d.mla_cache + sq.slot * stride, stride, lens.data(), int(j - i),
+                                 w.kv_b.p, o + sq.row0 * H * kernels::mla::kV, wsp, wsb, im.stream),
+            "mla decode");
+        i = j;
+      } else {
+        const int64_t S = sq.pos0 + sq.T;
+        const size_t wsb = kernels::mla::prefill_workspace_bytes(int(H), S);
+        Scratch ws(im.arena);
+        void* wsp = ws.take<uint8_t>(int64_t(wsb), "mla prefill workspace");
+        check(kernels::mla::prefill(int(H), q + sq.row0 * H * kernels::mla::kQDim,
+                                    d.mla_cache + sq.slot * stride, S, w.kv_b.p,
+                                    o + sq.row0 * H * kernels::mla::kV, sq.T, wsp, wsb, im.stream),
+              "mla prefill");
+        ++i;
+      }
+    }
+    if (m.output_gate) {
+      auto* g = sc.take<uint16_t>(T * H * kernels::mla::kV, "mla gate");
+      gemm_bf16(im, xb, w.g, g, T);
+      check(kops::sigmoid_gate_bf16(o, g, T * H * kernels::mla::kV, im.stream), "mla gate");
+    }
+    gemm_f32(im, o, w.o, out.data, T);
+  }
+}
+
+// --------------------------------------------------------------------------------------------
+// FFN: dense MLP or MoE across the GPU cache and the CPU.
+
+void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
+  Impl& im = *impl_;
+  LayerDev& d = im.layers[size_t(l)];
+  const int64_t T = x.rows, D = c_.hidden_size;
+  const kops::GluParams act = glu_params(model_.glu());
+  Scratch sc(im.arena);
+  uint16_t* xb = to_bf16(im, sc, x.data, T * D);
+  if (!c_.is_moe(l)) {
+    mlp(im, d.dense, act, xb, out.data, T);
+    return;
+  }
+  const auto& mo = c_.moe;
+  const MoeDev& w = d.moe;
+  const MoeWeights& hw = *model_.weights().layers[size_t(l)].moe;
+  const int64_t E = mo.num_experts, K = mo.top_k, L = c_.expert_in_dim(), I = mo.intermediate_size;
+  if (opt_.on_moe_input) {  // router lookahead sees the host copy of the router input
+    std::vector<float> xh(size_t(T * D));
+    to_host(x, xh.data());
+    opt_.on_moe_input(l, xh.data(), T);
+  }
+  // 1. Router (fp32 logits of the bf16 input, never rounded), top-k on the device; latent input.
+  auto* logits = sc.take<float>(T * E, "router logits");
+  check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),
+        "router GEMM");
+  auto* ids = sc.take<int32_t>(T * K, "ids");
+  auto* wts = sc.take<float>(T * K, "weights");
+  kops::RouterParams rp;
+  rp.E = int(E);
+  rp.topk = int(K);
+  rp.form = mo.router_form == RouterWeightForm::bias_in_place ? kops::RouterForm::biased_in_place
+                                                              : kops::RouterForm::unbiased;
+  rp.renormalize = mo.renormalize;
+  rp.scaling = mo.routed_scaling_factor;
+  rp.bias = w.bias.p;
+  check(kops::route(logits, rp, ids, wts, T, im.stream), "route");
+  float* z = x.data;
+  if (mo.latent_size > 0) {
+    z = sc.take<float>(T * L, "latent");
+    gemm_f32(im, xb, w.latent_down, z, T);
+  }
+  // 2. Ids, weights and the expert input to the host (pinned staging).
+  char* pin = im.pinned;
+  auto* h_ids = reinterpret_cast<int32_t*>(pin);
+  pin += align_up(size_t(T * K) * 4);
+  auto* h_w = reinterpret_cast<float*>(pin);
+  pin += align_up(size_t(T * K) * 4);
+  auto* h_z = reinterpret_cast<float*>(pin);
+  pin += align_up(size_t(T * L) * 4);
+  check(rt::copy_async(h_ids, ids, size_t(T * K) * 4, im.stream), "ids download");
+  check(rt::copy_async(h_w, wts, size_t(T * K) * 4, im.stream), "weights download");
+  check(rt::copy_async(h_z, z, size_t(T * L) * 4, im.stream), "latent download");
+  double t0 = now_s();
+  check(rt::stream_sync(im.stream), "routing");
+  tel_.sync_wait_s += now_s() - t0;
+  tel_.d2h_bytes += double(T * K * 8 + T * L * 4);
+  MoeRouting r;
+  r.T = T;
+  r.top_k = K;
+  r.ids.assign(h_ids, h_ids + T * K);
+  r.weights.assign(h_w, h_w + T * K);
+  if (trace_ && s.single()) {
+    const int64_t pos0 = s.seqs[0].pos0;
+    if (trace_->replay_routing) {
+      std::vector<float> lh(size_t(T * E));
+      check(rt::copy_async(lh.data(), logits, lh.size() * 4, im.stream), "logits download");
+      check(rt::stream_sync(im.stream), "logits download");
+      apply_replay(*trace_->replay_routing, l, pos0, lh.data(), c_, hw.router_bias.data(), r);
+    }
+    if (trace_->record_routing) record_routing(*trace_->record_routing, l, pos0, r);
+  }
+  // 3. Groups: GPU-resident experts first (pairs 0 … Pg−1), then the CPU's (Pg … P−1).
+  std::vector<ExpertTask> tasks = group_by_expert(r);
+  std::vector<ExpertTask> cpu_tasks;
+  std::vector<int32_t> pair_of_slot(size_t(T * K), -1);  // (token·K + j) → pair row
+  auto* h_views = reinterpret_cast<Mxfp4ExpertView*>(pin);
+  pin += align_up(size_t(E) * sizeof(Mxfp4ExpertView));
+  auto* h_goff = reinterpret_cast<int32_t*>(pin);
+  pin += align_up(size_t(E + 1) * 4);
+  auto* h_ptok = reinterpret_cast<int32_t*>(pin);
+  pin += align_up(size_t(T * K) * 4);
+  int G = 0, Pg = 0;
+  h_goff[0] = 0;
+  for (const ExpertTask& t : tasks) {
+    const int32_t slot = w.gpu_slot[size_t(t.expert)];
+    if (slot < 0) {
+      cpu_tasks.push_back(t);
+      continue;
+    }
+    h_views[G] = im.views_host[size_t(slot)];
+    for (size_t i = 0; i < t.tokens.size(); ++i) {
+      h_ptok[Pg] = t.tokens[i];
+      pair_of_slot[size_t(t.slots[i])] = Pg;
+      ++Pg;
+    }
+    h_goff[++G] = Pg;
+  }
+  int Pc = 0;
+  for (ExpertTask& t : cpu_tasks)
+    for (size_t i = 0; i < t.slots.size(); ++i) {
+      pair_of_slot[size_t(t.slots[i])] = Pg + Pc;
+      t.slots[i] = Pc++;  // the CPU executor writes its rows compactly
+    }
+  tel_.gpu_expert_pairs += uint64_t(Pg);
+  tel_.cpu_expert_pairs += uint64_t(Pc);
+  tel_.gpu_experts += uint64_t(G);
+  tel_.cpu_experts += uint64_t(cpu_tasks.size());
+  // Merge lists: per token its K experts in increasing id (r.ids is ascending per token).
+  auto* h_toff = reinterpret_cast<int32_t*>(pin);
+  pin += align_up(size_t(T + 1) * 4);
+  auto* h_pair = reinterpret_cast<int32_t*>(pin);
+  pin += align_up(size_t(T * K) * 4);
+  auto* h_mw = reinterpret_cast<float*>(pin);
+  pin += align_up(size_t(T * K) * 4);
+  for (int64_t t = 0; t <= T; ++t) h_toff[t] = int32_t(t * K);
+  for (int64_t q = 0; q < T * K; ++q) {
+    h_pair[q] = pair_of_slot[size_t(q)];
+    h_mw[q] = r.weights[size_t(q)];
+  }
+  auto* h_ycpu = reinterpret_cast<float*>(pin);
+  pin += align_up(size_t(Pc) * size_t(L) * 4);
+  STRATA_ASSERT(size_t(pin - im.pinned) <= im.pinned_bytes);
+  // 4. Device: upload the lists, run the resident experts, the shared experts meanwhile.
+  const int64_t P = T * K;
+  auto* ybuf = sc.take<float>(P * L, "expert outputs");
+  auto* d_views = sc.take<Mxfp4ExpertView>(std::max<int64_t>(G, 1), "views");
+  auto* d_goff = sc.take<int32_t>(G + 1, "group offsets");
+  auto* d_ptok = sc.take<int32_t>(std::max(Pg, 1), "pair tokens");
+  auto* d_toff = sc.take<int32_t>(T + 1, "token offsets");
+  auto* d_pair = sc.take<int32_t>(P, "pairs");
+  auto* d_mw = sc.take<float>(P, "merge weights");
+  check(rt::copy_async(d_toff, h_toff, size_t(T + 1) * 4, im.stream), "upload");
+  check(rt::copy_async(d_pair, h_pair, size_t(P) * 4, im.stream), "upload");
+  check(rt::copy_async(d_mw, h_mw, size_t(P) * 4, im.stream), "upload");
+  if (G > 0) {
+    check(rt::copy_async(d_views, h_views, size_t(G) * sizeof(Mxfp4ExpertView), im.stream),
+          "upload");
+    check(rt::copy_async(d_goff, h_goff, size_t(G + 1) * 4, im.stream), "upload");
+    check(rt::copy_async(d_ptok, h_ptok, size_t(Pg) * 4, im.stream), "upload");
+    kernels::moe::ExpertBatch b;
+    b.experts = d_views;
+    b.group_offsets = d_goff;
+    b.pair_token = d_ptok;
+    b.x = z;
+    b.y = ybuf;
+    b.G = G;
+    b.P = Pg;
+    b.T = int(T);
+    b.H = int(L);
+    b.I = int(I);
+    const auto g = model_.glu();
+    b.glu.situ = g.kind == cpu::ref::GluKind::situ;
+    b.glu.beta1 = g.beta1;
+    b.glu.beta2 = g.beta2;
+    const size_t wsb = kernels::moe::experts_workspace_bytes(int(T), Pg, int(L), int(I));
+    Scratch ws(im.arena);
+    void* wsp = ws.take<uint8_t>(int64_t(wsb), "expert workspace");
+    check(
+        kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
+        "grouped_experts");
+    // The contract output rounded to bf16 like every GEMM output of the bf16 model (and like the
+    // CPU executor's rows): the merge then sees the same bits from either executor.
+    check(kops::round_bf16_inplace(ybuf, int64_t(Pg) * L, im.stream), "round experts");
+  }
+  float* shared = nullptr;
+  if (w.has_shared) {
+    shared = sc.take<float>(T * D, "shared");
+    mlp(im, w.shared, act, xb, shared, T);
+  }
+  tel_.h2d_bytes += double(P * 12 + G * int64_t(sizeof(Mxfp4ExpertView)) + Pg * 4);
+  // 5. Host: the experts that missed the GPU cache, computed while the GPU runs the above.
+  if (Pc > 0) {
+    const double tc = now_s();
+    ExpertLayer el;
+    el.layer = l;
+    el.weights = &hw;
+    el.config = &c_;
+    el.glu = model_.glu();
+    el.in_dim = L;
+    el.intermediate = I;
+    im.cpu_executor->run(el, cpu_tasks, h_z, h_ycpu, Precision::bf16);
+    tel_.cpu_expert_s += now_s() - tc;
+    check(rt::copy_async(ybuf + int64_t(Pg) * L, h_ycpu, size_t(Pc) * size_t(L) * 4, im.stream),
+          "expert rows upload");
+    tel_.h2d_bytes += double(Pc) * double(L) * 4;
+  }
+  // 6. Merge in expert-id order, one rounding; latent norm and up-projection; shared experts.
+  auto* acc = sc.take<float>(T * L, "merge");
+  check(kernels::moe::merge_weighted(ybuf, d_toff, d_pair, d_mw, acc, int(T), int(L), im.stream),
+        "merge");
+  check(kops::round_bf16_inplace(acc, T * L, im.stream), "round merge");
+  if (mo.latent_size > 0) {
+    if (mo.latent_norm)
+      check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream),
+            "latent norm");
+    uint16_t* ab = to_bf16(im, sc, acc, T * L);
+    gemm_f32(im, ab, w.latent_up, out.data, T);
+  } else {
+    check(rt::copy_async(out.data, acc, size_t(T * D) * 4, im.stream), "copy");
+  }
+  if (shared) check(kops::add_inplace(out.data, shared, T * D, true, im.stream), "add shared");
+  // The pinned staging is reused by the next MoE layer: its uploads must have run by then (the
+  // next layer's routing sync waits for the whole stream).
+}
+
+}  // namespace strata::engine

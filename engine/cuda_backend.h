@@ -1,0 +1,103 @@
+// The CUDA backend of the layer schedule (issue 18): every sublayer on the GPU — bf16 weights
+// uploaded once (KDA q|k|v and MLP gate|up concatenated for fused GEMMs, cuBLASLt), KDA and MLA
+// kernels with per-slot state in device memory (KDA recurrent + conv state, MLA latent cache), the
+// router on the GPU — and the routed experts across tiers: experts in the GPU expert cache run
+// through kernels::moe::grouped_experts, the rest (misses) are computed by the CPU contract
+// kernels from host memory (the mmapped checkpoint, or the tiered host cache + disk through the
+// wrap_executor hook) while the GPU does the resident experts and the shared experts; all expert
+// outputs meet in one buffer and one merge kernel sums them in expert-id order, so where an expert
+// ran changes speed, never a bit (DESIGN decision 7).
+//
+// Numerics: bf16 with the rounding points of spec §12.2, routed experts under the integer
+// contract. fp32 or exact numerics are the CPU reference's (engine/cpu_backend.h): refused here.
+// Memory: one budget printed at start (budget_lines); weights, expert cache, per-slot state, the
+// step arena and pinned staging are allocated in the constructor and nothing in the step loop.
+// Not here: the order of the sublayers (engine/schedule.h), kernels (kernels/).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+
+namespace strata::engine {
+
+struct CudaBackendOptions {
+  int slots = 1;
+  int64_t max_context = 4096;    // positions per slot (MLA latent cache rows)
+  int64_t max_step_rows = 512;   // rows of one step (a prefill chunk; the step arena's size)
+  double gpu_expert_share = -1;  // share of each MoE layer's routed experts in the GPU cache;
+                                 // < 0: as many as the budget holds
+  uint64_t gpu_mem_bytes = 0;    // 0: the device's free memory less a 1 GiB margin
+  int device = 0;
+  bool progress = true;  // a progress line while uploading weights
+};
+
+// Step telemetry (summed over steps; reset by the caller reading it).
+struct CudaTelemetry {
+  uint64_t gpu_expert_pairs = 0, cpu_expert_pairs = 0;  // (token, expert) pairs by executor
+  uint64_t gpu_experts = 0, cpu_experts = 0;            // distinct experts per layer-step
+  double cpu_expert_s = 0;                              // host time in CPU expert kernels
+  double sync_wait_s = 0;                               // host time waiting for the GPU
+  double h2d_bytes = 0, d2h_bytes = 0;
+  uint64_t steps = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws strata::Error with one line when the build has no CUDA, no device is present, the
+  // options need the CPU reference (fp32, exact experts), the model has shapes the kernels do not
+  // support, or the budget cannot hold the dense weights plus one sequence (with the numbers).
+  CudaBackend(const Model& model, BackendOptions options, CudaBackendOptions cuda);
+  ~CudaBackend() override;
+
+  const char* name() const override { return name_.c_str(); }
+  const BackendOptions& options() const override { return opt_; }
+  int slots() const override { return cuda_.slots; }
+  void reset_slot(int slot) override;
+  int64_t position(int slot) const override { return pos_[size_t(slot)]; }
+  uint64_t state_bytes(int slot) const override;
+  void set_trace(const Trace* t) override { trace_ = t; }
+
+  void begin_step(const StepShape& s) override;
+  Act alloc(int64_t rows, int64_t cols) override;
+  void commit_step(const StepShape& s) override;
+  int64_t max_step_rows() const override { return cuda_.max_step_rows; }
+
+  void embed(std::span<const int32_t> ids, Act out) override;
+  void mix(int layer, MixSite site, std::span<const Act> sources, Act out) override;
+  void copy(Act src, Act dst) override;
+  void norm(int layer, NormSite site, Act x, Act out) override;
+  void token_mixer(int layer, const StepShape& s, Act x, Act out) override;
+  void ffn(int layer, const StepShape& s, Act x, Act out) override;
+  void add(Act acc, Act b) override;
+  void logits(Act h, std::span<const int64_t> rows, float* out) override;
+  void to_host(Act a, float* dst) override;
+  void from_host(const float* src, Act a) override;
+
+  // The budget printed at start: one line per pool and the totals.
+  const std::vector<std::string>& budget_lines() const { return budget_; }
+  // Routed experts resident in the GPU cache, of all (layer, expert) pairs.
+  int64_t gpu_resident_experts() const;
+  int64_t routed_experts() const;
+  CudaTelemetry& telemetry() { return tel_; }
+  std::string telemetry_line() const override;
+
+  struct Impl;
+
+ private:
+  const Model& model_;
+  const ModelConfig& c_;
+  BackendOptions opt_;
+  CudaBackendOptions cuda_;
+  std::string name_;
+  std::vector<std::string> budget_;
+  std::vector<int64_t> pos_;
+  const Trace* trace_ = nullptr;
+  CudaTelemetry tel_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::engine
