@@ -102,8 +102,11 @@ TEST_CASE("cuda backend: every layer matches the CPU bf16 reference on the same 
                   c.is_kda(l) ? "kda" : "mla", c.is_moe(l) ? "moe" : "dense", e);
       // bf16 rounding points on both sides; the GEMM and KDA/MLA reductions run in other orders,
       // so single elements differ by a bf16 ulp (2^-8 relative) where a sum lands near a rounding
-      // boundary; the residual stream's relative RMS stays well under 1e-2.
-      CHECK(e < 1e-2);
+      // boundary (dense layer 0: 3.5e-3 measured on the H200). MoE layers add the contract's int8
+      // activation quantization: a one-ulp change of an expert input can move its int8 level
+      // (1/127 relative), so they measure 0.6-1.6e-2; 3e-2 bounds them with room, and a wrong
+      // op (a missing rounding, a mis-indexed slot) gives O(1).
+      CHECK(e < 3e-2);
       in = a;  // the next layer's input: the reference's output
     }
     cpu.advance(int64_t(step.size()));
@@ -146,7 +149,9 @@ TEST_CASE("cuda backend: end to end with replayed routing, and placement invaria
       REQUIRE(l.size() == ref[i].size());
       const double e = rel_rms(l, ref[i]);
       worst = std::max(worst, e);
-      CHECK(e < 3e-2);  // bf16 noise accumulated over 9 layers (see the layer test)
+      // The per-layer noise above, carried through 9 layers whose AttnRes mixes amplify it
+      // (DESIGN "Comparing numerics paths"): 7.9e-2 worst on the H200 over 17 steps.
+      CHECK(e < 0.15);
     }
     std::printf("[cuda backend] replayed routing: worst logits rel RMS diff %.2e over %zu steps\n",
                 worst, ref.size());
@@ -168,6 +173,8 @@ TEST_CASE("cuda backend: end to end with replayed routing, and placement invaria
     oo.host_mem = pl.host_mem;
     OffloadRuntime offload(*model, oo);
     SessionOptions go;
+    go.precision = Precision::bf16;
+    go.experts = ExpertNumerics::contract;
     offload.install(go);
     CudaBackendOptions co;
     co.progress = false;
