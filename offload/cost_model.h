@@ -67,10 +67,17 @@ struct CostAssumptions {
   // H200 host, docs/performance.md "CPU expert kernels"; spec/offload.md rule 1 target 60 %).
   double cpu_expert_read_efficiency = 0.75;
   // CPU expert kernel compute rate per core in int8 TOPS when it is compute-bound (large M):
-  // AVX-512 VNNI ≈ 0.06, AMX ≈ 0.35 (docs/performance.md "CPU expert kernels", M = 256 lines).
-  double cpu_expert_tops_per_core_avx512 = 0.06;
-  double cpu_expert_tops_per_core_amx = 0.35;
-  double cpu_expert_tops_per_core_avx2 = 0.03;
+  // 2.55–2.77 TFLOP/s on the H200 host's 16 Xeon cores with AVX-512 VNNI or AMX (the MACs are
+  // not the limit there), 0.62 on the dev VM's 2 Zen 5 cores (docs/performance.md "CPU expert
+  // kernels"); AVX2 is not measured: half of AVX-512 assumed.
+  double cpu_expert_tops_per_core_avx512 = 0.16;
+  double cpu_expert_tops_per_core_avx2 = 0.08;
+  // oneDNN bf16 matmul per core when host.bf16_tflops is not stated (H200 host AMX: 3.4–4.8
+  // TFLOP/s on 16 cores) — for bf16 experts (Kimi-Linear) and the fast CPU trunk.
+  double cpu_bf16_tflops_per_core = 0.25;
+  // The fast CPU trunk (issue 23, not written yet) streams weights at 80 % of memory read (its
+  // target).
+  double cpu_trunk_bf16_read_efficiency = 0.80;
   // GPU grouped experts: decode GEMV at 80 % of HBM copy; grouped GEMM ≈ 35 TFLOP/s of ≈ 750
   // (docs/performance.md "MXFP4 routed experts", DESIGN "Where the time of a job goes").
   double gpu_expert_hbm_efficiency = 0.80;
@@ -172,6 +179,7 @@ class CostModel {
   // The trunk for a step of M tokens (decode: M = batch; prefill: M = chunk) on the trunk
   // backend, over all layers and GPUs.
   double trunk_seconds(int64_t tokens) const;
+  double shared_expert_seconds(int64_t tokens) const;  // the shared experts' part of the trunk
   // KDA over all KDA layers: a decode step of `batch` sequences, or a prefill chunk of `tokens`.
   double kda_decode_seconds(int batch) const;
   double kda_prefill_seconds(int64_t tokens) const;
@@ -198,13 +206,21 @@ class CostModel {
  private:
   double cpu_expert_spb(double M) const;  // seconds per expert weight byte
   double gpu_expert_spb(double M) const;
-  double trunk_spb(double M) const;
+  double trunk_spb(double M) const;  // seconds per trunk weight byte at M tokens
+  double expert_flops_per_byte() const;
+  double cpu_bf16_flops() const;
+  double cpu_ref_flops() const;
+  double h2d_gbps() const;
+  double kda_flops_per_token() const;  // over all KDA layers
+  double mla_prefill_flops(int64_t tokens, int64_t context) const;
+  DecodeEstimate decode_latency(const Placement& p, int batch, int64_t context) const;
 
   HardwareProfile hw_;
   ModelConfig cfg_;
   ModelCosts costs_;
   CostOptions opt_;
   int gpus_ = 0;
+  int threshold_ = kNever;
 };
 
 }  // namespace strata::offload

@@ -157,6 +157,15 @@ HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra)
 // Multi-line human summary: one line per component with its known rates and their sources.
 std::string describe(const HardwareProfile& hw);
 
+// "141GB", "1.5TB", "512GiB", "512 GiB", "80e9" (bytes) → bytes. Throws strata::Error (the message
+// names the text; the caller adds the field).
+uint64_t parse_size_bytes(const std::string& text);
+std::string format_bytes(double bytes);  // "17.5 MB", "1.45 TB" (decimal units)
+
+// Compute capability (major·10 + minor) from a GPU model name ("H100-80GB" → 90, "A100" → 80);
+// 0 when the name is not known.
+int compute_capability_of(const std::string& gpu_name);
+
 // The GPUs this build runs on: sm_90 (H100, H200, GH200). Empty string when supported, else the
 // reason ("NVIDIA A100 is sm_80; this build targets sm_90 (H100/H200) only").
 std::string gpu_unsupported_reason(const GpuSpec& g);
