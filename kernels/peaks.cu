@@ -65,6 +65,43 @@ PeakMeasurement measure_copy_bandwidth(int64_t bytes, int repeats) {
   return m;
 }
 
+PeakMeasurement measure_host_copy(bool to_device, int64_t bytes, int repeats) {
+  PeakMeasurement m;
+  char what[96];
+  std::snprintf(what, sizeof what, "cudaMemcpyAsync %s %.0f MiB, pinned host memory",
+                to_device ? "H2D" : "D2H", bytes / 1048576.0);
+  m.what = what;
+  void* h = nullptr;
+  void* d = nullptr;
+  cudaError_t e = cudaMallocHost(&h, bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&d, bytes);
+  if (e == cudaSuccess) e = cudaMemset(d, 1, bytes);
+  if (e == cudaSuccess) {
+    // Touch every host page so the copies do not time first-touch faults.
+    for (int64_t i = 0; i < bytes; i += 4096) static_cast<char*>(h)[i] = char(i);
+  }
+  if (e != cudaSuccess) {
+    m.status = cuda_status(e);
+    cudaFreeHost(h);
+    cudaFree(d);
+    return m;
+  }
+  GpuTimes t = gpu_time(
+      [&] {
+        if (to_device)
+          cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, nullptr);
+        else
+          cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, nullptr);
+      },
+      nullptr, repeats, 2);
+  m.status = cuda_status(cudaError_t(t.code));
+  m.median_s = t.median_s;
+  m.value = t.median_s > 0 ? double(bytes) / t.median_s / 1e9 : 0;
+  cudaFreeHost(h);
+  cudaFree(d);
+  return m;
+}
+
 PeakMeasurement measure_bf16_gemm(int64_t M, int64_t N, int64_t K, int repeats) {
   PeakMeasurement m;
   char what[96];

@@ -27,4 +27,10 @@ PeakMeasurement measure_copy_bandwidth(int64_t bytes = int64_t(1) << 30, int rep
 PeakMeasurement measure_bf16_gemm(int64_t M = 8192, int64_t N = 8192, int64_t K = 8192,
                                   int repeats = 10);
 
+// Median of `repeats` copies of `bytes` between pinned host memory (cudaMallocHost) and device 0,
+// host → device when `to_device`, else device → host. GB/s counts the bytes copied once (the PCIe
+// link carries them once).
+PeakMeasurement measure_host_copy(bool to_device, int64_t bytes = int64_t(256) << 20,
+                                  int repeats = 10);
+
 }  // namespace strata::kernels

@@ -25,6 +25,20 @@ std::string cuda_device_description(int i) {
   return buf;
 }
 
+bool cuda_device_properties(int i, DeviceProperties* out) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  out->name = p.name;
+  out->major = p.major;
+  out->minor = p.minor;
+  out->memory_bytes = uint64_t(p.totalGlobalMem);
+  out->sms = p.multiProcessorCount;
+  return true;
+}
+
 bool host_register(void* p, size_t bytes, std::string* why) {
   cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
   if (e == cudaSuccess) return true;

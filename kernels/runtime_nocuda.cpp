@@ -8,6 +8,9 @@ int cuda_device_count() {
 std::string cuda_device_description(int) {
   return "no CUDA in this build";
 }
+bool cuda_device_properties(int, DeviceProperties*) {
+  return false;
+}
 bool host_register(void*, size_t, std::string* why) {
   if (why) *why = "no CUDA in this build";
   return false;

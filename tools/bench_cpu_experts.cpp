@@ -21,6 +21,7 @@
 #include "cpu/expert_kernels.h"
 #include "cpu/expert_kernels_impl.h"
 #include "cpu/topology.h"
+#include "offload/hw_measure.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 
@@ -28,9 +29,7 @@ namespace strata::tools {
 
 namespace {
 
-constexpr int kH = 3584, kI = 3072;
-constexpr size_t kProjPacked = size_t(kI) * kH / 2, kProjScale = size_t(kI) * kH / 32;
-constexpr size_t kExpertBytes = 3 * (kProjPacked + kProjScale);
+constexpr int kH = offload::kK3ExpertHidden, kI = offload::kK3ExpertInter;
 
 struct Options {
   int threads = 0;
@@ -46,62 +45,19 @@ struct Options {
   std::string json;
 };
 
-// A buffer bound to memory through hwloc (interleaved over NUMA nodes), freed with it.
-struct BoundBuffer {
-  const cpu::Topology& topo;
-  size_t bytes;
-  uint8_t* p;
-  BoundBuffer(const cpu::Topology& t, size_t n)
-      : topo(t), bytes(n), p(static_cast<uint8_t*>(t.alloc_bound(n))) {}
-  ~BoundBuffer() { topo.free_bound(p, bytes); }
-};
-
-// Fills with xorshift bytes in parallel (first touch from the arena's threads); scale bytes get
-// codes in [lo, hi] so projections stay in a sane range.
-void fill(uint8_t* p, size_t n, uint64_t seed, int lo = 0, int hi = 255) {
-  const size_t chunk = size_t(1) << 20;
-  tbb::parallel_for(size_t(0), (n + chunk - 1) / chunk, [&](size_t c) {
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + c * 0xBF58476D1CE4E5B9ull + 1;
-    for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      p[i] = uint8_t(lo + int((s >> 24) % uint64_t(hi - lo + 1)));
-    }
-  });
-}
-
 double measure_read_gbps(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
                          int repeats, BenchReport& rep) {
-  BoundBuffer buf(topo, bytes);
-  arena.arena().execute([&] { fill(buf.p, bytes, 99); });
-  const bool avx512 = cpu::isa_supported(cpu::ExpertIsa::avx512);
-  const size_t chunk = size_t(4) << 20;  // 4 MiB per task
-  volatile uint64_t sink = 0;
-  BenchStats st = measure(
-      [&] {
-        arena.arena().execute([&] {
-          tbb::parallel_for(size_t(0), bytes / chunk, [&](size_t c) {
-            const uint8_t* q = buf.p + c * chunk;
-            uint64_t v = 0;
-            if (avx512) {
-              v = cpu::detail::stream_read_avx512(q, chunk);
-            } else {
-              const uint64_t* w = reinterpret_cast<const uint64_t*>(q);
-              for (size_t i = 0; i < chunk / 8; i += 4) v += w[i] ^ w[i + 1] ^ w[i + 2] ^ w[i + 3];
-            }
-            sink = sink + v;
-          });
-        });
-      },
-      repeats, 1);
+  std::string note;
+  const offload::RateSample s = offload::measure_host_read(arena, topo, bytes, repeats, &note);
   BenchLine l;
   l.name = "memory read (peak)";
   l.shape =
       std::to_string(bytes >> 20) + " MiB stream, " + std::to_string(arena.threads()) + " thr";
-  l.time = st;
-  l.bytes = double(bytes);
+  l.time = {s.median_s, s.min_s, s.max_s, s.repeats};
+  l.bytes = s.bytes;
   l.peak_name = "itself";
   l.peak = l.gbps();
-  l.note = avx512 ? "AVX-512 loads" : "64-bit loads";
+  l.note = note;
   rep.add(l);
   return l.gbps();
 }
@@ -183,42 +139,14 @@ int run(const Options& o) {
   }
 
   // The experts: released layout, random nibbles, scale codes near 2^-7, in hwloc-bound memory.
-  BoundBuffer pool(topo, kExpertBytes * size_t(o.experts));
-  arena.arena().execute([&] {
-    for (int e = 0; e < o.experts; ++e) {
-      uint8_t* base = pool.p + kExpertBytes * size_t(e);
-      fill(base, 3 * kProjPacked, uint64_t(e) * 3 + 1);
-      fill(base + 3 * kProjPacked, 3 * kProjScale, uint64_t(e) * 3 + 2, 117, 121);
-    }
-  });
-  std::vector<Mxfp4ExpertView> views;
-  for (int e = 0; e < o.experts; ++e) {
-    const uint8_t* p = pool.p + kExpertBytes * size_t(e);
-    const uint8_t* s = p + 3 * kProjPacked;
-    Mxfp4ExpertView v;
-    v.w1_packed = p, v.w3_packed = p + kProjPacked, v.w2_packed = p + 2 * kProjPacked;
-    v.w1_scale = s, v.w3_scale = s + kProjScale, v.w2_scale = s + 2 * kProjScale;
-    v.hidden = kH, v.inter = kI;
-    views.push_back(v);
-  }
-  const GluParams glu{true, 4.0, 25.0};
+  offload::CpuExpertProbe probe(topo, arena, o.experts);
   cpu::CpuExpertOptions opt;
   opt.isa = isa;
-  opt.arena = &arena.arena();
   cpu::CpuExpertWorkspace workspace;  // reused by every call, as a layer executor would
   if (!o.no_workspace) opt.workspace = &workspace;
 
   for (int M : o.tokens) {
     if (M < 1) throw Error("--tokens: expected positive token counts");
-    // Every one of the M tokens is routed to every expert: M tokens per expert.
-    std::vector<float> x(size_t(M) * kH);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
-    std::vector<int> rows(static_cast<size_t>(M));
-    for (int i = 0; i < M; ++i) rows[size_t(i)] = i;
-    std::vector<float> y(size_t(o.experts) * size_t(M) * kH);
-    std::vector<cpu::ExpertTask> tasks;
-    for (int e = 0; e < o.experts; ++e)
-      tasks.push_back({views[size_t(e)], rows.data(), M, y.data() + size_t(e) * size_t(M) * kH});
     const int reps = M >= 64 ? std::max(1, o.repeats / 2) : o.repeats;
     for (int pf : o.prefetch)
       for (int pt : o.pass_tokens) {
@@ -230,8 +158,9 @@ int run(const Options& o) {
         if (o.prefetch.size() > 1) l.name += " pf=" + std::to_string(pf);
         if (o.pass_tokens.size() > 1) l.name += " pass=" + std::to_string(pt);
         l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
-        l.time = measure([&] { cpu::run_experts_cpu(tasks, x.data(), M, glu, opt); }, reps, 1);
-        l.bytes = double(kExpertBytes) * o.experts;
+        // Every one of the M tokens is routed to every expert: M tokens per expert.
+        l.time = measure(probe.prepare(M, opt), reps, 1);
+        l.bytes = double(offload::kK3ExpertBytes) * o.experts;
         l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
         l.peak_is_bandwidth = 3.79 * M < ridge;
         l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";

@@ -10,21 +10,16 @@
 // start, experts back to back); with -m DIR the checkpoint's real expert spans instead.
 // Napkin: 16 experts = 280.8 MB per repeat ≈ 0.2 s at the ~1.2–1.5 GB/s of these VMs' virtio
 // disks; the disk, not the CPU, is the bound, so the store should reach the raw line.
-#include <fcntl.h>
-#include <liburing.h>
-#include <sys/mman.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
 #include <set>
 
 #include "offload/expert_store.h"
+#include "offload/hw_measure.h"
 #include "storage/checkpoint.h"
 #include "storage/error.h"
 #include "tools/bench.h"
@@ -34,9 +29,6 @@ namespace strata::tools {
 namespace {
 
 namespace fs = std::filesystem;
-
-// One K3 routed expert in the released layout (spec/model.md §7.1, building-blocks §1.3).
-constexpr uint64_t kK3ExpertBytes = 3ull * (3072ull * 3584 / 2 + 3072ull * 3584 / 32);
 
 struct Options {
   std::string model;
@@ -51,46 +43,6 @@ struct Options {
   std::string json;
 };
 
-// A shard-like file of K3-sized experts with pseudo-random bytes, written with O_DIRECT so the
-// page cache holds none of it (reads then come from the disk).
-offload::ExpertLayout write_synthetic(const fs::path& path, uint64_t bytes) {
-  const uint64_t header = 123457;  // a safetensors header: experts start unaligned
-  const int n = int((bytes - header) / kK3ExpertBytes);
-  if (n < 4) throw Error("bench io: --file-gib too small for 4 K3-sized experts");
-  const uint64_t total = align_up(header + uint64_t(n) * kK3ExpertBytes);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
-  bool direct = fd >= 0;
-  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path.string() + ": cannot create: " + std::strerror(errno));
-  const uint64_t chunk = 8ull << 20;
-  void* buf = mmap(nullptr, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  STRATA_ASSERT(buf != MAP_FAILED);
-  std::mt19937_64 rng(1);
-  for (uint64_t off = 0; off < total; off += chunk) {
-    auto* w = static_cast<uint64_t*>(buf);
-    for (uint64_t i = 0; i < chunk / 8; i++) w[i] = rng();
-    uint64_t len = std::min(chunk, total - off);
-    if (::pwrite(fd, buf, len, off_t(off)) != ssize_t(len)) {
-      int err = errno;
-      ::close(fd);
-      munmap(buf, chunk);
-      throw Error(path.string() + ": write failed: " + std::strerror(err) + " (disk full?)");
-    }
-  }
-  munmap(buf, chunk);
-  ::fsync(fd);
-  if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-  offload::ExpertLayout L;
-  L.files = {path};
-  L.num_layers = 1;
-  L.num_experts = n;
-  L.spans.resize(size_t(n));
-  for (int e = 0; e < n; e++)
-    L.spans[size_t(e)] = {{0, header + uint64_t(e) * kK3ExpertBytes, kK3ExpertBytes}};
-  return L;
-}
-
 // (layer, expert) of every expert in the layout.
 std::vector<std::pair<int, int>> all_experts(const offload::ExpertLayout& L) {
   std::vector<std::pair<int, int>> v;
@@ -99,91 +51,6 @@ std::vector<std::pair<int, int>> all_experts(const offload::ExpertLayout& L) {
       if (L.has(l, e)) v.emplace_back(l, e);
   return v;
 }
-
-// The raw reference: a bare io_uring loop over the aligned spans of `pick`, `qd` reads of at most
-// `block` bytes in flight, O_DIRECT, into one reused buffer.
-class RawReader {
- public:
-  RawReader(const offload::ExpertLayout& L, uint64_t block, int qd)
-      : L_(L), block_(block), qd_(qd) {
-    for (auto& f : L.files) {
-      int fd = ::open(f.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-      if (fd < 0) throw Error(f.string() + ": cannot open with O_DIRECT: " + std::strerror(errno));
-      fds_.push_back(fd);
-    }
-    int rc = io_uring_queue_init(unsigned(qd), &ring_, 0);
-    if (rc < 0) throw Error(std::string("bench io: io_uring unavailable: ") + std::strerror(-rc));
-    // Huge pages as in the store's arena: fewer segments per read (virtio-blk limits them).
-    buf_ = static_cast<uint8_t*>(mmap(nullptr, block * uint64_t(qd), PROT_READ | PROT_WRITE,
-                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    STRATA_ASSERT(buf_ != MAP_FAILED);
-    madvise(buf_, block * uint64_t(qd), MADV_HUGEPAGE);
-    std::memset(buf_, 0, block * uint64_t(qd));
-    iovec iov{buf_, size_t(block * uint64_t(qd))};
-    fixed_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
-  }
-  bool fixed() const { return fixed_; }
-  ~RawReader() {
-    io_uring_queue_exit(&ring_);
-    munmap(buf_, block_ * uint64_t(qd_));
-    for (int fd : fds_) ::close(fd);
-  }
-  uint64_t read(const std::vector<std::pair<int, int>>& pick) {
-    struct Req {
-      int fd;
-      uint64_t off, len;
-    };
-    std::vector<Req> reqs;
-    uint64_t bytes = 0;
-    for (auto [l, e] : pick)
-      for (const FileSpan& sp : L_.at(l, e)) {
-        uint64_t lo = align_down(sp.offset), hi = align_up(sp.offset + sp.nbytes);
-        for (uint64_t o = lo; o < hi; o += block_)
-          reqs.push_back({fds_[size_t(sp.file)], o, std::min(block_, hi - o)});
-        bytes += sp.nbytes;
-      }
-    size_t next = 0, done = 0;
-    int in_flight = 0;
-    std::vector<int> free_slots;
-    for (int i = 0; i < qd_; i++) free_slots.push_back(i);
-    while (done < reqs.size()) {
-      while (!free_slots.empty() && next < reqs.size()) {
-        int s = free_slots.back();
-        free_slots.pop_back();
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        uint8_t* dst = buf_ + uint64_t(s) * block_;
-        const unsigned len = unsigned(reqs[next].len);
-        if (fixed_)
-          io_uring_prep_read_fixed(sqe, reqs[next].fd, dst, len, off_t(reqs[next].off), 0);
-        else
-          io_uring_prep_read(sqe, reqs[next].fd, dst, len, off_t(reqs[next].off));
-        io_uring_sqe_set_data64(sqe, uint64_t(s));
-        next++;
-        in_flight++;
-      }
-      io_uring_submit_and_wait(&ring_, 1);
-      io_uring_cqe* cqe;
-      while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
-        if (cqe->res < 0)
-          throw Error(std::string("bench io: raw read failed: ") + std::strerror(-cqe->res));
-        free_slots.push_back(int(io_uring_cqe_get_data64(cqe)));
-        io_uring_cqe_seen(&ring_, cqe);
-        in_flight--;
-        done++;
-      }
-    }
-    return bytes;
-  }
-
- private:
-  const offload::ExpertLayout& L_;
-  uint64_t block_;
-  int qd_;
-  std::vector<int> fds_;
-  io_uring ring_;
-  uint8_t* buf_ = nullptr;
-  bool fixed_ = false;
-};
 
 // Random distinct experts, none of which is in `avoid` (resident in the store).
 std::vector<std::pair<int, int>> pick_experts(const std::vector<std::pair<int, int>>& all, int n,
@@ -215,9 +82,9 @@ int run(const Options& o) {
   } else {
     fs::path dir = o.dir.empty() ? fs::temp_directory_path() : fs::path(o.dir);
     tmp = dir / ("strata-bench-io-" + std::to_string(::getpid()) + ".bin");
-    L = write_synthetic(tmp, uint64_t(o.file_gib * double(1ull << 30)));
+    L = offload::write_expert_test_file(tmp, uint64_t(o.file_gib * double(1ull << 30)));
     rep.note("data: " + tmp.string() + ", " + std::to_string(L.num_experts) +
-             " K3-sized experts of " + std::to_string(kK3ExpertBytes) +
+             " K3-sized experts of " + std::to_string(offload::kK3ExpertBytes) +
              " bytes, written with O_DIRECT (cold)");
   }
   struct Cleanup {
@@ -240,7 +107,7 @@ int run(const Options& o) {
 
   // Raw O_DIRECT reference, measured before and after the store lines: the disk of a shared VM
   // drifts, and the ratio uses the faster of the two (conservative).
-  RawReader rr(L, block, o.qd);
+  offload::RawDirectReader rr(L, block, o.qd);
   auto raw_line = [&](const char* when) {
     BenchLine raw;
     uint64_t bytes = 0;

@@ -20,6 +20,7 @@
 #include "kernels/gpu_timer.h"
 #include "kernels/moe/experts.h"
 #include "kernels/ops/device_memory.h"
+#include "offload/hardware.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 
@@ -70,13 +71,18 @@ struct Routed {
   moe::ExpertBatch b;
   int distinct = 0;
   size_t ws_bytes = 0;
-  Routed(const ExpertPool& pool, int T, std::mt19937_64& rng, int first_expert = -1) {
+  // first_expert ≥ 0: token t goes to the 16 experts first_expert + (t mod groups)·16 + 0..15, so
+  // T = M·groups tokens give 16·groups experts exactly M tokens each.
+  Routed(const ExpertPool& pool, int T, std::mt19937_64& rng, int first_expert = -1,
+         int groups = 1) {
     std::vector<std::vector<int>> tokens_of(kExperts);
     std::vector<int> ids(kExperts);
     std::iota(ids.begin(), ids.end(), 0);
     for (int t = 0; t < T; t++) {
       if (first_expert >= 0) {  // the decode line: a fixed, disjoint set of 16 experts
-        for (int k = 0; k < kTopk; k++) tokens_of[size_t(first_expert + k)].push_back(t);
+        const int g = t % groups;
+        for (int k = 0; k < kTopk; k++)
+          tokens_of[size_t(first_expert + g * kTopk + k)].push_back(t);
         continue;
       }
       for (int k = 0; k < kTopk; k++) {  // partial Fisher-Yates: 16 distinct experts
@@ -204,6 +210,72 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
       r.add(l);
     }
   }
+}
+
+// `strata bench hw`: our GPU kernels' rates as weight GB/s at M tokens — grouped_experts over 128
+// K3 experts with exactly M tokens each (the automatic path, as the engine launches it), and the
+// trunk's cuBLASLt GEMM (kda q/k/v/g_proj, 12288 × 7168, weights rotating through 3 GiB) at M
+// tokens. Fills hw.kernels.gpu_expert and gpu_trunk.
+void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick) {
+  const double copy = hw.gpu.hbm_copy_gbps.value_or(0), peak = hw.gpu.bf16_gemm_tflops.value_or(0);
+  std::mt19937_64 rng(99);
+  {
+    ExpertPool pool;
+    constexpr int kGroups = 8;  // 128 experts = 2.2 GB per call, ≫ L2
+    offload::RateCurve c;
+    for (int M : quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 4, 16, 64, 256}) {
+      Routed batch(pool, M * kGroups, rng, 0, kGroups);
+      kernels::device_sync("bench setup");
+      BenchLine g;
+      g.name = "hw/gpu expert M=" + std::to_string(M);
+      g.shape = std::to_string(batch.distinct) + " experts x " + std::to_string(M) + " tokens";
+      g.time = to_stats(kernels::gpu_time([&] { batch.run(moe::ExpertPath::automatic); }, nullptr,
+                                          quick ? 5 : 10, 2));
+      g.bytes = batch.distinct * ExpertPool::expert_bytes();
+      g.flops = 6.0 * double(batch.b.P) * kH * kI;
+      g.peak_is_bandwidth = M < 16;
+      g.peak_name = g.peak_is_bandwidth ? "HBM copy (measured)" : "bf16 GEMM (measured)";
+      g.peak = g.peak_is_bandwidth ? copy : peak;
+      g.note = "grouped_experts, automatic path";
+      r.add(g);
+      c.points.push_back({M, g.gbps()});
+    }
+    c.source = "measured: kernels::moe::grouped_experts, 128 K3 experts x M tokens, automatic path";
+    hw.kernels.gpu_expert = c;
+  }
+  const int64_t N = 12288, K = 7168;
+  const size_t wbytes = size_t(N * K * 2), stride = (wbytes + 255) & ~size_t(255);
+  const size_t pool_bytes = size_t(3) << 30, slots = pool_bytes / stride;
+  DeviceBuffer wpool(pool_bytes), xbuf(size_t(4096) * K * 2), ybuf(size_t(4096) * N * 2);
+  kernels::fill_random_bytes(wpool.get(), pool_bytes, 3, 0, 0x3f);
+  kernels::fill_random_bytes(xbuf.get(), xbuf.bytes(), 4, 0, 0x3f);
+  kernels::gemm::Gemm gemm;
+  offload::RateCurve t;
+  for (int64_t M : quick ? std::vector<int64_t>{1, 4096} : std::vector<int64_t>{1, 16, 256, 4096}) {
+    size_t k = 0;
+    BenchLine l;
+    l.name = "hw/gpu trunk GEMM M=" + std::to_string(M);
+    l.shape = "12288x7168 (kda q/k/v/g_proj)";
+    l.time = to_stats(kernels::gpu_time(
+        [&] {
+          ok(gemm.linear(
+                 xbuf.as<uint16_t>(),
+                 reinterpret_cast<const uint16_t*>(wpool.as<uint8_t>() + (k++ % slots) * stride),
+                 ybuf.get(), kernels::gemm::OutType::bf16, M, N, K, nullptr),
+             "gemm");
+        },
+        nullptr, quick ? 5 : 10, 2));
+    l.bytes = double(wbytes);
+    l.flops = 2.0 * double(M) * double(N) * double(K);
+    l.peak_is_bandwidth = M < 256;
+    l.peak_name = l.peak_is_bandwidth ? "HBM copy (measured)" : "bf16 GEMM (measured)";
+    l.peak = l.peak_is_bandwidth ? copy : peak;
+    l.note = "weights cold (rotating through 3 GiB)";
+    r.add(l);
+    t.points.push_back({int(M), l.gbps()});
+  }
+  t.source = "measured: kernels::gemm::Gemm::linear bf16, 12288x7168, weight GB/s";
+  hw.kernels.gpu_trunk = t;
 }
 
 }  // namespace strata::tools

@@ -1,12 +1,12 @@
 // `strata bench io|cpu-experts|kernels|...`: dispatches to the registered benchmarks and holds the
 // shared measurement and reporting code (tools/bench.h).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "offload/hw_measure.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 #include "tools/command.h"
@@ -19,22 +19,8 @@ std::vector<BenchInfo>& bench_registry() {
 }
 
 BenchStats measure(const std::function<void()>& fn, int repeats, int warmup) {
-  STRATA_ASSERT(repeats > 0);
-  for (int i = 0; i < warmup; i++) fn();
-  std::vector<double> t;
-  for (int i = 0; i < repeats; i++) {
-    auto a = std::chrono::steady_clock::now();
-    fn();
-    auto b = std::chrono::steady_clock::now();
-    t.push_back(std::chrono::duration<double>(b - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  BenchStats s;
-  s.repeats = repeats;
-  s.min_s = t.front();
-  s.max_s = t.back();
-  s.median_s = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-  return s;
+  const offload::RateSample t = offload::time_repeats(fn, repeats, warmup);
+  return {t.median_s, t.min_s, t.max_s, t.repeats};
 }
 
 double BenchLine::pct_of_peak() const {

@@ -1,0 +1,785 @@
+// The one cost model (see cost_model.h for what it models and what not).
+#include "offload/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "storage/error.h"
+
+namespace strata::offload {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, f, a, b, c, d);
+  return buf;
+}
+
+uint64_t component_bytes(const ModelCosts& k, const char* name) {
+  for (auto& c : k.components)
+    if (c.name == name) return c.bytes;
+  return 0;
+}
+
+double sum_parts(const std::vector<TimePart>& parts, const char* resource = nullptr) {
+  double s = 0;
+  for (auto& p : parts)
+    if (!resource || p.resource == resource) s += p.seconds;
+  return s;
+}
+
+// log of the Binomial(n, p) pmf at m.
+double log_binom_pmf(int64_t n, int64_t m, double p) {
+  return std::lgamma(double(n) + 1) - std::lgamma(double(m) + 1) - std::lgamma(double(n - m) + 1) +
+         double(m) * std::log(p) + double(n - m) * std::log1p(-p);
+}
+
+}  // namespace
+
+std::string Placement::validate() const {
+  if (gpu < 0 || host < 0 || disk < 0) return "placement shares must not be negative";
+  if (std::fabs(gpu + host + disk - 1.0) > 1e-6)
+    return fmt("placement shares must sum to 1 (gpu %.3g + host %.3g + disk %.3g)", gpu, host,
+               disk);
+  return {};
+}
+
+const char* trunk_backend_name(TrunkBackend b) {
+  switch (b) {
+    case TrunkBackend::gpu:
+      return "gpu";
+    case TrunkBackend::cpu_reference:
+      return "cpu-reference";
+    case TrunkBackend::cpu_bf16:
+      return "cpu-bf16";
+  }
+  return "?";
+}
+
+const char* overlap_name(Overlap o) {
+  switch (o) {
+    case Overlap::serial:
+      return "serial";
+    case Overlap::moe_layer:
+      return "moe-layer";
+    case Overlap::full:
+      return "full";
+  }
+  return "?";
+}
+
+std::string overlap_description(Overlap o, TrunkBackend b) {
+  const bool gpu = b == TrunkBackend::gpu;
+  switch (o) {
+    case Overlap::serial:
+      return "serial: every piece of work one after the other (no overlap)";
+    case Overlap::moe_layer:
+      return gpu ? "moe-layer: per MoE layer the CPU computes the experts not cached on the GPU "
+                   "while the GPU runs the shared and cached experts; attention, norms, routers "
+                   "and the rest of the trunk are serial; disk reads (router-lookahead prefetch) "
+                   "and host→GPU staging overlap the whole step"
+                 : "moe-layer (CPU backend): the CPU runs trunk, attention and experts one after "
+                   "the other; disk reads (router-lookahead prefetch) overlap the whole step";
+    case Overlap::full:
+      return "full: every resource busy all the time; the busiest resource sets the time";
+  }
+  return "?";
+}
+
+CostModel::CostModel(const HardwareProfile& hw, const ModelConfig& cfg, CostOptions opt)
+    : hw_(hw), cfg_(cfg), costs_(compute_costs(cfg)), opt_(std::move(opt)) {
+  const std::string src = hw.source.empty() ? std::string("hardware profile") : hw.source;
+  auto need = [&](bool ok, const std::string& field, const std::string& why) {
+    if (!ok) throw Error(src + ": " + field + ": not measured or stated; " + why);
+  };
+  if (opt_.trunk == TrunkBackend::gpu) {
+    need(hw.gpu.count > 0, "gpu.count", "the GPU backend needs a GPU");
+    gpus_ = opt_.gpus < 0 ? hw.total_gpus() : opt_.gpus;
+    if (gpus_ < 1 || gpus_ > hw.total_gpus())
+      throw Error(src + ": " + std::to_string(opt_.gpus) + " GPUs requested, the hardware has " +
+                  std::to_string(hw.total_gpus()));
+    need(hw.kernels.gpu_trunk.known() ||
+             (hw.gpu.hbm_copy_gbps.known() && hw.gpu.bf16_gemm_tflops.known()),
+         "gpu.hbm_copy_gbps / gpu.bf16_gemm_tflops", "needed for the GPU trunk");
+    need(hw.gpu.hbm_copy_gbps.known(), "gpu.hbm_copy_gbps", "needed for KDA/MLA decode");
+    need(hw.gpu.bf16_gemm_tflops.known(), "gpu.bf16_gemm_tflops", "needed for prefill attention");
+  } else if (opt_.trunk == TrunkBackend::cpu_reference) {
+    need(hw.kernels.cpu_trunk_ref.known(), "kernels.cpu_trunk_ref",
+         "the reference trunk's rate is measured by `strata bench hw` on the machine itself");
+    need(hw.kernels.cpu_kda_ref_state_gbps.known(), "kernels.cpu_kda_ref_state_gbps",
+         "measured by `strata bench hw`");
+    need(hw.kernels.cpu_mla_ref_gflops.known(), "kernels.cpu_mla_ref_gflops",
+         "measured by `strata bench hw`");
+  } else {
+    need(hw.kernels.cpu_trunk_bf16.known() || hw.host.mem_read_gbps.known(), "host.mem_read_gbps",
+         "needed for the CPU bf16 trunk");
+  }
+  if (cfg_.num_moe_layers() > 0) {
+    const bool cpu_experts_measured = cfg_.moe.mxfp4 && hw.kernels.cpu_expert.known();
+    need(cpu_experts_measured || hw.host.mem_read_gbps.known(), "host.mem_read_gbps",
+         "needed for the CPU experts");
+    need(cpu_experts_measured || hw.host.cores > 0, "host.cores", "needed for the CPU experts");
+  }
+  // The staging threshold depends only on the hardware and the expert shape: computed once.
+  threshold_ = kNever;
+  if (gpus_ > 0 && cfg_.num_moe_layers() > 0) {
+    const double stage = stage_seconds();
+    for (int M = 1; M <= (1 << 20); M = M < 4096 ? M + 1 : M * 2)
+      if (stage + gpu_expert_seconds(M) < cpu_expert_seconds(M)) {
+        // Past 4096 the scan doubles; refine down to the exact M.
+        int lo = M < 4096 ? M : M / 2 + 1;
+        while (lo < M && !(stage + gpu_expert_seconds(lo) < cpu_expert_seconds(lo))) ++lo;
+        threshold_ = lo;
+        break;
+      }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Rates
+
+double CostModel::expert_flops_per_byte() const {
+  return costs_.bytes_per_routed_expert ? 2.0 * double(costs_.params_per_routed_expert) /
+                                              double(costs_.bytes_per_routed_expert)
+                                        : 0;
+}
+
+double CostModel::cpu_bf16_flops() const {
+  const CostAssumptions& a = opt_.assumptions;
+  return hw_.host.bf16_tflops.known() ? hw_.host.bf16_tflops.value() * 1e12
+                                      : a.cpu_bf16_tflops_per_core * hw_.host.cores * 1e12;
+}
+
+double CostModel::cpu_expert_spb(double M) const {
+  if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known())
+    return hw_.kernels.cpu_expert.seconds_per_byte(M);
+  const CostAssumptions& a = opt_.assumptions;
+  const double mem = 1.0 / (hw_.host.mem_read_gbps.value() * 1e9 * a.cpu_expert_read_efficiency);
+  double flops;  // the CPU's rate for this expert format
+  if (cfg_.moe.mxfp4) {
+    const double per_core = hw_.host.avx512 || hw_.host.amx ? a.cpu_expert_tops_per_core_avx512
+                                                            : a.cpu_expert_tops_per_core_avx2;
+    flops = per_core * hw_.host.cores * 1e12;
+  } else {
+    flops = cpu_bf16_flops();
+  }
+  return std::max(mem, M * expert_flops_per_byte() / flops);
+}
+
+double CostModel::gpu_expert_spb(double M) const {
+  if (gpus_ == 0) return kInf;
+  if (cfg_.moe.mxfp4 && hw_.kernels.gpu_expert.known())
+    return hw_.kernels.gpu_expert.seconds_per_byte(M);
+  const CostAssumptions& a = opt_.assumptions;
+  if (!cfg_.moe.mxfp4 && hw_.kernels.gpu_trunk.known())  // bf16 experts: cuBLASLt, as the trunk
+    return hw_.kernels.gpu_trunk.seconds_per_byte(M);
+  const bool mx = cfg_.moe.mxfp4;
+  const double mem = 1.0 / (hw_.gpu.hbm_copy_gbps.value() * 1e9 *
+                            (mx ? a.gpu_expert_hbm_efficiency : a.gpu_trunk_hbm_efficiency));
+  const double flops = hw_.gpu.bf16_gemm_tflops.value() * 1e12 *
+                       (mx ? a.gpu_expert_gemm_efficiency : a.gpu_trunk_gemm_efficiency);
+  return std::max(mem, M * expert_flops_per_byte() / flops);
+}
+
+double CostModel::trunk_spb(double M) const {
+  const CostAssumptions& a = opt_.assumptions;
+  M = std::max(1.0, M);
+  switch (opt_.trunk) {
+    case TrunkBackend::gpu: {
+      if (hw_.kernels.gpu_trunk.known()) return hw_.kernels.gpu_trunk.seconds_per_byte(M);
+      // bf16 weights: 2 FLOPs per weight per token over 2 bytes = M FLOPs per byte.
+      const double mem = 1.0 / (hw_.gpu.hbm_copy_gbps.value() * 1e9 * a.gpu_trunk_hbm_efficiency);
+      const double cmp =
+          M / (hw_.gpu.bf16_gemm_tflops.value() * 1e12 * a.gpu_trunk_gemm_efficiency);
+      return std::max(mem, cmp);
+    }
+    case TrunkBackend::cpu_reference:
+      return hw_.kernels.cpu_trunk_ref.seconds_per_byte(M);
+    case TrunkBackend::cpu_bf16: {
+      if (hw_.kernels.cpu_trunk_bf16.known()) return hw_.kernels.cpu_trunk_bf16.seconds_per_byte(M);
+      const double mem =
+          1.0 / (hw_.host.mem_read_gbps.value() * 1e9 * a.cpu_trunk_bf16_read_efficiency);
+      return std::max(mem, M / cpu_bf16_flops());
+    }
+  }
+  return kInf;
+}
+
+// FLOP rate of the CPU reference for attention prefill: the reference linear's multiply-add rate
+// at its largest measured M (both are 4-wide SSE loops of the same kind).
+double CostModel::cpu_ref_flops() const {
+  const RatePoint& p = hw_.kernels.cpu_trunk_ref.points.back();
+  return p.gbps * 1e9 * p.tokens;  // bf16 weights: M FLOPs per weight byte
+}
+
+// ------------------------------------------------------------------------------------------------
+// Experts
+
+double CostModel::cpu_expert_seconds(int tokens) const {
+  return double(costs_.bytes_per_routed_expert) * cpu_expert_spb(std::max(1, tokens));
+}
+
+double CostModel::gpu_expert_seconds(int tokens) const {
+  if (gpus_ == 0) return kInf;
+  return double(costs_.bytes_per_routed_expert) * gpu_expert_spb(std::max(1, tokens));
+}
+
+double CostModel::h2d_gbps() const {
+  return hw_.gpu.h2d_gbps.known() ? hw_.gpu.h2d_gbps.value() : opt_.assumptions.pcie_default_gbps;
+}
+
+double CostModel::stage_seconds() const {
+  if (gpus_ == 0) return kInf;
+  return double(costs_.bytes_per_routed_expert) / (h2d_gbps() * 1e9);
+}
+
+double CostModel::disk_read_seconds() const {
+  const Rate r = hw_.disk.total_read_gbps();
+  if (!r.known()) return kInf;
+  return double(costs_.bytes_per_routed_expert) / (r.value() * 1e9);
+}
+
+int CostModel::prefill_stage_threshold() const {
+  return threshold_;
+}
+
+double CostModel::distinct_experts(double tokens) const {
+  const double E = cfg_.moe.num_experts, k = cfg_.moe.top_k;
+  if (E <= 0 || tokens <= 0) return 0;
+  return E * (1.0 - std::pow(1.0 - k / E, tokens));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dense parts
+
+uint64_t CostModel::trunk_bytes() const {
+  const uint64_t embedding = uint64_t(cfg_.vocab_size) * uint64_t(cfg_.hidden_size) * 2;
+  return costs_.total_bytes - component_bytes(costs_, "routed_experts") - embedding;
+}
+
+double CostModel::trunk_seconds(int64_t tokens) const {
+  return double(trunk_bytes()) * trunk_spb(double(std::max<int64_t>(1, tokens)));
+}
+
+double CostModel::shared_expert_seconds(int64_t tokens) const {
+  return double(component_bytes(costs_, "shared_experts")) *
+         trunk_spb(double(std::max<int64_t>(1, tokens)));
+}
+
+double CostModel::kda_decode_seconds(int batch) const {
+  const double bytes = 2.0 * double(costs_.kda_state_bytes) * batch;  // read + write
+  switch (opt_.trunk) {
+    case TrunkBackend::gpu:
+      return bytes /
+             (hw_.gpu.hbm_copy_gbps.value() * 1e9 * opt_.assumptions.gpu_trunk_hbm_efficiency);
+    case TrunkBackend::cpu_reference:
+      return bytes / (hw_.kernels.cpu_kda_ref_state_gbps.value() * 1e9);
+    case TrunkBackend::cpu_bf16:
+      return bytes / (hw_.host.mem_read_gbps.value() * 1e9);
+  }
+  return kInf;
+}
+
+double CostModel::kda_flops_per_token() const {
+  const double H = cfg_.kda.num_heads, d = cfg_.kda.head_dim;
+  return H * (10.0 * 64.0 * d + 6.0 * d * d) * cfg_.num_kda_layers();
+}
+
+double CostModel::kda_prefill_seconds(int64_t tokens) const {
+  const double flops = kda_flops_per_token() * double(tokens);
+  switch (opt_.trunk) {
+    case TrunkBackend::gpu: {
+      const double rate = hw_.kernels.gpu_kda_prefill_tflops.known()
+                              ? hw_.kernels.gpu_kda_prefill_tflops.value() * 1e12
+                              : hw_.gpu.bf16_gemm_tflops.value() * 1e12 *
+                                    opt_.assumptions.gpu_kda_prefill_gemm_share;
+      return flops / rate;
+    }
+    case TrunkBackend::cpu_reference:
+      return flops / cpu_ref_flops();
+    case TrunkBackend::cpu_bf16:
+      return flops / cpu_bf16_flops();
+  }
+  return kInf;
+}
+
+double CostModel::mla_decode_seconds(int batch, int64_t context) const {
+  const MlaConfig& m = cfg_.mla;
+  const double layers = cfg_.num_mla_layers();
+  const double positions = double(batch) * double(std::max<int64_t>(1, context));
+  const double bytes = positions * double(m.latent_cache_dim()) * 2.0 * layers;
+  const double flops =
+      2.0 * m.num_heads * (2.0 * m.kv_lora_rank + m.qk_rope_head_dim) * positions * layers;
+  switch (opt_.trunk) {
+    case TrunkBackend::gpu: {
+      const double rate = hw_.kernels.gpu_mla_decode_tflops.known()
+                              ? hw_.kernels.gpu_mla_decode_tflops.value() * 1e12
+                              : hw_.gpu.bf16_gemm_tflops.value() * 1e12 *
+                                    opt_.assumptions.gpu_mla_decode_gemm_share;
+      return std::max(bytes / (hw_.gpu.hbm_copy_gbps.value() * 1e9), flops / rate);
+    }
+    case TrunkBackend::cpu_reference:
+      return flops / (hw_.kernels.cpu_mla_ref_gflops.value() * 1e9);
+    case TrunkBackend::cpu_bf16:
+      return std::max(bytes / (hw_.host.mem_read_gbps.value() * 1e9), flops / cpu_bf16_flops());
+  }
+  return kInf;
+}
+
+double CostModel::mla_prefill_flops(int64_t tokens, int64_t context) const {
+  const MlaConfig& m = cfg_.mla;
+  const double T = double(tokens), C = double(context);
+  const double pairs = T * C + T * (T + 1) / 2;  // causal
+  return 2.0 * m.num_heads * double(m.q_head_dim() + m.v_head_dim) * pairs * cfg_.num_mla_layers();
+}
+
+double CostModel::mla_prefill_seconds(int64_t tokens, int64_t context) const {
+  const double flops = mla_prefill_flops(tokens, context);
+  switch (opt_.trunk) {
+    case TrunkBackend::gpu: {
+      const double rate = hw_.kernels.gpu_mla_prefill_tflops.known()
+                              ? hw_.kernels.gpu_mla_prefill_tflops.value() * 1e12
+                              : hw_.gpu.bf16_gemm_tflops.value() * 1e12 *
+                                    opt_.assumptions.gpu_mla_prefill_gemm_share;
+      return flops / rate;
+    }
+    case TrunkBackend::cpu_reference:
+      return flops / cpu_ref_flops();
+    case TrunkBackend::cpu_bf16:
+      return flops / cpu_bf16_flops();
+  }
+  return kInf;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Steps
+
+namespace {
+
+std::string pct(double part, double whole) {
+  return fmt("%.0f%%", whole > 0 ? 100 * part / whole : 0);
+}
+
+}  // namespace
+
+DecodeEstimate CostModel::decode_latency(const Placement& p, int batch, int64_t context) const {
+  DecodeEstimate e;
+  e.batch = batch;
+  e.context = context;
+  const int moe_layers = cfg_.num_moe_layers();
+  const double U = distinct_experts(batch);
+  e.experts_per_layer = U;
+  e.tokens_per_expert = U > 0 ? double(batch) * cfg_.moe.top_k / U : 0;
+  const double M = std::max(1.0, e.tokens_per_expert);
+  const double eb = double(costs_.bytes_per_routed_expert);
+  const double n = U * moe_layers;  // expert computations per step
+  const bool gpu = opt_.trunk == TrunkBackend::gpu;
+  const std::string proc = gpu ? "gpu" : "cpu";
+
+  const double trunk = trunk_seconds(batch);
+  const double shared = shared_expert_seconds(batch);
+  const double kda = kda_decode_seconds(batch);
+  const double mla = mla_decode_seconds(batch, context);
+  const double gpu_exp = gpu ? p.gpu * n * eb * gpu_expert_spb(M) : 0;
+  const double cpu_exp = (gpu ? p.host + p.disk : 1.0) * n * eb * cpu_expert_spb(M);
+  const double disk = p.disk > 0 ? p.disk * n * disk_read_seconds() : 0;
+  double sync = 0, hops = 0;
+  if (gpu) sync = moe_layers * opt_.assumptions.gpu_moe_layer_sync_us * 1e-6;
+  if (!gpu) sync = cfg_.num_layers * opt_.assumptions.cpu_layer_overhead_us * 1e-6;
+  if (hw_.nodes > 1 && gpu) {
+    const double lat = hw_.network_latency_us.value_or(opt_.assumptions.network_latency_us) * 1e-6;
+    const double act = double(batch) * cfg_.hidden_size * 4.0 *
+                       (1 + (cfg_.has_attn_res() ? cfg_.num_layers / cfg_.attn_res_block_size : 0));
+    const double bw = hw_.network_gbps.known() ? hw_.network_gbps.value() * 1e9 : kInf;
+    hops = (hw_.nodes - 1) * (lat + act / bw);
+  }
+
+  e.parts.push_back({"dense trunk (bf16 weights, incl. shared experts)", proc, trunk});
+  e.parts.push_back({"KDA state", proc, kda});
+  e.parts.push_back({"MLA attention", proc, mla});
+  if (gpu) e.parts.push_back({"routed experts in the GPU cache", "gpu", gpu_exp});
+  e.parts.push_back({"routed experts on the CPU (host memory)", "cpu", cpu_exp});
+  if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
+  if (sync > 0)
+    e.parts.push_back(
+        {gpu ? "per-MoE-layer host round trips (assumed)" : "per-layer overhead", proc, sync});
+  if (hops > 0) e.parts.push_back({"pipeline hops between nodes", "network", hops});
+
+  const double serial_gpu = trunk - shared + kda + mla + sync + hops;
+  double step = 0;
+  std::string bottleneck;
+  switch (opt_.overlap) {
+    case Overlap::serial:
+      step = sum_parts(e.parts);
+      break;
+    case Overlap::moe_layer: {
+      double compute;
+      if (gpu) {
+        const double gpu_branch = shared + gpu_exp;
+        compute = serial_gpu + std::max(gpu_branch, cpu_exp);
+      } else {
+        compute = sum_parts(e.parts) - disk;
+      }
+      step = std::max(compute, disk);
+      break;
+    }
+    case Overlap::full: {
+      const double g = gpu ? serial_gpu + shared + gpu_exp : 0;
+      const double c = gpu ? cpu_exp : sum_parts(e.parts) - disk;
+      step = std::max({g, c, disk});
+      break;
+    }
+  }
+  // The bottleneck: the largest part (disk wins when it alone exceeds the compute).
+  const TimePart* big = &e.parts.front();
+  for (auto& t : e.parts)
+    if (t.seconds > big->seconds) big = &t;
+  e.bottleneck = big->name + " (" + pct(big->seconds, step) + " of the step)";
+  e.step_s = step;
+  e.tokens_per_s = step > 0 ? batch / step : 0;
+  e.overlap = overlap_description(opt_.overlap, opt_.trunk);
+  return e;
+}
+
+DecodeEstimate CostModel::decode_step(const Placement& p, int batch, int64_t context) const {
+  const std::string why = p.validate();
+  if (!why.empty()) throw Error(why);
+  if (gpus_ == 0 && p.gpu > 0)
+    throw Error("placement puts " + pct(p.gpu, 1) + " of the experts in a GPU cache, but the " +
+                "trunk backend is " + trunk_backend_name(opt_.trunk));
+  STRATA_ASSERT(batch >= 1);
+  // One GPU, one node's pipeline of G GPUs with fewer sequences than stages, or the CPU: the
+  // batch goes through every layer together.
+  if (gpus_ <= 1 || batch < gpus_) return decode_latency(p, batch, context);
+  // G pipeline stages (GPUs, layers split evenly) and B ≥ G sequences: G micro-batches of B/G in
+  // flight. Each GPU does its layers for every micro-batch; the host CPU, memory and disks of a
+  // node serve the experts of all micro-batches of its layers.
+  const int G = gpus_;
+  const int mb = (batch + G - 1) / G;
+  DecodeEstimate one = decode_latency(p, mb, context);
+  const double gpu_total = sum_parts(one.parts, "gpu");
+  const double cpu_total = sum_parts(one.parts, "cpu") * G / hw_.nodes;
+  const double disk_total = sum_parts(one.parts, "disk") * G / hw_.nodes;
+  DecodeEstimate e = one;
+  e.batch = batch;
+  e.step_s = std::max({one.step_s, gpu_total, cpu_total, disk_total});
+  e.tokens_per_s = double(mb) * G / e.step_s;
+  for (auto& t : e.parts)
+    if (t.resource != "gpu" && t.resource != "network") t.seconds *= double(G) / hw_.nodes;
+  e.overlap +=
+      fmt("; pipeline of %.0f GPU stages with %.0f micro-batches of %.0f sequences", G, G, mb);
+  if (e.step_s == cpu_total && cpu_total > one.step_s)
+    e.bottleneck = "routed experts on the CPU (host memory), all micro-batches";
+  else if (e.step_s == disk_total && disk_total > one.step_s)
+    e.bottleneck = "disk reads, all micro-batches";
+  return e;
+}
+
+PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t chunk) const {
+  const std::string why = p.validate();
+  if (!why.empty()) throw Error(why);
+  if (gpus_ == 0 && p.gpu > 0)
+    throw Error("placement puts experts in a GPU cache, but the trunk backend is " +
+                std::string(trunk_backend_name(opt_.trunk)));
+  STRATA_ASSERT(tokens >= 1 && chunk >= 1);
+  PrefillEstimate e;
+  e.tokens = tokens;
+  e.chunk = chunk;
+  e.chunks = (tokens + chunk - 1) / chunk;
+  e.stage_threshold = threshold_;
+  const bool gpu = opt_.trunk == TrunkBackend::gpu;
+  const std::string proc = gpu ? "gpu" : "cpu";
+  const int moe_layers = cfg_.num_moe_layers();
+  const double E = cfg_.moe.num_experts, k = cfg_.moe.top_k;
+  const double eb = double(costs_.bytes_per_routed_expert);
+  const double not_cached = gpu ? p.host + p.disk : 1.0;
+  std::string extra;
+  double t_trunk = 0, t_shared = 0, t_kda = 0, t_mla = 0, t_gexp = 0, t_cexp = 0, t_pcie = 0,
+         t_disk = 0, total = 0;
+  // Per chunk size (all chunks but the last have the same size): the expert work of one MoE
+  // layer, from the Binomial(C, k/E) tokens per expert.
+  struct ExpertWork {
+    double gpu_s = 0, cpu_s = 0, pcie_s = 0, disk_s = 0, staged = 0, on_cpu = 0;
+  };
+  auto expert_work = [&](int64_t C) {
+    ExpertWork w;
+    if (moe_layers == 0 || E <= 0) return w;
+    const double q = k / E;
+    const double mean = double(C) * q, sd = std::sqrt(double(C) * q * (1 - q));
+    const int64_t lo = std::max<int64_t>(1, int64_t(mean - 12 * sd));
+    const int64_t hi = std::min<int64_t>(C, int64_t(mean + 12 * sd) + 2);
+    double touched = 0;
+    for (int64_t m = lo; m <= hi; ++m) {
+      const double pm = std::exp(log_binom_pmf(C, m, q));
+      if (pm < 1e-15) continue;
+      const double experts = E * pm;  // experts with exactly m tokens
+      touched += experts;
+      const double cpu_t = eb * cpu_expert_spb(double(m));
+      if (gpu) {
+        const double gpu_t = eb * gpu_expert_spb(double(m));
+        w.gpu_s += experts * p.gpu * gpu_t;
+        if (m >= threshold_) {
+          w.gpu_s += experts * not_cached * gpu_t;
+          w.pcie_s += experts * not_cached * stage_seconds();
+          w.staged += experts * not_cached;
+        } else {
+          w.cpu_s += experts * not_cached * cpu_t;
+          w.on_cpu += experts * not_cached;
+        }
+      } else {
+        w.cpu_s += experts * cpu_t;
+        w.on_cpu += experts;
+      }
+    }
+    if (p.disk > 0) w.disk_s = touched * p.disk * disk_read_seconds();
+    return w;
+  };
+  const int64_t last = tokens - (e.chunks - 1) * chunk;
+  const ExpertWork full_w = expert_work(chunk);
+  const ExpertWork last_w = last == chunk ? full_w : expert_work(last);
+  for (int64_t i = 0; i < e.chunks; ++i) {
+    const int64_t C = i + 1 == e.chunks ? last : chunk;
+    const ExpertWork& w = i + 1 == e.chunks ? last_w : full_w;
+    const double trunk = trunk_seconds(C), shared = shared_expert_seconds(C);
+    const double kda = kda_prefill_seconds(C), mla = mla_prefill_seconds(C, i * chunk);
+    const double gexp = w.gpu_s * moe_layers, cexp = w.cpu_s * moe_layers;
+    const double pcie = w.pcie_s * moe_layers, disk = w.disk_s * moe_layers;
+    t_trunk += trunk, t_shared += shared, t_kda += kda, t_mla += mla;
+    t_gexp += gexp, t_cexp += cexp, t_pcie += pcie, t_disk += disk;
+    e.staged_experts_per_chunk += w.staged * moe_layers / double(e.chunks);
+    e.cpu_experts_per_chunk += w.on_cpu * moe_layers / double(e.chunks);
+    double t = 0;
+    switch (opt_.overlap) {
+      case Overlap::serial:
+        t = trunk + kda + mla + gexp + cexp + pcie + disk;
+        break;
+      case Overlap::moe_layer:
+        t = gpu ? std::max(trunk + kda + mla + std::max({gexp, pcie, cexp}), disk)
+                : std::max(trunk + kda + mla + cexp, disk);
+        break;
+      case Overlap::full:
+        t = gpu ? std::max({trunk + kda + mla + gexp, pcie, cexp, disk})
+                : std::max(trunk + kda + mla + cexp, disk);
+        break;
+    }
+    total += t;
+  }
+  (void)t_shared;
+  e.parts.push_back({"dense trunk (bf16 GEMMs)", proc, t_trunk});
+  e.parts.push_back({"KDA (chunked)", proc, t_kda});
+  e.parts.push_back({"MLA attention (causal)", proc, t_mla});
+  if (gpu) e.parts.push_back({"routed experts on the GPU (cached + staged)", "gpu", t_gexp});
+  e.parts.push_back({"routed experts on the CPU", "cpu", t_cexp});
+  if (gpu) e.parts.push_back({"host→GPU expert staging", "pcie", t_pcie});
+  if (t_disk > 0) e.parts.push_back({"routed experts read from disk", "disk", t_disk});
+  // Pipeline over G GPUs: chunks flow through the stages; with many chunks each GPU's share of
+  // the GPU work bounds the time, the host's shared resources do not shrink.
+  if (gpus_ > 1 && e.chunks > 1) {
+    const double G = gpus_;
+    const double gpu_total = sum_parts(e.parts, "gpu") / G;
+    const double other =
+        std::max({sum_parts(e.parts, "cpu") / hw_.nodes, sum_parts(e.parts, "pcie") / G,
+                  sum_parts(e.parts, "disk") / hw_.nodes});
+    const double pipelined = std::max(gpu_total, other) + total / double(e.chunks);
+    total = std::min(total, pipelined);
+    extra = fmt("; chunks pipelined over %.0f GPU stages", G);
+  }
+  const TimePart* big = &e.parts.front();
+  for (auto& t : e.parts)
+    if (t.seconds > big->seconds) big = &t;
+  e.bottleneck = big->name + " (" + pct(big->seconds, total) + " of the time)";
+  e.total_s = total;
+  e.tokens_per_s = total > 0 ? double(tokens) / total : 0;
+  e.overlap = overlap_description(opt_.overlap, opt_.trunk) + extra;
+  return e;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Rooflines: hardware peaks only.
+
+Roofline CostModel::decode_roofline(const Placement& p, int batch, int64_t context) const {
+  Roofline r;
+  r.assumption =
+      "full overlap: every resource busy all the time at its measured peak (HBM copy, bf16 GEMM, "
+      "host memory read, disk O_DIRECT); no kernel rates";
+  const bool gpu = opt_.trunk == TrunkBackend::gpu;
+  const double U = distinct_experts(batch);
+  const double n = U * cfg_.num_moe_layers();
+  const double eb = double(costs_.bytes_per_routed_expert);
+  const double attn_bytes = 2.0 * double(costs_.kda_state_bytes) * batch +
+                            double(batch) * double(std::max<int64_t>(1, context)) *
+                                double(costs_.mla_cache_bytes_per_token);
+  const double trunk_b = double(trunk_bytes());
+  const double trunk_flops = 2.0 * double(trunk_b / 2) * batch;
+  if (gpu) {
+    const int stages = batch >= gpus_ ? gpus_ : 1;  // GPUs working at once
+    const double gpu_bytes = trunk_b + p.gpu * n * eb + attn_bytes;
+    if (hw_.gpu.hbm_copy_gbps.known())
+      r.parts.push_back({"GPU memory (HBM copy peak)", "gpu",
+                         gpu_bytes / (hw_.gpu.hbm_copy_gbps.value() * 1e9) / stages});
+    else
+      r.missing.push_back("gpu.hbm_copy_gbps");
+    if (hw_.gpu.bf16_gemm_tflops.known())
+      r.parts.push_back({"GPU compute (bf16 GEMM peak)", "gpu",
+                         trunk_flops / (hw_.gpu.bf16_gemm_tflops.value() * 1e12) / stages});
+    else
+      r.missing.push_back("gpu.bf16_gemm_tflops");
+  }
+  const double host_bytes = (gpu ? (p.host + p.disk) * n * eb : n * eb + trunk_b + attn_bytes);
+  if (hw_.host.mem_read_gbps.known())
+    r.parts.push_back({"host memory read peak", "cpu",
+                       host_bytes / (hw_.host.mem_read_gbps.value() * 1e9) / hw_.nodes});
+  else
+    r.missing.push_back("host.mem_read_gbps");
+  if (p.disk > 0) {
+    const Rate d = hw_.disk.total_read_gbps();
+    if (d.known())
+      r.parts.push_back(
+          {"disk O_DIRECT peak", "disk", p.disk * n * eb / (d.value() * 1e9) / hw_.nodes});
+    else
+      r.missing.push_back("disk.read_gbps");
+  }
+  const TimePart* big = nullptr;
+  for (auto& t : r.parts)
+    if (!big || t.seconds > big->seconds) big = &t;
+  r.seconds = big ? big->seconds : 0;
+  r.bound = big ? big->name : "nothing known";
+  r.tokens_per_s = r.seconds > 0 ? batch / r.seconds : 0;
+  return r;
+}
+
+Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t chunk) const {
+  Roofline r;
+  r.assumption =
+      "full overlap at hardware peaks; every routed expert a chunk touches is computed where it "
+      "is cheaper at peak rates: staged to the GPU (host→device peak, bf16 GEMM peak) or read on "
+      "the CPU (host memory read peak); no kernel rates";
+  const bool gpu = opt_.trunk == TrunkBackend::gpu;
+  const double eb = double(costs_.bytes_per_routed_expert);
+  const double fpb = expert_flops_per_byte();
+  const int moe_layers = cfg_.num_moe_layers();
+  const int64_t chunks = (tokens + chunk - 1) / chunk;
+  double gpu_s = 0, pcie_s = 0, host_s = 0, disk_s = 0;
+  const double gemm = hw_.gpu.bf16_gemm_tflops.value_or(0) * 1e12;
+  const double mem = hw_.host.mem_read_gbps.value_or(0) * 1e9;
+  const double h2d = hw_.gpu.h2d_gbps.value_or(0) * 1e9;
+  const Rate disk = hw_.disk.total_read_gbps();
+  if (gpu && gemm <= 0) r.missing.push_back("gpu.bf16_gemm_tflops");
+  if (gpu && h2d <= 0) r.missing.push_back("gpu.h2d_gbps");
+  if (mem <= 0) r.missing.push_back("host.mem_read_gbps");
+  if (p.disk > 0 && !disk.known()) r.missing.push_back("disk.read_gbps");
+  double total = 0;
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t C = std::min(chunk, tokens - i * chunk);
+    const double dense_flops = double(trunk_bytes()) * double(C) + kda_flops_per_token() * C +
+                               mla_prefill_flops(C, i * chunk);
+    const double U = distinct_experts(double(C)) * moe_layers;
+    const double expert_flops = double(C) * cfg_.moe.top_k * moe_layers * eb * fpb;
+    const double nc = gpu ? p.host + p.disk : 1.0;  // share not cached on a GPU
+    double g = 0, pc = 0, h = 0;
+    if (gpu && gemm > 0) {
+      g = (dense_flops + p.gpu * expert_flops) / gemm;
+      // Not-cached experts: the cheaper of staging them (PCIe, GEMM) or reading them on the CPU.
+      const double staged = std::max(h2d > 0 ? nc * U * eb / h2d : kInf, nc * expert_flops / gemm);
+      const double on_cpu = mem > 0 ? nc * U * eb / mem : kInf;
+      if (staged <= on_cpu) {
+        g += nc * expert_flops / gemm;
+        pc = h2d > 0 ? nc * U * eb / h2d : 0;
+      } else {
+        h = on_cpu;
+      }
+      g /= gpus_;
+    } else if (mem > 0) {
+      h = (U * eb + double(trunk_bytes())) / mem;
+    }
+    const double d = p.disk > 0 && disk.known() ? p.disk * U * eb / (disk.value() * 1e9) : 0;
+    gpu_s += g, pcie_s += pc, host_s += h, disk_s += d;
+    total += std::max({g, pc, h, d});
+  }
+  if (gpu) r.parts.push_back({"GPU compute (bf16 GEMM peak)", "gpu", gpu_s});
+  if (gpu) r.parts.push_back({"host→GPU staging (h2d peak)", "pcie", pcie_s});
+  r.parts.push_back({"host memory read peak", "cpu", host_s});
+  if (p.disk > 0) r.parts.push_back({"disk O_DIRECT peak", "disk", disk_s});
+  const TimePart* big = nullptr;
+  for (auto& t : r.parts)
+    if (!big || t.seconds > big->seconds) big = &t;
+  r.seconds = total;
+  r.bound = big ? big->name : "nothing known";
+  r.tokens_per_s = total > 0 ? double(tokens) / total : 0;
+  return r;
+}
+
+std::vector<std::string> CostModel::describe_rates() const {
+  std::vector<std::string> v;
+  const CostAssumptions& a = opt_.assumptions;
+  const double eb = double(costs_.bytes_per_routed_expert);
+  v.push_back(fmt("routed expert: %.2f MB (", eb / 1e6) + (cfg_.moe.mxfp4 ? "MXFP4" : "bf16") +
+              fmt("), %.0f per MoE layer, top-%.0f", cfg_.moe.num_experts, cfg_.moe.top_k));
+  v.push_back(fmt("dense trunk: %.2f GB of bf16 weights read per step (embedding excluded)",
+                  double(trunk_bytes()) / 1e9));
+  if (cfg_.num_moe_layers() > 0) {
+    std::string s = fmt("CPU expert: %.3f ms at M=1, %.3f ms at M=16 — ",
+                        cpu_expert_seconds(1) * 1e3, cpu_expert_seconds(16) * 1e3);
+    if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known())
+      s += hw_.kernels.cpu_expert.source;
+    else
+      s += fmt("assumed: %.0f%% of host memory read, ", a.cpu_expert_read_efficiency * 100) +
+           (cfg_.moe.mxfp4 ? fmt("%.2f int8 TOPS per core when compute-bound",
+                                 hw_.host.avx512 || hw_.host.amx ? a.cpu_expert_tops_per_core_avx512
+                                                                 : a.cpu_expert_tops_per_core_avx2)
+                           : std::string("oneDNN bf16 when compute-bound"));
+    v.push_back(s);
+    if (gpus_ > 0) {
+      s = fmt("GPU expert: %.1f us at M=1, %.1f us at M=64 — ", gpu_expert_seconds(1) * 1e6,
+              gpu_expert_seconds(64) * 1e6);
+      if (cfg_.moe.mxfp4 && hw_.kernels.gpu_expert.known())
+        s += hw_.kernels.gpu_expert.source;
+      else
+        s += fmt(
+            "assumed: %.0f%% of HBM copy, %.1f%% of the bf16 GEMM peak when compute-bound",
+            (cfg_.moe.mxfp4 ? a.gpu_expert_hbm_efficiency : a.gpu_trunk_hbm_efficiency) * 100,
+            (cfg_.moe.mxfp4 ? a.gpu_expert_gemm_efficiency : a.gpu_trunk_gemm_efficiency) * 100);
+      v.push_back(s);
+      v.push_back(fmt("staging one expert host→GPU: %.3f ms at %.1f GB/s", stage_seconds() * 1e3,
+                      h2d_gbps()) +
+                  (hw_.gpu.h2d_gbps.known() ? " (" + hw_.gpu.h2d_gbps.source() + ")"
+                                            : std::string(" (assumed: PCIe Gen5 x16 effective)")));
+      v.push_back(threshold_ == kNever
+                      ? std::string("prefill staging threshold: never (the CPU is always faster)")
+                      : fmt("prefill staging threshold: %.0f tokens per expert", threshold_));
+    }
+    if (std::isfinite(disk_read_seconds()))
+      v.push_back(fmt("disk read of one expert: %.2f ms at %.2f GB/s (", disk_read_seconds() * 1e3,
+                      hw_.disk.total_read_gbps().value()) +
+                  fmt("%.0f drive(s))", hw_.disk.count));
+  }
+  std::string t = fmt("trunk: %.2f ms per decode token, ", trunk_seconds(1) * 1e3) +
+                  trunk_backend_name(opt_.trunk) + " — ";
+  switch (opt_.trunk) {
+    case TrunkBackend::gpu:
+      t += hw_.kernels.gpu_trunk.known()
+               ? hw_.kernels.gpu_trunk.source
+               : fmt("assumed: %.0f%% of HBM copy, %.0f%% of the bf16 GEMM peak",
+                     a.gpu_trunk_hbm_efficiency * 100, a.gpu_trunk_gemm_efficiency * 100);
+      break;
+    case TrunkBackend::cpu_reference:
+      t += hw_.kernels.cpu_trunk_ref.source + " (the fp32 reference, not a fast kernel)";
+      break;
+    case TrunkBackend::cpu_bf16:
+      t += hw_.kernels.cpu_trunk_bf16.known()
+               ? hw_.kernels.cpu_trunk_bf16.source
+               : fmt("assumed: %.0f%% of host memory read (issue 23's target)",
+                     a.cpu_trunk_bf16_read_efficiency * 100);
+      break;
+  }
+  v.push_back(t);
+  if (gpus_ > 0 && cfg_.num_moe_layers() > 0)
+    v.push_back(fmt("per-MoE-layer host round trip: %.0f us (assumed)", a.gpu_moe_layer_sync_us));
+  return v;
+}
+
+}  // namespace strata::offload

@@ -1,0 +1,226 @@
+// The one model of time (DESIGN decision 9): how long each piece of work takes on a machine, from
+// a HardwareProfile (offload/hardware.h) and a ModelConfig. The engine places experts with it (GPU
+// cache / host / disk, the prefill staging threshold), `strata plan` predicts a machine with it,
+// and `strata bench e2e` compares against its roofline. There is no second copy of these formulas.
+//
+// What it models (napkin level, every assumption named in CostAssumptions and printed):
+//   routed experts  — time = expert weight bytes / kernel rate at M tokens per expert (RateCurve);
+//                     staging = bytes / host→device; disk = bytes / O_DIRECT read bandwidth;
+//   dense trunk     — every non-routed weight except the embedding table, bf16, read once per
+//                     step: bytes / trunk rate at M = tokens in the step (HBM-bound at M = 1,
+//                     GEMM-bound for prefill chunks);
+//   KDA             — decode: the fp32 state read and written per token and layer; prefill:
+//                     H·(10·64·d + 6·d²) FLOPs per token and layer (chunk 64, kernels/kda);
+//   MLA             — decode: the latent cache read per position plus 2·H·(2·kv_lora + rope)
+//                     FLOPs per position (absorbed form); prefill: 2·H·(q_dim + v_dim) FLOPs per
+//                     (query, key) pair, causal;
+//   routing         — flat (Quantile Balancing, spec/offload.md §2.3): a step of B tokens touches
+//                     U(B) = E·(1 − (1 − k/E)^B) distinct experts per MoE layer, each with B·k/U
+//                     tokens; in prefill the tokens per expert follow Binomial(C, k/E); an expert
+//                     is in a tier with the probability of the placement's fraction.
+// What it does not model: popularity skew (a GPU cache holding x% of experts serves x% of hits),
+// NUMA effects beyond the measured read bandwidth, contention between CPU experts and the CPU
+// trunk when both run (they are serial on the CPU backend).
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "offload/hardware.h"
+#include "storage/config.h"
+
+namespace strata::offload {
+
+// Where the routed experts are served from: shares of all routed experts (sum 1).
+struct Placement {
+  double gpu = 0;   // resident in the GPU expert cache (computed on the GPU)
+  double host = 1;  // resident in host memory only (computed on the CPU in decode; staged to the
+                    // GPU in prefill when an expert has ≥ prefill_stage_threshold() tokens)
+  double disk = 0;  // read from disk when needed (then as host)
+  std::string validate() const;  // "" or why not (negative share, sum ≠ 1)
+};
+
+// Which processor runs the dense trunk and attention.
+enum class TrunkBackend {
+  gpu,            // the CUDA backend (dense parts on the GPUs)
+  cpu_reference,  // the fp32 reference ops of cpu/ref (what `strata run` does without a GPU today)
+  cpu_bf16,       // the fast CPU backend (issue 23)
+};
+const char* trunk_backend_name(TrunkBackend b);
+
+// How the pieces of one step overlap. Printed with every estimate.
+enum class Overlap {
+  serial,     // everything one after the other (a lower bound on speed)
+  moe_layer,  // default: per MoE layer, CPU experts run while the GPU does the shared and cached
+              // experts; attention, norms and routers are serial; disk reads (prefetched by
+              // router lookahead) and staging copies overlap the whole step
+  full,       // every resource busy all the time: the step takes the busiest resource's time
+};
+const char* overlap_name(Overlap o);
+std::string overlap_description(Overlap o, TrunkBackend b);
+
+// The defaults used when a kernel rate was not measured: kernel rate = peak × efficiency. Each
+// with its source; `describe()` lists the ones a model actually used.
+struct CostAssumptions {
+  // CPU expert kernel at M = 1 as a share of host memory read (AVX-512: 75–99 % measured on the
+  // H200 host, docs/performance.md "CPU expert kernels"; spec/offload.md rule 1 target 60 %).
+  double cpu_expert_read_efficiency = 0.75;
+  // CPU expert kernel compute rate per core in int8 TOPS when it is compute-bound (large M):
+  // 2.55–2.77 TFLOP/s on the H200 host's 16 Xeon cores with AVX-512 VNNI or AMX (the MACs are
+  // not the limit there), 0.62 on the dev VM's 2 Zen 5 cores (docs/performance.md "CPU expert
+  // kernels"); AVX2 is not measured: half of AVX-512 assumed.
+  double cpu_expert_tops_per_core_avx512 = 0.16;
+  double cpu_expert_tops_per_core_avx2 = 0.08;
+  // oneDNN bf16 matmul per core when host.bf16_tflops is not stated (H200 host AMX: 3.4–4.8
+  // TFLOP/s on 16 cores) — for bf16 experts (Kimi-Linear) and the fast CPU trunk.
+  double cpu_bf16_tflops_per_core = 0.25;
+  // The fast CPU trunk (issue 23, not written yet) streams weights at 80 % of memory read (its
+  // target).
+  double cpu_trunk_bf16_read_efficiency = 0.80;
+  // GPU grouped experts: decode GEMV at 80 % of HBM copy; grouped GEMM ≈ 35 TFLOP/s of ≈ 750
+  // (docs/performance.md "MXFP4 routed experts", DESIGN "Where the time of a job goes").
+  double gpu_expert_hbm_efficiency = 0.80;
+  double gpu_expert_gemm_efficiency = 0.047;
+  // GPU trunk: GEMV at 85 % of HBM copy, GEMM at 90 % of the bf16 peak (kernels/gemm measured).
+  double gpu_trunk_hbm_efficiency = 0.85;
+  double gpu_trunk_gemm_efficiency = 0.90;
+  // KDA prefill 0.79 M token-layers/s = 13.7 TFLOP/s on the H200 (1.8 % of bf16 peak), MLA
+  // prefill 310 and decode ≈ 209 TFLOP/s (41 % / 28 %), DESIGN "Where the time of a job goes".
+  double gpu_kda_prefill_gemm_share = 0.018;
+  double gpu_mla_prefill_gemm_share = 0.41;
+  double gpu_mla_decode_gemm_share = 0.28;
+  // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
+  double pcie_default_gbps = 55;
+  // Fixed cost per MoE layer in decode on the GPU backend: routing ids to the host and back, the
+  // CPU kernels' start and join (µs).
+  double gpu_moe_layer_sync_us = 30;
+  // Fixed cost per layer and step on the CPU reference backend (norms, AttnRes, small ops), µs.
+  double cpu_layer_overhead_us = 0;
+  // Network hop between pipeline stages on different nodes (when the profile states none), µs.
+  double network_latency_us = 10;
+};
+
+// One named piece of a step's time, on one resource, before overlap.
+struct TimePart {
+  std::string name;      // "trunk", "routed experts (CPU)", "disk reads", ...
+  std::string resource;  // "gpu", "cpu", "host memory", "disk", "pcie", "network"
+  double seconds = 0;
+};
+
+struct DecodeEstimate {
+  int batch = 1;
+  int64_t context = 0;
+  double step_s = 0;             // one step: every sequence of the batch advances one token
+  double tokens_per_s = 0;       // batch / step_s (aggregate)
+  double experts_per_layer = 0;  // U(batch): distinct routed experts touched per MoE layer
+  double tokens_per_expert = 0;  // batch · top_k / U
+  std::vector<TimePart> parts;   // per step, before overlap
+  std::string bottleneck;        // the part (resource) that sets step_s, in words
+  std::string overlap;           // the overlap assumption in words
+};
+
+struct PrefillEstimate {
+  int64_t tokens = 0, chunk = 0, chunks = 0;
+  double total_s = 0;
+  double tokens_per_s = 0;
+  int stage_threshold = 0;  // experts with ≥ this many tokens in a chunk go to the GPU
+  double staged_experts_per_chunk = 0;  // over all MoE layers
+  double cpu_experts_per_chunk = 0;
+  std::vector<TimePart> parts;  // whole prefill, before overlap
+  std::string bottleneck;
+  std::string overlap;
+};
+
+// Hardware-peak-only bound for `strata bench e2e`: every resource busy all the time at its
+// measured peak (HBM copy, bf16 GEMM peak, host memory read, host→device, disk O_DIRECT) — never
+// our kernels' rates. Unknown peaks are reported in `missing` and leave their resource out.
+struct Roofline {
+  double seconds = 0;       // decode: one step; prefill: the whole prompt
+  double tokens_per_s = 0;  // aggregate
+  std::vector<TimePart> parts;
+  std::string bound;  // the resource that sets it
+  std::string assumption;
+  std::vector<std::string> missing;
+};
+
+struct CostOptions {
+  TrunkBackend trunk = TrunkBackend::gpu;
+  int gpus = -1;  // GPUs used in total (pipeline stages over layers); -1 = all in the profile
+  Overlap overlap = Overlap::moe_layer;
+  CostAssumptions assumptions;
+};
+
+class CostModel {
+ public:
+  // Throws strata::Error when the options need what the profile lacks (trunk on the GPU without a
+  // GPU; a rate with neither a measurement nor a peak to derive it from), naming the field.
+  CostModel(const HardwareProfile& hw, const ModelConfig& cfg, CostOptions opt = {});
+
+  const HardwareProfile& hardware() const { return hw_; }
+  const ModelConfig& config() const { return cfg_; }
+  const ModelCosts& costs() const { return costs_; }
+  const CostOptions& options() const { return opt_; }
+  int gpus() const { return gpus_; }  // resolved: pipeline stages on the GPU backend, else 0
+
+  // --- one routed expert of this model (the engine's placement decisions) ---
+  double cpu_expert_seconds(int tokens) const;  // on the CPU, weights in host memory
+  double gpu_expert_seconds(int tokens) const;  // on one GPU, weights in its cache; +inf w/o GPU
+  double stage_seconds() const;                 // host → GPU copy of one expert; +inf w/o GPU
+  double disk_read_seconds() const;             // O_DIRECT read of one expert; +inf w/o disk rate
+  // Smallest tokens-per-expert M for which staging + GPU compute beats the CPU:
+  // stage_seconds() + gpu_expert_seconds(M) < cpu_expert_seconds(M). kNever when no M up to
+  // 1 << 20 does (or there is no GPU).
+  static constexpr int kNever = std::numeric_limits<int>::max();
+  int prefill_stage_threshold() const;
+
+  // --- dense parts, per token or step ---
+  uint64_t trunk_bytes() const;  // bf16 bytes of every non-routed weight except the embedding
+  // The trunk for a step of M tokens (decode: M = batch; prefill: M = chunk) on the trunk
+  // backend, over all layers and GPUs.
+  double trunk_seconds(int64_t tokens) const;
+  double shared_expert_seconds(int64_t tokens) const;  // the shared experts' part of the trunk
+  // KDA over all KDA layers: a decode step of `batch` sequences, or a prefill chunk of `tokens`.
+  double kda_decode_seconds(int batch) const;
+  double kda_prefill_seconds(int64_t tokens) const;
+  // MLA over all MLA layers: a decode step of `batch` sequences with `context` cached positions
+  // each; a prefill chunk of `tokens` queries after `context` positions already cached.
+  double mla_decode_seconds(int batch, int64_t context) const;
+  double mla_prefill_seconds(int64_t tokens, int64_t context) const;
+
+  // --- whole steps for a placement ---
+  DecodeEstimate decode_step(const Placement& p, int batch, int64_t context) const;
+  PrefillEstimate prefill(const Placement& p, int64_t tokens, int64_t chunk) const;
+
+  // --- hardware-peak rooflines (bench e2e) ---
+  Roofline decode_roofline(const Placement& p, int batch, int64_t context) const;
+  Roofline prefill_roofline(const Placement& p, int64_t tokens, int64_t chunk) const;
+
+  // Distinct experts one MoE layer touches for B tokens under flat routing: E·(1 − (1 − k/E)^B).
+  double distinct_experts(double tokens) const;
+
+  // The rates the model uses, one line each, "measured" or "assumed: <why>" — printed by plan and
+  // bench e2e so a prediction can be traced to its inputs.
+  std::vector<std::string> describe_rates() const;
+
+ private:
+  double cpu_expert_spb(double M) const;  // seconds per expert weight byte
+  double gpu_expert_spb(double M) const;
+  double trunk_spb(double M) const;  // seconds per trunk weight byte at M tokens
+  double expert_flops_per_byte() const;
+  double cpu_bf16_flops() const;
+  double cpu_ref_flops() const;
+  double h2d_gbps() const;
+  double kda_flops_per_token() const;  // over all KDA layers
+  double mla_prefill_flops(int64_t tokens, int64_t context) const;
+  DecodeEstimate decode_latency(const Placement& p, int batch, int64_t context) const;
+
+  HardwareProfile hw_;
+  ModelConfig cfg_;
+  ModelCosts costs_;
+  CostOptions opt_;
+  int gpus_ = 0;
+  int threshold_ = kNever;
+};
+
+}  // namespace strata::offload

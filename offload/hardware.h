@@ -1,0 +1,173 @@
+// HardwareProfile: what a machine (or a cluster of identical nodes) can do, as rates — measured by
+// `strata bench hw` on this machine, or stated in a hardware description for the planner (a
+// machine nobody here has). The one input of the cost model (offload/cost_model.h) besides the
+// model's config; the engine, `strata plan` and `strata bench e2e` all read it.
+//
+// Two kinds of numbers:
+//   * hardware peaks — HBM copy, bf16 GEMM, host↔device, host memory read, disk O_DIRECT: what the
+//     silicon does, measured with the simplest possible loop (the roofline uses only these);
+//   * kernel rates — what OUR kernels reach on this machine (the CPU MXFP4 expert kernel, the GPU
+//     grouped-experts kernel, the trunk GEMMs, the fp32 reference trunk): what the engine will do.
+// A rate that was not measured or stated is empty (Rate::known() false), never 0: the cost model
+// then derives it from a peak with a named, printed assumption (CostAssumptions), or says it
+// cannot.
+//
+// Not here: measuring (offload/hw_measure.h, `strata bench hw`), the time of work (cost_model.h).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace strata::offload {
+
+// A rate (or size) that may be unknown. `source` says where it came from: "measured: <what>" for
+// bench hw, a datasheet or a paper for a stated number, "assumed: <why>" for a derived default.
+class Rate {
+ public:
+  Rate() = default;
+  Rate(double value, std::string source = {})  // NOLINT: a number is a known rate
+      : known_(true), value_(value), source_(std::move(source)) {}
+  bool known() const { return known_; }
+  double value() const;  // asserts known()
+  double value_or(double fallback) const { return known_ ? value_ : fallback; }
+  const std::string& source() const { return source_; }
+
+ private:
+  bool known_ = false;
+  double value_ = 0;
+  std::string source_;
+};
+
+// A kernel's rate as a function of M, the tokens each weight row is used for in one call (tokens
+// per expert for expert kernels, tokens per step for the trunk). The value at each point is the
+// WEIGHT bytes processed per second (GB/s): time = weight bytes / rate(M). For weight-streaming
+// kernels this one unit covers both regimes — memory-bound at small M (rate ≈ bandwidth) and
+// compute-bound at large M (rate ≈ FLOP/s ÷ (FLOPs per weight byte · M)) — and scales to another
+// shape of the same weight format by bytes alone.
+struct RatePoint {
+  int tokens = 1;   // M
+  double gbps = 0;  // weight bytes per second / 1e9 at M
+};
+struct RateCurve {
+  std::vector<RatePoint> points;  // sorted by tokens, distinct tokens, gbps > 0
+  std::string source;             // "measured: strata bench cpu-experts, avx512, 2 threads"
+  bool known() const { return !points.empty(); }
+  // Seconds per weight byte at M tokens: linear interpolation of seconds/byte between points;
+  // below the first point the first point's value; above the last point seconds/byte grows ∝ M
+  // from the last point (the compute-bound limit). Asserts known() and M ≥ 1.
+  double seconds_per_byte(double M) const;
+};
+
+struct GpuSpec {
+  int count = 0;               // GPUs per node (0 = no GPU)
+  std::string name;            // "NVIDIA H200"
+  int compute_capability = 0;  // major·10 + minor: 90 = sm_90; 0 = unknown
+  uint64_t memory_bytes = 0;   // per GPU, as the driver reports it (0 = unknown)
+  Rate hbm_copy_gbps;          // per GPU; a copy of N bytes counts 2N (kernels/peaks.h)
+  Rate bf16_gemm_tflops;       // per GPU; dense bf16 GEMM peak (cuBLASLt 8192³)
+  Rate h2d_gbps;               // per GPU; pinned host → device, large copies
+  Rate d2h_gbps;               // per GPU; device → pinned host
+  Rate peer_gbps;              // GPU ↔ GPU in one node (NVLink or PCIe), per direction
+};
+
+struct HostSpec {
+  std::string cpu_name;
+  int cores = 0;       // physical cores per node
+  int numa_nodes = 0;  // 0 = unknown
+  // ISA; a description that does not state one leaves it false (the model then assumes less).
+  bool avx2 = false, avx512 = false, avx512_vnni = false, avx512_bf16 = false, amx = false;
+  uint64_t dram_bytes = 0;  // per node
+  Rate mem_read_gbps;       // all cores streaming reads (bench cpu-experts' "memory read (peak)")
+  Rate bf16_tflops;         // oneDNN bf16 matmul peak, all cores
+};
+
+struct DiskSpec {
+  int count = 0;     // drives per node holding the checkpoint (striped or mirrored reads)
+  Rate read_gbps;    // per drive, O_DIRECT large reads at queue depth (bench io's raw line)
+  std::string what;  // "Samsung PM1743 Gen5" / "virtio disk of /tmp"
+  // All drives of a node together (count · read_gbps); unknown when either is.
+  Rate total_read_gbps() const;
+};
+
+// Our kernels' measured rates on this machine (empty = not measured; see cost_model.h for the
+// default the model then uses).
+struct KernelRates {
+  RateCurve cpu_expert;      // CPU MXFP4 expert kernel, contract numerics (cpu/expert_kernels.h)
+  RateCurve gpu_expert;      // grouped_experts (kernels/moe), MXFP4 contract
+  RateCurve gpu_trunk;       // bf16 trunk GEMMs/GEMVs (kernels/gemm), bytes of bf16 weights
+  RateCurve cpu_trunk_ref;   // the fp32 reference linear (cpu/ref/linear.cpp) on bf16 weights:
+                             // what `strata run` on the CPU does today
+  RateCurve cpu_trunk_bf16;  // the fast CPU backend's bf16 trunk (issue 23; not written yet)
+  // Attention, per layer. KDA decode streams the fp32 state (read + write); MLA decode reads the
+  // latent cache; prefill of both is FLOP-bound.
+  Rate gpu_kda_prefill_tflops;  // kernels/kda chunked prefill, FLOPs as in cost_model.h
+  Rate gpu_mla_prefill_tflops;  // kernels/mla prefill
+  Rate gpu_mla_decode_tflops;   // kernels/mla decode (absorbed)
+  Rate cpu_kda_ref_state_gbps;  // cpu::ref::kda_recurrent, state bytes (read + write) per second
+  Rate cpu_mla_ref_gflops;      // cpu::ref::mla_attention_absorbed, FLOPs per second
+};
+
+struct HardwareProfile {
+  std::string description;  // "this machine (measured 2026-12-02)" / "8×H200 + 2 TB DRAM"
+  std::string source;       // the file it was read from ("" when measured in this process)
+  int nodes = 1;            // identical nodes
+  Rate network_gbps;        // between nodes, per node, per direction
+  Rate network_latency_us;  // one hop
+  GpuSpec gpu;
+  HostSpec host;
+  DiskSpec disk;
+  KernelRates kernels;
+  std::vector<std::string> not_measured;  // what `bench hw` tried and could not measure, and why
+
+  int total_gpus() const { return nodes * gpu.count; }
+};
+
+// JSON form. Format tag: "format": "strata-hardware-1". Every rate is either a number or
+// {"value": number, "source": "..."}; a missing field is "not measured". Sizes accept numbers
+// (bytes) or strings with a unit ("141GB", "2TiB", "512 GiB").
+// Example (docs/hardware/*.json hold full ones):
+//   {"format": "strata-hardware-1", "description": "1×H200 + 1.5 TB",
+//    "nodes": 1,
+//    "gpu": {"count": 1, "name": "NVIDIA H200", "compute_capability": "9.0",
+//            "memory": "141GB", "hbm_copy_gbps": 4300, "bf16_gemm_tflops": 750,
+//            "h2d_gbps": 55, "d2h_gbps": 55},
+//    "host": {"cores": 64, "dram": "1.5TB", "mem_read_gbps": 480, "isa": ["avx512", "amx"]},
+//    "disk": {"count": 4, "read_gbps": 12.5},
+//    "kernels": {"cpu_expert": [{"tokens": 1, "gbps": 300}, {"tokens": 16, "gbps": 90}]}}
+nlohmann::json to_json(const HardwareProfile& hw);
+// Throws strata::Error with one line naming `source_name`, the field ("gpu.memory") and what was
+// expected, for: bad JSON, a wrong format tag, wrong types, negative or zero rates, unknown fields
+// (a typo must not silently mean "not measured").
+HardwareProfile hardware_from_json(const nlohmann::json& j, const std::string& source_name);
+HardwareProfile load_hardware(const std::filesystem::path& file);
+// Writes the profile; refuses (strata::Error) to replace an existing file unless `overwrite`.
+void save_hardware(const HardwareProfile& hw, const std::filesystem::path& file, bool overwrite);
+
+// What this process can see without measuring anything (fast): hwloc cores and NUMA nodes, CPUID
+// ISA, DRAM size, CPU name, CUDA device count/name/memory/compute capability. Rates stay unknown.
+HardwareProfile probe_static();
+
+// Fields of `extra` fill the fields `base` lacks (rates, curves, sizes); `base` wins where both
+// have one. For "load a saved profile, measure what it lacks".
+HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra);
+
+// Multi-line human summary: one line per component with its known rates and their sources.
+std::string describe(const HardwareProfile& hw);
+
+// "141GB", "1.5TB", "512GiB", "512 GiB", "80e9" (bytes) → bytes. Throws strata::Error (the message
+// names the text; the caller adds the field).
+uint64_t parse_size_bytes(const std::string& text);
+std::string format_bytes(double bytes);  // "17.5 MB", "1.45 TB" (decimal units)
+
+// Compute capability (major·10 + minor) from a GPU model name ("H100-80GB" → 90, "A100" → 80);
+// 0 when the name is not known.
+int compute_capability_of(const std::string& gpu_name);
+
+// The GPUs this build runs on: sm_90 (H100, H200, GH200). Empty string when supported, else the
+// reason ("NVIDIA A100 is sm_80; this build targets sm_90 (H100/H200) only").
+std::string gpu_unsupported_reason(const GpuSpec& g);
+
+}  // namespace strata::offload

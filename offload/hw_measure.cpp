@@ -1,0 +1,571 @@
+// Measuring a HardwareProfile (see hw_measure.h). The loops moved here from tools/bench_io.cpp and
+// tools/bench_cpu_experts.cpp, which now call them, so `bench hw`, `bench io` and
+// `bench cpu-experts` measure the same way.
+#include "offload/hw_measure.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <tbb/parallel_for.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "cpu/expert_kernels_impl.h"
+#include "cpu/ref/ops.h"
+#include "cpu/topology.h"
+#include "storage/error.h"
+#include "storage/expert_reader.h"
+
+#ifdef STRATA_HAVE_CUDA
+#include "kernels/peaks.h"
+#endif
+
+namespace strata::offload {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+}  // namespace
+
+RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup) {
+  STRATA_ASSERT(repeats > 0);
+  for (int i = 0; i < warmup; i++) fn();
+  std::vector<double> t;
+  for (int i = 0; i < repeats; i++) {
+    auto a = std::chrono::steady_clock::now();
+    fn();
+    auto b = std::chrono::steady_clock::now();
+    t.push_back(std::chrono::duration<double>(b - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  RateSample s;
+  s.repeats = repeats;
+  s.min_s = t.front();
+  s.max_s = t.back();
+  s.median_s = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  return s;
+}
+
+BoundBuffer::BoundBuffer(const cpu::Topology& topo, size_t bytes)
+    : topo_(topo), bytes_(bytes), p_(static_cast<uint8_t*>(topo.alloc_bound(bytes))) {}
+BoundBuffer::~BoundBuffer() {
+  topo_.free_bound(p_, bytes_);
+}
+
+void fill_random(uint8_t* p, size_t n, uint64_t seed, int lo, int hi) {
+  const size_t chunk = size_t(1) << 20;
+  tbb::parallel_for(size_t(0), (n + chunk - 1) / chunk, [&](size_t c) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + c * 0xBF58476D1CE4E5B9ull + 1;
+    for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      p[i] = uint8_t(lo + int((s >> 24) % uint64_t(hi - lo + 1)));
+    }
+  });
+}
+
+RateSample measure_host_read(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
+                             int repeats, std::string* note) {
+  const size_t chunk = size_t(4) << 20;  // 4 MiB per task
+  bytes = std::max(chunk, bytes / chunk * chunk);
+  BoundBuffer buf(topo, bytes);
+  arena.arena().execute([&] { fill_random(buf.data(), bytes, 99); });
+  const bool avx512 = cpu::isa_supported(cpu::ExpertIsa::avx512);
+  volatile uint64_t sink = 0;
+  RateSample s = time_repeats(
+      [&] {
+        arena.arena().execute([&] {
+          tbb::parallel_for(size_t(0), bytes / chunk, [&](size_t c) {
+            const uint8_t* q = buf.data() + c * chunk;
+            uint64_t v = 0;
+            if (avx512) {
+              v = cpu::detail::stream_read_avx512(q, chunk);
+            } else {
+              const uint64_t* w = reinterpret_cast<const uint64_t*>(q);
+              for (size_t i = 0; i < chunk / 8; i += 4) v += w[i] ^ w[i + 1] ^ w[i + 2] ^ w[i + 3];
+            }
+            sink = sink + v;
+          });
+        });
+      },
+      repeats, 1);
+  s.bytes = double(bytes);
+  if (note) *note = avx512 ? "AVX-512 loads" : "64-bit loads";
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// CPU expert kernel
+
+struct CpuExpertProbe::Call {
+  std::vector<float> x, y;
+  std::vector<int> rows;
+  std::vector<cpu::ExpertTask> tasks;
+  cpu::CpuExpertOptions opt;
+  int M = 0;
+};
+
+CpuExpertProbe::CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts)
+    : arena_(arena), pool_(topo, kK3ExpertBytes * size_t(std::max(1, experts))) {
+  constexpr size_t kPacked = size_t(kK3ExpertInter) * kK3ExpertHidden / 2;
+  constexpr size_t kScale = size_t(kK3ExpertInter) * kK3ExpertHidden / 32;
+  arena.arena().execute([&] {
+    for (int e = 0; e < experts; ++e) {
+      uint8_t* base = pool_.data() + kK3ExpertBytes * size_t(e);
+      fill_random(base, 3 * kPacked, uint64_t(e) * 3 + 1);
+      fill_random(base + 3 * kPacked, 3 * kScale, uint64_t(e) * 3 + 2, 117, 121);
+    }
+  });
+  for (int e = 0; e < experts; ++e) {
+    const uint8_t* p = pool_.data() + kK3ExpertBytes * size_t(e);
+    const uint8_t* s = p + 3 * kPacked;
+    Mxfp4ExpertView v;
+    v.w1_packed = p, v.w3_packed = p + kPacked, v.w2_packed = p + 2 * kPacked;
+    v.w1_scale = s, v.w3_scale = s + kScale, v.w2_scale = s + 2 * kScale;
+    v.hidden = kK3ExpertHidden, v.inter = kK3ExpertInter;
+    views_.push_back(v);
+  }
+}
+
+CpuExpertProbe::~CpuExpertProbe() = default;
+
+std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt) {
+  STRATA_ASSERT(M >= 1);
+  auto c = std::make_unique<Call>();
+  const int H = kK3ExpertHidden;
+  c->M = M;
+  c->x.resize(size_t(M) * H);
+  for (size_t i = 0; i < c->x.size(); ++i)
+    c->x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+  c->rows.resize(size_t(M));
+  for (int i = 0; i < M; ++i) c->rows[size_t(i)] = i;
+  c->y.resize(views_.size() * size_t(M) * H);
+  for (size_t e = 0; e < views_.size(); ++e)
+    c->tasks.push_back({views_[e], c->rows.data(), M, c->y.data() + e * size_t(M) * H});
+  c->opt = opt;
+  c->opt.arena = &arena_.arena();
+  std::shared_ptr<Call> call = std::move(c);
+  const GluParams glu{true, 4.0, 25.0};
+  return
+      [call, glu] { cpu::run_experts_cpu(call->tasks, call->x.data(), call->M, glu, call->opt); };
+}
+
+// ------------------------------------------------------------------------------------------------
+// Disk
+
+ExpertLayout write_expert_test_file(const fs::path& path, uint64_t bytes) {
+  const uint64_t header = 123457;  // a safetensors header: experts start unaligned
+  const int n = bytes > header ? int((bytes - header) / kK3ExpertBytes) : 0;
+  if (n < 4)
+    throw Error(path.string() + ": test file of " + format_bytes(double(bytes)) +
+                " is too small for 4 K3-sized experts");
+  const uint64_t total = align_up(header + uint64_t(n) * kK3ExpertBytes);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  const bool direct = fd >= 0;
+  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path.string() + ": cannot create: " + std::strerror(errno));
+  const uint64_t chunk = 8ull << 20;
+  void* buf = mmap(nullptr, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  STRATA_ASSERT(buf != MAP_FAILED);
+  std::mt19937_64 rng(1);
+  for (uint64_t off = 0; off < total; off += chunk) {
+    auto* w = static_cast<uint64_t*>(buf);
+    for (uint64_t i = 0; i < chunk / 8; i++) w[i] = rng();
+    const uint64_t len = std::min(chunk, total - off);
+    if (::pwrite(fd, buf, len, off_t(off)) != ssize_t(len)) {
+      const int err = errno;
+      ::close(fd);
+      munmap(buf, chunk);
+      std::error_code ec;
+      fs::remove(path, ec);
+      throw Error(path.string() + ": write failed: " + std::strerror(err) + " (disk full?)");
+    }
+  }
+  munmap(buf, chunk);
+  ::fsync(fd);
+  if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  ExpertLayout L;
+  L.files = {path};
+  L.num_layers = 1;
+  L.num_experts = n;
+  L.spans.resize(size_t(n));
+  for (int e = 0; e < n; e++)
+    L.spans[size_t(e)] = {{0, header + uint64_t(e) * kK3ExpertBytes, kK3ExpertBytes}};
+  return L;
+}
+
+struct RawDirectReader::Ring {
+  io_uring ring;
+};
+
+RawDirectReader::RawDirectReader(const ExpertLayout& L, uint64_t block, int qd)
+    : L_(L), block_(block), qd_(qd), ring_(std::make_unique<Ring>()) {
+  for (auto& f : L.files) {
+    int fd = ::open(f.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      for (int o : fds_) ::close(o);
+      throw Error(f.string() + ": cannot open with O_DIRECT: " + std::strerror(err));
+    }
+    fds_.push_back(fd);
+  }
+  int rc = io_uring_queue_init(unsigned(qd), &ring_->ring, 0);
+  if (rc < 0) {
+    for (int o : fds_) ::close(o);
+    throw Error(std::string("io_uring unavailable: ") + std::strerror(-rc));
+  }
+  // Huge pages as in the store's arena: fewer segments per read (virtio-blk limits them).
+  buf_ = static_cast<uint8_t*>(mmap(nullptr, block * uint64_t(qd), PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  STRATA_ASSERT(buf_ != MAP_FAILED);
+  madvise(buf_, block * uint64_t(qd), MADV_HUGEPAGE);
+  std::memset(buf_, 0, block * uint64_t(qd));
+  iovec iov{buf_, size_t(block * uint64_t(qd))};
+  fixed_ = io_uring_register_buffers(&ring_->ring, &iov, 1) == 0;
+}
+
+RawDirectReader::~RawDirectReader() {
+  io_uring_queue_exit(&ring_->ring);
+  munmap(buf_, block_ * uint64_t(qd_));
+  for (int fd : fds_) ::close(fd);
+}
+
+uint64_t RawDirectReader::read(const std::vector<std::pair<int, int>>& pick) {
+  struct Req {
+    int fd;
+    uint64_t off, len;
+  };
+  std::vector<Req> reqs;
+  uint64_t bytes = 0;
+  for (auto [l, e] : pick)
+    for (const FileSpan& sp : L_.at(l, e)) {
+      uint64_t lo = align_down(sp.offset), hi = align_up(sp.offset + sp.nbytes);
+      for (uint64_t o = lo; o < hi; o += block_)
+        reqs.push_back({fds_[size_t(sp.file)], o, std::min(block_, hi - o)});
+      bytes += sp.nbytes;
+    }
+  io_uring* ring = &ring_->ring;
+  size_t next = 0, done = 0;
+  std::vector<int> free_slots;
+  for (int i = 0; i < qd_; i++) free_slots.push_back(i);
+  while (done < reqs.size()) {
+    while (!free_slots.empty() && next < reqs.size()) {
+      int s = free_slots.back();
+      free_slots.pop_back();
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      uint8_t* dst = buf_ + uint64_t(s) * block_;
+      const unsigned len = unsigned(reqs[next].len);
+      if (fixed_)
+        io_uring_prep_read_fixed(sqe, reqs[next].fd, dst, len, off_t(reqs[next].off), 0);
+      else
+        io_uring_prep_read(sqe, reqs[next].fd, dst, len, off_t(reqs[next].off));
+      io_uring_sqe_set_data64(sqe, uint64_t(s));
+      next++;
+    }
+    io_uring_submit_and_wait(ring, 1);
+    io_uring_cqe* cqe;
+    while (io_uring_peek_cqe(ring, &cqe) == 0) {
+      if (cqe->res < 0)
+        throw Error(L_.files.front().string() +
+                    ": O_DIRECT read failed: " + std::strerror(-cqe->res));
+      free_slots.push_back(int(io_uring_cqe_get_data64(cqe)));
+      io_uring_cqe_seen(ring, cqe);
+      done++;
+    }
+  }
+  return bytes;
+}
+
+RateSample measure_disk_read(const fs::path& dir, uint64_t file_bytes, int repeats, uint64_t block,
+                             int qd) {
+  const fs::path path = dir / ("strata-bench-hw-" + std::to_string(::getpid()) + ".bin");
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove(p, ec);
+    }
+  } cleanup{path};
+  const ExpertLayout L = write_expert_test_file(path, file_bytes);
+  RawDirectReader rr(L, block, qd);
+  std::mt19937 rng(7);
+  const int per_repeat = std::min(16, L.num_experts);
+  // Distinct random experts per repeat; with a small file, repeats reuse experts, which O_DIRECT
+  // still reads from the disk (no page cache).
+  uint64_t bytes = 0;
+  RateSample s = time_repeats(
+      [&] {
+        std::vector<int> ids(size_t(L.num_experts));
+        for (int i = 0; i < L.num_experts; i++) ids[size_t(i)] = i;
+        std::shuffle(ids.begin(), ids.end(), rng);
+        std::vector<std::pair<int, int>> pick;
+        for (int i = 0; i < per_repeat; i++) pick.emplace_back(0, ids[size_t(i)]);
+        bytes = rr.read(pick);
+      },
+      repeats, 1);
+  s.bytes = double(bytes);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The whole profile
+
+namespace {
+
+MeasuredLine make_line(std::string name, std::string shape, const RateSample& t,
+                       std::string peak_name, double peak, std::string note = {}) {
+  MeasuredLine l;
+  l.name = std::move(name);
+  l.shape = std::move(shape);
+  l.time = t;
+  l.peak_name = std::move(peak_name);
+  l.peak = peak;
+  l.note = std::move(note);
+  return l;
+}
+
+}  // namespace
+
+HardwareProfile measure_hardware(const MeasureOptions& o) {
+  HardwareProfile hw = probe_static();
+  hw.description =
+      "this machine, measured by strata bench hw" + std::string(o.quick ? " --quick" : "");
+  auto progress = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  auto emit = [&](const MeasuredLine& l) {
+    if (o.line) o.line(l);
+  };
+  const int reps = o.quick ? 3 : 5;
+  cpu::Topology topo;
+  const int threads = o.threads > 0 ? std::min(o.threads, topo.cores()) : topo.cores();
+  cpu::PinnedArena arena(topo, threads);
+  const std::string thr = std::to_string(threads) + " thr";
+
+  // Host memory read: the peak every CPU line is compared with.
+  double mem_gbps = 0;
+  {
+    const size_t bytes = (o.quick ? size_t(512) : size_t(2048)) << 20;
+    progress("host memory read");
+    std::string note;
+    RateSample s = measure_host_read(arena, topo, bytes, reps, &note);
+    mem_gbps = s.gbps();
+    const std::string shape = std::to_string(bytes >> 20) + " MiB stream, " + thr;
+    hw.host.mem_read_gbps = Rate(mem_gbps, "measured: " + shape + ", " + note);
+    emit(make_line("hw/host memory read (peak)", shape, s, "itself", mem_gbps, note));
+  }
+
+  // Disk O_DIRECT.
+  if (o.disk) {
+    const fs::path dir = o.disk_dir.empty() ? fs::temp_directory_path() : o.disk_dir;
+    const double gib = o.disk_file_gib > 0 ? o.disk_file_gib : o.quick ? 0.5 : 1.0;
+    progress(fmt("disk O_DIRECT read (%.2g GiB test file)", gib));
+    try {
+      RateSample s = measure_disk_read(dir, uint64_t(gib * double(1ull << 30)), reps);
+      hw.disk.count = 1;
+      hw.disk.what = "the filesystem of " + dir.string();
+      const std::string shape = "16 x 17.55 MB experts, 1 MiB, QD 32";
+      hw.disk.read_gbps =
+          Rate(s.gbps(), "measured: io_uring O_DIRECT, " + shape + ", " + dir.string());
+      emit(make_line("hw/disk O_DIRECT read (peak)", shape, s, "itself", s.gbps(),
+                     "io_uring, " + dir.string()));
+    } catch (const Error& e) {
+      hw.not_measured.push_back(std::string("disk read: ") + e.what());
+    }
+  } else {
+    hw.not_measured.push_back("disk read: skipped (--no-disk)");
+  }
+
+  // Our CPU kernels.
+  if (o.cpu_kernels) {
+    const std::vector<int> Ms = !o.expert_tokens.empty() ? o.expert_tokens
+                                : o.quick                ? std::vector<int>{1, 16}
+                                                         : std::vector<int>{1, 4, 16, 64};
+    const int experts = o.quick ? 8 : 16;
+    progress("CPU MXFP4 expert kernel");
+    const cpu::ExpertIsa isa = cpu::best_isa();
+    CpuExpertProbe probe(topo, arena, experts);
+    cpu::CpuExpertWorkspace ws;
+    cpu::CpuExpertOptions opt;
+    opt.isa = isa;
+    opt.workspace = &ws;
+    RateCurve c;
+    for (int M : Ms) {
+      RateSample s = time_repeats(probe.prepare(M, opt), M >= 64 ? std::max(1, reps / 2) : reps, 1);
+      s.bytes = double(kK3ExpertBytes) * experts;
+      c.points.push_back({M, s.gbps()});
+      MeasuredLine l =
+          make_line("hw/cpu expert M=" + std::to_string(M),
+                    "3584->3072->3584 x" + std::to_string(experts) + ", " + thr, s,
+                    "host memory read", mem_gbps, std::string(cpu::isa_name(isa)) + ", contract");
+      l.flops = 2.0 * M * 3.0 * kK3ExpertInter * kK3ExpertHidden * experts;
+      emit(l);
+    }
+    c.source = std::string("measured: cpu::run_experts_cpu, ") + cpu::isa_name(isa) + ", " +
+               std::to_string(experts) + " K3-shaped experts, " + thr;
+    hw.kernels.cpu_expert = c;
+
+    // The fp32 reference linear on bf16 weights [N, K]: 64 MiB ≫ LLC, like a model's weights.
+    progress("fp32 reference trunk (cpu::ref::linear)");
+    {
+      const int64_t N = 32768, K = 1024;
+      std::vector<uint16_t> w(size_t(N * K));
+      for (size_t i = 0; i < w.size(); ++i)
+        w[i] = uint16_t(0x3C00 | ((i * 2654435761u >> 24) & 0xFF));
+      const cpu::ref::WeightView W = cpu::ref::WeightView::bf16(w.data(), N, K);
+      RateCurve t;
+      for (int M : o.quick ? std::vector<int>{1, 32} : std::vector<int>{1, 4, 32, 128}) {
+        std::vector<float> x(size_t(M * K), 0.01f), y(size_t(M * N));
+        RateSample s = time_repeats(
+            [&] { arena.arena().execute([&] { cpu::ref::linear(x.data(), W, y.data(), M); }); },
+            M >= 32 ? std::max(1, reps / 2) : reps, 1);
+        s.bytes = double(N * K * 2);
+        t.points.push_back({M, s.gbps()});
+        MeasuredLine l = make_line("hw/cpu reference trunk M=" + std::to_string(M),
+                                   "bf16 [32768, 1024], " + thr, s, "host memory read", mem_gbps,
+                                   "the fp32 oracle's linear (what strata run does today)");
+        l.flops = 2.0 * double(N * K) * M;
+        emit(l);
+      }
+      t.source = "measured: cpu::ref::linear, bf16 [32768, 1024], " + thr +
+                 " (the fp32 reference: what `strata run` on the CPU runs today)";
+      hw.kernels.cpu_trunk_ref = t;
+    }
+
+    // Reference KDA recurrent step: state [H, V, K] fp32 read and written per token; 64 distinct
+    // states (32 MiB), as a model's layers touch different states.
+    progress("fp32 reference KDA and MLA decode");
+    {
+      const int64_t H = 8, K = 128, V = 128, T = 1;
+      std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
+          v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size());
+      const int states = 64;
+      std::vector<std::vector<float>> S(states, std::vector<float>(size_t(H * V * K), 0.0f));
+      int next = 0;
+      RateSample s = time_repeats(
+          [&] {
+            arena.arena().execute([&] {
+              for (int i = 0; i < states; ++i)
+                cpu::ref::kda_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(),
+                                        S[size_t((next + i) % states)].data(), out.data(), T, H, K,
+                                        V, 0.088f);
+            });
+            next++;
+          },
+          reps, 1);
+      s.bytes = 2.0 * double(H * V * K * 4) * states;
+      const std::string shape = "T=1, 8 x 128 x 128, 64 states, " + thr;
+      hw.kernels.cpu_kda_ref_state_gbps =
+          Rate(s.gbps(), "measured: cpu::ref::kda_recurrent, " + shape);
+      emit(make_line("hw/cpu reference KDA decode", shape, s, "host memory read", mem_gbps,
+                     "state bytes read + written"));
+    }
+    {
+      cpu::ref::MlaDims d;
+      d.H = 8, d.nope = 128, d.rope = 64, d.v = 128, d.kv_lora = 512;
+      const int64_t S = o.quick ? 2048 : 4096;
+      std::vector<float> q(size_t(d.H * d.q_dim()), 0.01f), cache(size_t(S * d.cache_dim()), 0.02f),
+          out(size_t(d.H * d.v));
+      std::vector<uint16_t> kvb(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
+      const cpu::ref::WeightView kv_b =
+          cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
+      RateSample s = time_repeats(
+          [&] {
+            arena.arena().execute([&] {
+              cpu::ref::mla_attention_absorbed(q.data(), cache.data(), S, kv_b, d, out.data(), 1,
+                                               cpu::ref::Precision::fp32);
+            });
+          },
+          reps, 1);
+      s.bytes = double(S * d.cache_dim() * 4);
+      const double flops =
+          2.0 * double(d.H) *
+          (double(S) * double(2 * d.kv_lora + d.rope) + double(d.kv_lora) * double(d.nope + d.v));
+      const std::string shape = "T=1, 8 heads, 512+64, context " + std::to_string(S) + ", " + thr;
+      hw.kernels.cpu_mla_ref_gflops =
+          Rate(flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_absorbed, " + shape);
+      MeasuredLine l = make_line("hw/cpu reference MLA decode", shape, s, "host memory read",
+                                 mem_gbps, "fp32 latent cache");
+      l.flops = flops;
+      emit(l);
+    }
+  } else {
+    hw.not_measured.push_back("CPU kernel rates: skipped (--no-cpu-kernels)");
+  }
+
+  // GPU peaks.
+  if (!o.gpu) {
+    hw.not_measured.push_back("GPU: skipped (--no-gpu)");
+  } else if (hw.gpu.count == 0) {
+#ifdef STRATA_HAVE_CUDA
+    hw.not_measured.push_back("GPU peaks: no CUDA device visible");
+#else
+    hw.not_measured.push_back("GPU peaks: this build has no CUDA (-DSTRATA_CUDA=OFF)");
+#endif
+  } else {
+#ifdef STRATA_HAVE_CUDA
+    const int r = o.quick ? 5 : 10;
+    auto gpu_sample = [](const kernels::PeakMeasurement& m, double bytes) {
+      RateSample s;
+      s.median_s = s.min_s = s.max_s = m.median_s;
+      s.repeats = 1;
+      s.bytes = bytes;
+      return s;
+    };
+    progress("GPU 0: HBM copy");
+    const int64_t copy_bytes = int64_t(1) << 30;
+    auto copy = kernels::measure_copy_bandwidth(copy_bytes, r);
+    if (copy.status.ok()) {
+      hw.gpu.hbm_copy_gbps = Rate(copy.value, "measured: " + copy.what);
+      emit(make_line("hw/gpu HBM copy (peak)", copy.what, gpu_sample(copy, 2.0 * copy_bytes),
+                     "itself", copy.value));
+    } else {
+      hw.not_measured.push_back(std::string("HBM copy: ") + copy.status.message);
+    }
+    progress("GPU 0: bf16 GEMM peak");
+    auto gemm = kernels::measure_bf16_gemm(8192, 8192, 8192, r);
+    if (gemm.status.ok()) {
+      hw.gpu.bf16_gemm_tflops = Rate(gemm.value, "measured: " + gemm.what);
+      MeasuredLine l = make_line("hw/gpu bf16 GEMM (peak)", gemm.what, gpu_sample(gemm, 0),
+                                 "itself", gemm.value);
+      l.flops = 2.0 * 8192.0 * 8192.0 * 8192.0;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    } else {
+      hw.not_measured.push_back(std::string("bf16 GEMM: ") + gemm.status.message);
+    }
+    for (bool to_device : {true, false}) {
+      progress(std::string("GPU 0: pinned ") + (to_device ? "host->device" : "device->host"));
+      const int64_t bytes = int64_t(256) << 20;
+      auto m = kernels::measure_host_copy(to_device, bytes, r);
+      Rate& dst = to_device ? hw.gpu.h2d_gbps : hw.gpu.d2h_gbps;
+      if (m.status.ok()) {
+        dst = Rate(m.value, "measured: " + m.what);
+        emit(make_line(to_device ? "hw/gpu host->device (peak)" : "hw/gpu device->host (peak)",
+                       m.what, gpu_sample(m, double(bytes)), "itself", m.value));
+      } else {
+        hw.not_measured.push_back(m.what + ": " + m.status.message);
+      }
+    }
+    if (hw.gpu.count > 1)
+      hw.not_measured.push_back("GPUs 1.." + std::to_string(hw.gpu.count - 1) +
+                                ": assumed equal to GPU 0 (only GPU 0 measured)");
+#endif
+  }
+  return hw;
+}
+
+}  // namespace strata::offload

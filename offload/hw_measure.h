@@ -1,0 +1,151 @@
+// Measuring a HardwareProfile on this machine: the hardware peaks (host memory read, disk
+// O_DIRECT, and on a CUDA build with a GPU the HBM copy, bf16 GEMM and pinned host↔device copies)
+// and our kernels' rates (CPU MXFP4 expert kernel at a few M, the fp32 reference trunk, the
+// reference KDA and MLA ops). `strata bench hw` prints and saves the result; the engine may call
+// measure_hardware() for what a loaded profile lacks. The measurement loops live here once:
+// `strata bench io` and `strata bench cpu-experts` run the same code for their peak lines.
+//
+// Not here: the JSON form (hardware.h), the time of work (cost_model.h), GPU kernel rates that
+// need the tools' benchmark fixtures (`strata bench hw` adds those).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/expert_kernels.h"
+#include "offload/expert_store.h"
+#include "offload/hardware.h"
+
+namespace strata::cpu {
+class Topology;
+class PinnedArena;
+}  // namespace strata::cpu
+
+namespace strata::offload {
+
+struct RateSample {
+  double median_s = 0, min_s = 0, max_s = 0;
+  int repeats = 0;
+  double bytes = 0;  // per repetition (set by the caller of time_repeats)
+  double gbps() const { return median_s > 0 ? bytes / median_s / 1e9 : 0; }
+};
+
+// One finished measurement, for a benchmark table (tools/bench.h's BenchLine carries the same).
+struct MeasuredLine {
+  std::string name, shape;
+  RateSample time;
+  double flops = 0;       // per repetition, 0 for a bandwidth line
+  std::string peak_name;  // "itself" for a peak, else the peak it is compared with
+  double peak = 0;        // GB/s (bandwidth lines) or TFLOP/s
+  bool peak_is_bandwidth = true;
+  std::string note;
+};
+
+struct MeasureOptions {
+  bool quick = false;              // smaller buffers and fewer repeats (≈ 20 s on 2 cores)
+  int threads = 0;                 // CPU threads, pinned one per core; 0 = all cores
+  std::filesystem::path disk_dir;  // where the disk test file goes; empty = temp directory
+  double disk_file_gib = 0;        // 0 = 1 GiB (quick: 0.5 GiB)
+  bool disk = true, gpu = true, cpu_kernels = true;
+  std::vector<int> expert_tokens;  // M for the CPU expert curve; empty = {1, 4, 16, 64}
+  // Called with a short status ("host memory read", "disk O_DIRECT 0.5 GiB") as each
+  // measurement starts, and with the result line when it ends, for a progress display.
+  std::function<void(const std::string&)> progress;
+  // Called with every finished measurement.
+  std::function<void(const MeasuredLine&)> line;
+};
+
+// Measures what it can; what it cannot (no GPU, no O_DIRECT on the filesystem, …) is listed in
+// the profile's not_measured with the reason. Starts from probe_static().
+HardwareProfile measure_hardware(const MeasureOptions& o);
+
+// --- the individual loops (shared with bench io / bench cpu-experts) ---
+
+// Runs fn() `warmup` times, then `repeats` times; median, min and max wall seconds.
+RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup = 1);
+
+// A buffer bound to memory through hwloc (interleaved over NUMA nodes), freed with it.
+class BoundBuffer {
+ public:
+  BoundBuffer(const cpu::Topology& topo, size_t bytes);
+  ~BoundBuffer();
+  BoundBuffer(const BoundBuffer&) = delete;
+  BoundBuffer& operator=(const BoundBuffer&) = delete;
+  uint8_t* data() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const cpu::Topology& topo_;
+  size_t bytes_;
+  uint8_t* p_;
+};
+
+// xorshift bytes in [lo, hi], filled in parallel (first touch from the calling arena's threads).
+void fill_random(uint8_t* p, size_t n, uint64_t seed, int lo = 0, int hi = 255);
+
+// All `arena` threads streaming reads over a `bytes` buffer bound through hwloc (AVX-512 loads
+// where available, else 64-bit loads; the returned sample's `note` says which).
+RateSample measure_host_read(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
+                             int repeats, std::string* note = nullptr);
+
+// The K3 routed-expert shape (3584 → 3072 → 3584, released MXFP4 layout: 17,547,264 bytes).
+inline constexpr int kK3ExpertHidden = 3584, kK3ExpertInter = 3072;
+inline constexpr uint64_t kK3ExpertBytes = 3ull * (uint64_t(kK3ExpertInter) * kK3ExpertHidden / 2 +
+                                                   uint64_t(kK3ExpertInter) * kK3ExpertHidden / 32);
+
+// `experts` K3-shaped MXFP4 experts with random nibbles and scale codes near 2^-7 in hwloc-bound
+// memory, and the CPU expert kernel run over them: every one of M tokens to every expert.
+class CpuExpertProbe {
+ public:
+  CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts);
+  ~CpuExpertProbe();
+  int experts() const { return int(views_.size()); }
+  // A callable that runs one cpu::run_experts_cpu call at M tokens per expert with `opt` (the
+  // arena is set by the probe); its buffers are prepared here and live as long as the callable.
+  // The probe must outlive it.
+  std::function<void()> prepare(int M, cpu::CpuExpertOptions opt);
+
+ private:
+  struct Call;
+  cpu::PinnedArena& arena_;
+  BoundBuffer pool_;
+  std::vector<Mxfp4ExpertView> views_;
+};
+
+// A shard-like file of K3-sized experts (unaligned start, back to back) with pseudo-random
+// bytes, written with O_DIRECT so the page cache holds none of it. Throws strata::Error naming
+// the path (disk full, cannot create).
+ExpertLayout write_expert_test_file(const std::filesystem::path& path, uint64_t bytes);
+
+// A bare io_uring loop reading the 4 KiB-aligned spans of experts, `qd` reads of at most `block`
+// bytes in flight, O_DIRECT, into one reused registered buffer: the raw disk reference.
+class RawDirectReader {
+ public:
+  RawDirectReader(const ExpertLayout& L, uint64_t block, int qd);
+  ~RawDirectReader();
+  RawDirectReader(const RawDirectReader&) = delete;
+  RawDirectReader& operator=(const RawDirectReader&) = delete;
+  bool fixed() const { return fixed_; }                            // buffer registration succeeded
+  uint64_t read(const std::vector<std::pair<int, int>>& experts);  // returns span bytes
+
+ private:
+  struct Ring;
+  const ExpertLayout& L_;
+  uint64_t block_;
+  int qd_;
+  std::vector<int> fds_;
+  std::unique_ptr<Ring> ring_;
+  uint8_t* buf_ = nullptr;
+  bool fixed_ = false;
+};
+
+// write_expert_test_file under `dir`, then RawDirectReader over 16 random experts per repeat;
+// the file is removed afterwards. Throws strata::Error naming the path when the filesystem
+// refuses O_DIRECT or the disk is full.
+RateSample measure_disk_read(const std::filesystem::path& dir, uint64_t file_bytes, int repeats,
+                             uint64_t block = 1 << 20, int qd = 32);
+
+}  // namespace strata::offload

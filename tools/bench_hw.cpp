@@ -1,0 +1,121 @@
+// `strata bench hw`: measures this machine's HardwareProfile (offload/hardware.h) — the hardware
+// peaks (host memory read, disk O_DIRECT; on a CUDA build with a GPU the HBM copy, bf16 GEMM and
+// pinned host↔device copies) and our kernels' rates (CPU MXFP4 expert kernel at a few M, the fp32
+// reference trunk, KDA and MLA; on the GPU the grouped experts and the trunk GEMM) — prints them as
+// benchmark lines, says what it could not measure, and saves the profile (--save) for
+// `strata plan --hardware FILE` and the engine. The loops are offload/hw_measure.cpp's (the same
+// code as bench io's raw line and bench cpu-experts' memory-read line).
+//
+// Napkin: --quick on the 2-core dev VM ≈ 15 s (0.5 GiB memory stream × 4, a 0.5 GiB disk file
+// written and 16 experts read × 4, 8 K3 experts × (1 + 16 tokens), the reference linear on a
+// 64 MiB weight); the full run about three times that.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "offload/hw_measure.h"
+#include "storage/error.h"
+#include "tools/bench.h"
+
+namespace strata::tools {
+
+#ifdef STRATA_HAVE_CUDA
+// tools/bench_kernels_moe.cpp: the GPU expert and trunk kernel curves.
+void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick);
+#endif
+
+namespace {
+
+struct Options {
+  std::string save, json, dir;
+  bool quick = false, force = false, no_disk = false, no_gpu = false;
+  int threads = 0;
+  double disk_gib = 0;
+};
+
+int run(const Options& o) {
+  // Refuse an existing --save target before spending the time measuring.
+  std::error_code ec;
+  if (!o.save.empty() && !o.force && std::filesystem::exists(o.save, ec))
+    throw Error(o.save + ": exists; not replacing it (remove it or pass --force)");
+  BenchReport rep("bench hw: hardware peaks and our kernels' rates");
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = ::isatty(STDERR_FILENO);
+  offload::MeasureOptions mo;
+  mo.quick = o.quick;
+  mo.threads = o.threads;
+  mo.disk_dir = o.dir;
+  mo.disk_file_gib = o.disk_gib;
+  mo.disk = !o.no_disk;
+  mo.gpu = !o.no_gpu;
+  mo.progress = [&](const std::string& s) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // One status line, rewritten on a terminal; a log line otherwise.
+    std::fprintf(stderr, tty ? "\r\033[K[%5.1f s] %s..." : "[%5.1f s] %s...\n", t, s.c_str());
+    std::fflush(stderr);
+  };
+  mo.line = [&](const offload::MeasuredLine& m) {
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    BenchLine l;
+    l.name = m.name;
+    l.shape = m.shape;
+    l.time = {m.time.median_s, m.time.min_s, m.time.max_s, m.time.repeats};
+    l.bytes = m.time.bytes;
+    l.flops = m.flops;
+    l.peak_name = m.peak_name;
+    l.peak = m.peak;
+    l.peak_is_bandwidth = m.peak_is_bandwidth;
+    l.note = m.note;
+    rep.add(l);
+  };
+  offload::HardwareProfile hw = offload::measure_hardware(mo);
+#ifdef STRATA_HAVE_CUDA
+  if (!o.no_gpu && hw.gpu.count > 0) {
+    mo.progress("GPU 0: grouped experts and trunk GEMM at M tokens");
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    try {
+      bench_hw_gpu_kernels(rep, hw, o.quick);
+    } catch (const Error& e) {
+      hw.not_measured.push_back(std::string("GPU kernel rates: ") + e.what());
+    }
+  }
+#else
+  hw.not_measured.push_back("GPU kernel rates: this build has no CUDA");
+#endif
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char took[64];
+  std::snprintf(took, sizeof took, "measured in %.1f s", secs);
+  rep.note(took);
+  for (const std::string& n : hw.not_measured) rep.note("not measured: " + n);
+  std::printf("\n%s", offload::describe(hw).c_str());
+  if (!o.save.empty()) {
+    offload::save_hardware(hw, o.save, o.force);
+    std::printf("saved: %s (use with strata plan --hardware %s)\n", o.save.c_str(), o.save.c_str());
+  }
+  if (!o.json.empty()) rep.write_json(o.json);
+  return 0;
+}
+
+BenchSetup setup = [](CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  app.add_option("--save", o->save, "save the hardware profile as JSON to FILE (for strata plan)");
+  app.add_flag("--force", o->force, "replace an existing --save FILE");
+  app.add_option("--json", o->json, "also write the benchmark lines as JSON to FILE");
+  app.add_flag("--quick", o->quick, "smaller buffers and fewer repeats (about 15 s on 2 cores)");
+  app.add_option("--threads", o->threads, "CPU threads, pinned one per core (default: all cores)");
+  app.add_option("--dir", o->dir, "where the disk test file goes (default: the temp directory)");
+  app.add_option("--disk-gib", o->disk_gib, "disk test file size in GiB (default 1, quick 0.5)");
+  app.add_flag("--no-disk", o->no_disk, "skip the disk measurement");
+  app.add_flag("--no-gpu", o->no_gpu, "skip the GPU measurements");
+  return [o] { return run(*o); };
+};
+
+STRATA_BENCH("hw",
+             "this machine's hardware peaks and our kernels' rates, saved as a profile for plan",
+             setup);
+
+}  // namespace
+
+}  // namespace strata::tools
