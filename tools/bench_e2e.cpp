@@ -1,0 +1,226 @@
+// `strata bench e2e -m DIR`: the engine end to end — decode tok/s at 1 and 8 sequences and prefill
+// tok/s (1K and 16K-token prompts by default) for each placement of the routed experts (issue 18
+// item 8c: all in the GPU cache; 10% GPU + rest host; 10% GPU + 30% host cache + rest disk; all
+// in host memory), each next to a roofline computed by the one cost model (offload/cost_model.h)
+// from hardware peaks measured in this same run (HBM copy, bf16 GEMM, host memory read,
+// host→device, disk O_DIRECT — never our kernels' rates), with its overlap assumption printed.
+// Protocol: per placement one backend; decode: a prompt of --context tokens per sequence, 4
+// warm-up steps, then --steps timed steps (aggregate tok/s = sequences · steps / seconds);
+// prefill: a fresh sequence, one warm-up prefill of 64 tokens, then the timed prompt.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/cli_support.h"
+#include "engine/model.h"
+#include "engine/offload_executor.h"
+#include "engine/schedule.h"
+#include "engine/session.h"
+#include "offload/cost_model.h"
+#include "offload/hw_measure.h"
+#include "storage/error.h"
+#include "tools/bench.h"
+
+namespace strata::tools {
+namespace {
+
+struct Options {
+  std::string model_dir, json, device = "auto", placements = "all";
+  std::vector<int> batches = {1, 8};
+  std::vector<int64_t> prefill = {1024, 16384};
+  int64_t context = 256;
+  int steps = 32;
+  bool quick = false;
+};
+
+struct PlacementSpec {
+  const char* name;
+  offload::Placement share;  // what the roofline assumes
+  std::string gpu_experts;   // --gpu-experts
+  std::string host_mem;      // --host-mem ("" = experts in the mmapped checkpoint)
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int run(const Options& o) {
+  auto model = engine::Model::load(o.model_dir);
+  const ModelConfig& c = model->config();
+  const bool tty = ::isatty(STDERR_FILENO);
+  const double t0 = now_s();
+  auto progress = [&](const std::string& s) {
+    std::fprintf(stderr, tty ? "\r\033[K[%6.1f s] %s..." : "[%6.1f s] %s...\n", now_s() - t0,
+                 s.c_str());
+    std::fflush(stderr);
+  };
+  // Hardware peaks, in this run (no kernel rates: the roofline never uses them).
+  offload::MeasureOptions mo;
+  mo.quick = true;
+  mo.cpu_kernels = false;
+  mo.progress = progress;
+  offload::HardwareProfile hw = offload::measure_hardware(mo);
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  for (const auto& n : hw.not_measured)
+    std::fprintf(stderr, "bench e2e: not measured: %s\n", n.c_str());
+
+  std::vector<PlacementSpec> specs;
+  const bool gpu = o.device != "cpu" && hw.gpu.count > 0;
+  if (gpu) {
+    specs.push_back({"all GPU", {1.0, 0.0, 0.0}, "100%", ""});
+    specs.push_back({"10% GPU + host", {0.1, 0.9, 0.0}, "10%", ""});
+    specs.push_back({"10% GPU + 30% host + disk", {0.1, 0.3, 0.6}, "10%", "30%"});
+    specs.push_back({"all host", {0.0, 1.0, 0.0}, "0%", ""});
+  } else {
+    specs.push_back({"all host", {0.0, 1.0, 0.0}, "", ""});
+    specs.push_back({"30% host + disk", {0.0, 0.3, 0.7}, "", "30%"});
+  }
+  if (o.placements != "all") {
+    std::vector<PlacementSpec> keep;
+    for (const auto& s : specs)
+      if (o.placements.find(s.name) != std::string::npos) keep.push_back(s);
+    if (keep.empty()) throw Error("--placements: no placement named '" + o.placements + "'");
+    specs = keep;
+  }
+  offload::CostOptions co;
+  co.trunk = gpu ? offload::TrunkBackend::gpu : offload::TrunkBackend::cpu_bf16;  // peaks only
+  std::unique_ptr<offload::CostModel> cost;
+  try {
+    cost = std::make_unique<offload::CostModel>(hw, c, co);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench e2e: no roofline (%s)\n", e.what());
+  }
+  int64_t max_prefill = 0;
+  for (int64_t p : o.prefill) max_prefill = std::max(max_prefill, p);
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("%-28s %-22s %12s %12s %8s  %s\n", "placement", "measure", "tok/s", "roofline",
+              "% roof", "roofline bound");
+  auto report = [&](const PlacementSpec& sp, const std::string& what, double toks,
+                    const offload::Roofline* r) {
+    const double roof = r ? r->tokens_per_s : 0;
+    std::printf("%-28s %-22s %12.2f %12.2f %7.1f%%  %s\n", sp.name, what.c_str(), toks, roof,
+                roof > 0 ? 100.0 * toks / roof : 0.0, r ? r->bound.c_str() : "-");
+    std::fflush(stdout);
+    nlohmann::json j = {{"placement", sp.name}, {"measure", what}, {"tokens_per_s", toks}};
+    if (r) {
+      j["roofline_tokens_per_s"] = roof;
+      j["percent_of_roofline"] = roof > 0 ? 100.0 * toks / roof : 0.0;
+      j["roofline_bound"] = r->bound;
+      j["overlap_assumption"] = r->assumption;
+    }
+    out.push_back(j);
+  };
+  std::string assumption;
+  for (const PlacementSpec& sp : specs) {
+    engine::InspectOptions io;
+    io.device = o.device;
+    io.gpu_experts = sp.gpu_experts;
+    io.max_context = max_prefill + o.context + o.steps + 16;
+    engine::SessionSetup setup(io, c);
+    engine::SessionOptions so = setup.options();
+    engine::OffloadOptions oo;
+    oo.host_mem = sp.host_mem;
+    engine::OffloadRuntime offload(*model, oo);
+    offload.install(so);
+    progress(std::string(sp.name) + ": loading");
+    auto backend = setup.make_backend(*model, so, max_batch);
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name, backend->name());
+    engine::Schedule sched(*backend, c);
+    // Decode at each batch size.
+    for (int B : o.batches) {
+      progress(std::string(sp.name) + ": decode B=" + std::to_string(B));
+      for (int b = 0; b < B; ++b) {
+        backend->reset_slot(b);
+        std::vector<int32_t> ids(static_cast<size_t>(o.context));
+        for (int64_t t = 0; t < o.context; ++t)
+          ids[size_t(t)] = int32_t((t * 7919 + b * 131 + 7) % c.vocab_size);
+        engine::Session s(*model, *backend, b, so);
+        s.forward(ids);
+      }
+      std::vector<int32_t> tok(static_cast<size_t>(B));
+      std::vector<engine::SeqChunk> chunks(static_cast<size_t>(B));
+      auto step = [&]() {
+        for (int b = 0; b < B; ++b) {
+          tok[size_t(b)] = int32_t((b * 977 + 5) % c.vocab_size);
+          chunks[size_t(b)] = engine::SeqChunk{b, std::span(&tok[size_t(b)], 1), true, false};
+        }
+        sched.step(chunks);
+      };
+      for (int i = 0; i < 4; ++i) step();
+      const double ts = now_s();
+      for (int i = 0; i < o.steps; ++i) step();
+      const double dt = now_s() - ts;
+      offload::Roofline r;
+      if (cost) r = cost->decode_roofline(sp.share, B, o.context + 4 + o.steps / 2);
+      if (cost) assumption = r.assumption;
+      if (tty) std::fprintf(stderr, "\r\033[K");
+      report(sp, "decode B=" + std::to_string(B), double(B) * o.steps / dt, cost ? &r : nullptr);
+    }
+    // Prefill.
+    for (int64_t P : o.prefill) {
+      progress(std::string(sp.name) + ": prefill " + std::to_string(P));
+      backend->reset_slot(0);
+      engine::Session s(*model, *backend, 0, so);
+      std::vector<int32_t> warm(64, 1);
+      s.forward(warm);
+      backend->reset_slot(0);
+      std::vector<int32_t> ids(static_cast<size_t>(P));
+      for (int64_t t = 0; t < P; ++t) ids[size_t(t)] = int32_t((t * 7919 + 3) % c.vocab_size);
+      const double ts = now_s();
+      s.forward(ids);
+      const double dt = now_s() - ts;
+      offload::Roofline r;
+      if (cost)
+        r = cost->prefill_roofline(sp.share, P,
+                                   backend->max_step_rows() < P ? backend->max_step_rows() : P);
+      if (tty) std::fprintf(stderr, "\r\033[K");
+      report(sp, "prefill " + std::to_string(P), double(P) / dt, cost ? &r : nullptr);
+    }
+    const std::string tl = backend->telemetry_line();
+    if (!tl.empty()) std::printf("  %s\n", tl.c_str());
+  }
+  if (!assumption.empty()) std::printf("roofline: %s\n", assumption.c_str());
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw Error("--json " + o.json + ": cannot write");
+    f << nlohmann::json{{"bench", "e2e"}, {"model", o.model_dir}, {"lines", out}}.dump(2) << "\n";
+  }
+  return 0;
+}
+
+BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
+  auto o = std::make_shared<Options>();
+  app.add_option("-m,--model", o->model_dir, "model directory")->required();
+  app.add_option("--device", o->device, "auto, cpu or gpu")->capture_default_str();
+  app.add_option("--placements", o->placements,
+                 "all, or one placement name (e.g. 'all GPU', 'all host')")
+      ->capture_default_str();
+  app.add_option("--batch", o->batches, "decode batch sizes")->capture_default_str();
+  app.add_option("--prefill", o->prefill, "prefill prompt lengths")->capture_default_str();
+  app.add_option("--context", o->context, "prompt tokens per sequence before decode")
+      ->capture_default_str();
+  app.add_option("--steps", o->steps, "timed decode steps")->capture_default_str();
+  app.add_option("--json", o->json, "write the lines as JSON");
+  return [o] {
+    if (o->steps < 1 || o->context < 1) throw Error("--steps and --context must be >= 1");
+    for (int b : o->batches)
+      if (b < 1 || b > 256) throw Error("--batch: expected 1..256, got " + std::to_string(b));
+    for (int64_t p : o->prefill)
+      if (p < 1) throw Error("--prefill: expected positive lengths");
+    return run(*o);
+  };
+};
+
+STRATA_BENCH("e2e",
+             "the engine end to end: decode and prefill tok/s per expert placement against a "
+             "roofline from peaks measured in the same run",
+             setup);
+
+}  // namespace
+}  // namespace strata::tools
