@@ -35,7 +35,8 @@ struct InspectOptions {
   std::string gpu_experts;  // share of routed experts in the GPU cache ("10%", "0.1"); empty: fit
   int64_t max_context = 8192;
   int64_t max_step_rows = 512;
-  int threads = 0;  // 0: all cores
+  std::string hardware;  // a `strata bench hw --save` profile for the cost model's decisions
+  int threads = 0;       // 0: all cores
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;
   std::string record_routing, replay_routing;

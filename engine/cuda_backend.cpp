@@ -14,7 +14,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
+
+#include <tbb/parallel_for.h>
 
 #include "engine/routing.h"
 #include "kernels/gemm/gemm.h"
@@ -23,6 +26,9 @@
 #include "kernels/moe/experts.h"
 #include "kernels/ops/ops.h"
 #include "kernels/runtime.h"
+#include "offload/cost_model.h"
+#include "offload/hardware.h"
+#include "offload/hw_measure.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
 
@@ -47,6 +53,18 @@ void check(kernels::Status s, const char* what) {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// memcpy over TBB workers in 1 MiB pieces (staging experts from host memory into pinned buffers).
+void parallel_copy(void* dst, const void* src, size_t n) {
+  constexpr size_t kPiece = size_t(1) << 20;
+  tbb::parallel_for(size_t(0), (n + kPiece - 1) / kPiece, [&](size_t i) {
+    const size_t off = i * kPiece;
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
+                std::min(kPiece, n - off));
+  });
+}
+
+constexpr int kNoStaging = std::numeric_limits<int>::max();
 
 std::string gib(double bytes) {
   char b[32];
@@ -150,8 +168,22 @@ struct CudaBackend::Impl {
   char* pinned = nullptr;
   size_t pinned_bytes = 0;
   std::unique_ptr<ExpertExecutor> cpu_executor;
+  // Prefill staging: device slots in two halves (a round copies into one half while the other's
+  // experts compute), two pinned expert buffers (host copy of one while the other is DMA'd).
+  void* copy_stream = nullptr;
+  uint8_t* stage_dev = nullptr;
+  int stage_slots = 0;  // per half
+  char* stage_pin = nullptr;
+  void* pin_done[2] = {nullptr, nullptr};   // copy stream: DMA out of pinned buffer p done
+  void* half_free[2] = {nullptr, nullptr};  // main stream: the experts of half h computed
+  void* copies_done = nullptr;
+  int stage_threshold = -1;  // resolved lazily (−1: not yet)
   ~Impl() {
+    for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done})
+      rt::event_destroy(e);
+    rt::pinned_free(stage_pin);
     rt::pinned_free(pinned);
+    if (copy_stream) rt::stream_destroy(copy_stream);
     if (stream) rt::stream_destroy(stream);
   }
 };
@@ -212,6 +244,32 @@ struct Uploader {
 
 uint64_t matrix_bytes(const WeightView& w) {
   return uint64_t(w.rows * w.cols) * 2;
+}
+
+// One MXFP4 expert's arrays laid out as w1 packed | w1 scales | w3 … | w2 … (a cache or staging
+// slot). for_each_part calls f(source, bytes, offset) per array; view_at gives the device view of
+// a slot at `base`.
+template <typename F>
+void for_each_part(const ExpertWeights& e, F&& f) {
+  size_t off = 0;
+  for (const WeightView* w : {&e.w1, &e.w3, &e.w2}) {
+    const size_t np = size_t(w->rows * w->cols / 2), ns = size_t(w->rows * w->cols / 32);
+    f(static_cast<const uint8_t*>(w->data), np, off);
+    off += np;
+    f(w->scale, ns, off);
+    off += ns;
+  }
+}
+Mxfp4ExpertView view_at(const ExpertWeights& e, const uint8_t* base, int hidden, int inter) {
+  Mxfp4ExpertView v;
+  v.hidden = hidden;
+  v.inter = inter;
+  const uint8_t* parts[6];
+  int i = 0;
+  for_each_part(e, [&](const uint8_t*, size_t, size_t off) { parts[i++] = base + off; });
+  v.w1_packed = parts[0], v.w1_scale = parts[1], v.w3_packed = parts[2], v.w3_scale = parts[3];
+  v.w2_packed = parts[4], v.w2_scale = parts[5];
+  return v;
 }
 
 }  // namespace
@@ -319,7 +377,8 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   arena += align_up(size_t(E) * sizeof(Mxfp4ExpertView)) + 8 * align_up(size_t(R * Kt + E + 1) * 4);
   const uint64_t pinned = uint64_t(R * Kt * L) * 4 + uint64_t(R * std::max(L, D)) * 4 +
                           uint64_t(R * Kt) * 24 + uint64_t(E) * sizeof(Mxfp4ExpertView) +
-                          uint64_t(E + R + 2) * 8 + uint64_t(R) * 4;
+                          uint64_t(2 * E + R + 2) * 8 + uint64_t(R) * 4 +
+                          uint64_t(2 * E + 8) * kAlign;  // a 256-B aligned part per launch list
   size_t free_b = 0, total_b = 0;
   check(rt::mem_info(&free_b, &total_b), "cudaMemGetInfo");
   const uint64_t margin = 1ull << 30;
@@ -333,17 +392,31 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                 " slots + step arena " + gib(double(arena)) + "; lower --slots, --max-context or " +
                 "--max-step-rows, or raise --gpu-mem");
   const int64_t n_routed = int64_t(c_.num_moe_layers()) * E;
+  // Expert cache, and the staging slots a partial cache needs for prefill (two halves of
+  // stage_slots experts each).
   int64_t cache_slots = 0;
+  int stage_slots = 0;
   if (n_routed > 0 && im.expert_bytes > 0) {
+    const int per_half = int(std::min<int64_t>(std::max(1, cuda_.stage_slots), E));
+    const uint64_t stage_bytes = 2ull * uint64_t(per_half) * im.expert_bytes;
     const int64_t fit = int64_t((budget - fixed) / im.expert_bytes);
     if (cuda_.gpu_expert_share < 0) {
       cache_slots = std::min(fit, n_routed);
+      if (cache_slots < n_routed) {
+        const uint64_t room = budget - fixed > stage_bytes ? budget - fixed - stage_bytes : 0;
+        cache_slots = std::min<int64_t>(n_routed, int64_t(room / im.expert_bytes));
+        stage_slots = per_half;
+      }
     } else {
       cache_slots = int64_t(std::llround(cuda_.gpu_expert_share * double(E))) * c_.num_moe_layers();
-      if (cache_slots > fit)
+      if (cache_slots < n_routed) stage_slots = per_half;
+      const uint64_t need =
+          uint64_t(cache_slots) * im.expert_bytes + (stage_slots ? stage_bytes : 0);
+      if (need > budget - fixed)
         throw Error("--gpu-experts: " + std::to_string(cache_slots) + " experts (" +
-                    gib(double(cache_slots) * double(im.expert_bytes)) +
-                    ") do not fit the GPU budget after the dense part (" +
+                    gib(double(cache_slots) * double(im.expert_bytes)) + ") + staging slots " +
+                    gib(double(stage_slots ? stage_bytes : 0)) +
+                    " do not fit the GPU budget after the dense part (" +
                     gib(double(budget - fixed)) + " left)");
     }
   }
@@ -362,6 +435,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                                        : 0.0)
                         .substr(0, 5) +
                     "% of " + gib(double(experts_total)) + ")");
+  budget_.push_back("  prefill staging slots     " +
+                    gib(2.0 * stage_slots * double(im.expert_bytes)) + " = 2 x " +
+                    std::to_string(stage_slots) + " experts (+ " +
+                    gib(2.0 * double(im.expert_bytes)) + " pinned)");
   budget_.push_back("  state per sequence        " + gib(double(state_per_slot)) + " x " +
                     std::to_string(cuda_.slots) + " slots (max context " +
                     std::to_string(cuda_.max_context) + ")");
@@ -481,21 +558,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
         const int32_t e = order[size_t(i)];
         const ExpertWeights& ew = mw.experts[size_t(e)];
         uint8_t* p = base + size_t(im.resident) * im.expert_bytes;
-        Mxfp4ExpertView v;
-        v.hidden = int(L);
-        v.inter = int(I);
-        auto put = [&](const WeightView& w, const uint8_t** packed, const uint8_t** scale) {
-          const size_t np = size_t(w.rows * w.cols / 2), ns = size_t(w.rows * w.cols / 32);
-          check(rt::copy(p, w.data, np), "expert upload");
-          *packed = p;
-          p += np;
-          check(rt::copy(p, w.scale, ns), "expert upload");
-          *scale = p;
-          p += ns;
-        };
-        put(ew.w1, &v.w1_packed, &v.w1_scale);
-        put(ew.w3, &v.w3_packed, &v.w3_scale);
-        put(ew.w2, &v.w2_packed, &v.w2_scale);
+        for_each_part(ew, [&](const uint8_t* src, size_t n, size_t off) {
+          check(rt::copy(p + off, src, n), "expert upload");
+        });
+        const Mxfp4ExpertView v = view_at(ew, p, int(L), int(I));
         im.layers[size_t(l)].moe.gpu_slot[size_t(e)] = int32_t(im.views_host.size());
         im.views_host.push_back(v);
         ++im.resident;
@@ -506,6 +572,20 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
       std::fprintf(stderr, "strata: expert cache: %lld experts, %.2f GB in %.1f s\n",
                    (long long)im.resident, double(done) / 1e9, now_s() - t0);
   }
+  // Prefill staging.
+  if (stage_slots > 0) {
+    im.stage_slots = stage_slots;
+    im.stage_dev = static_cast<uint8_t*>(
+        up.device(2 * size_t(stage_slots) * im.expert_bytes, "prefill staging slots"));
+    std::string why_pin;
+    im.stage_pin = static_cast<char*>(rt::pinned_alloc(2 * im.expert_bytes, &why_pin));
+    if (!im.stage_pin) throw Error("CUDA backend: cannot allocate pinned staging: " + why_pin);
+    im.copy_stream = rt::stream_create();
+    for (void** e :
+         {&im.pin_done[0], &im.pin_done[1], &im.half_free[0], &im.half_free[1], &im.copies_done})
+      if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
+  }
+  if (cuda_.stage_threshold > 0) im.stage_threshold = cuda_.stage_threshold;
   // Step arena and pinned staging.
   im.arena.base = static_cast<char*>(up.device(arena, "step arena"));
   im.arena.cap = arena;
@@ -533,16 +613,48 @@ int64_t CudaBackend::routed_experts() const {
   return int64_t(c_.num_moe_layers()) * c_.moe.num_experts;
 }
 
+int CudaBackend::stage_threshold() {
+  Impl& im = *impl_;
+  if (im.stage_threshold >= 0) return im.stage_threshold;
+  offload::HardwareProfile hw;
+  const double t0 = now_s();
+  if (!cuda_.hardware_file.empty()) {
+    hw = offload::load_hardware(cuda_.hardware_file);
+  } else {
+    offload::MeasureOptions mo;
+    mo.quick = true;
+    mo.disk = false;
+    mo.cpu_kernels = false;
+    hw = offload::measure_hardware(mo);
+  }
+  offload::CostModel cm(hw, c_);
+  const int thr = cm.prefill_stage_threshold();
+  im.stage_threshold = thr;
+  std::fprintf(
+      stderr,
+      "strata: prefill staging threshold %s tokens per expert (cost model from %s, %.1f s: "
+      "staging %.2f ms + GPU vs CPU %.2f ms at 64 tokens)\n",
+      thr == offload::CostModel::kNever ? "never" : std::to_string(thr).c_str(),
+      cuda_.hardware_file.empty() ? "rates measured now; `strata bench hw --save F` and "
+                                    "--hardware F skip this"
+                                  : cuda_.hardware_file.c_str(),
+      now_s() - t0, 1e3 * cm.stage_seconds(), 1e3 * cm.cpu_expert_seconds(64));
+  return thr;
+}
+
 std::string CudaBackend::telemetry_line() const {
   const double pairs = double(tel_.gpu_expert_pairs + tel_.cpu_expert_pairs);
   char b[400];
   std::snprintf(b, sizeof b,
-                "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | CPU experts "
-                "%.3f s, waiting for the GPU %.3f s | H2D %.3f GB, D2H %.3f GB",
+                "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
+                "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
+                "%.3f s | H2D %.3f GB, D2H %.3f GB",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
-                pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0, tel_.cpu_expert_s,
-                tel_.sync_wait_s, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9);
+                pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
+                (unsigned long long)tel_.staged_experts, (unsigned long long)tel_.staged_pairs,
+                tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.h2d_bytes / 1e9,
+                tel_.d2h_bytes / 1e9);
   return b;
 }
 
@@ -938,32 +1050,29 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     }
     if (trace_->record_routing) record_routing(*trace_->record_routing, l, pos0, r);
   }
-  // 3. Groups: GPU-resident experts first (pairs 0 … Pg−1), then the CPU's (Pg … P−1).
+  // 3. Groups. Resident experts run from the GPU cache; an expert outside it with at least the
+  // staging threshold's tokens is copied host → GPU and run there (prefill); the rest run on the
+  // CPU. Pair rows: resident [0, Pr), staged [Pr, Pr + Ps), CPU after.
   std::vector<ExpertTask> tasks = group_by_expert(r);
+  std::vector<const ExpertTask*> resident, staged;
   std::vector<ExpertTask> cpu_tasks;
-  std::vector<int32_t> pair_of_slot(size_t(T * K), -1);  // (token·K + j) → pair row
-  auto* h_views = reinterpret_cast<Mxfp4ExpertView*>(pin);
-  pin += align_up(size_t(E) * sizeof(Mxfp4ExpertView));
-  auto* h_goff = reinterpret_cast<int32_t*>(pin);
-  pin += align_up(size_t(E + 1) * 4);
-  auto* h_ptok = reinterpret_cast<int32_t*>(pin);
-  pin += align_up(size_t(T * K) * 4);
-  int G = 0, Pg = 0;
-  h_goff[0] = 0;
+  int max_tokens = 0;
+  for (const ExpertTask& t : tasks)
+    if (w.gpu_slot[size_t(t.expert)] < 0) max_tokens = std::max(max_tokens, int(t.tokens.size()));
+  const int thr = im.stage_slots > 0 && max_tokens > 1 ? stage_threshold() : kNoStaging;
   for (const ExpertTask& t : tasks) {
-    const int32_t slot = w.gpu_slot[size_t(t.expert)];
-    if (slot < 0) {
+    if (w.gpu_slot[size_t(t.expert)] >= 0)
+      resident.push_back(&t);
+    else if (int(t.tokens.size()) >= thr)
+      staged.push_back(&t);
+    else
       cpu_tasks.push_back(t);
-      continue;
-    }
-    h_views[G] = im.views_host[size_t(slot)];
-    for (size_t i = 0; i < t.tokens.size(); ++i) {
-      h_ptok[Pg] = t.tokens[i];
-      pair_of_slot[size_t(t.slots[i])] = Pg;
-      ++Pg;
-    }
-    h_goff[++G] = Pg;
   }
+  std::vector<int32_t> pair_of_slot(size_t(T * K), -1);  // (token·K + j) → pair row
+  int Pg = 0;                                            // pairs on the GPU (resident + staged)
+  for (const std::vector<const ExpertTask*>* list : {&resident, &staged})
+    for (const ExpertTask* t : *list)
+      for (size_t i = 0; i < t->tokens.size(); ++i) pair_of_slot[size_t(t->slots[i])] = Pg++;
   int Pc = 0;
   for (ExpertTask& t : cpu_tasks)
     for (size_t i = 0; i < t.slots.size(); ++i) {
@@ -972,7 +1081,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     }
   tel_.gpu_expert_pairs += uint64_t(Pg);
   tel_.cpu_expert_pairs += uint64_t(Pc);
-  tel_.gpu_experts += uint64_t(G);
+  tel_.gpu_experts += uint64_t(resident.size() + staged.size());
   tel_.cpu_experts += uint64_t(cpu_tasks.size());
   // Merge lists: per token its K experts in increasing id (r.ids is ascending per token).
   auto* h_toff = reinterpret_cast<int32_t*>(pin);
@@ -988,55 +1097,114 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   }
   auto* h_ycpu = reinterpret_cast<float*>(pin);
   pin += align_up(size_t(Pc) * size_t(L) * 4);
-  STRATA_ASSERT(size_t(pin - im.pinned) <= im.pinned_bytes);
-  // 4. Device: upload the lists, run the resident experts, the shared experts meanwhile.
+  // 4. Device: the lists, the resident experts, the staged rounds, the shared experts.
   const int64_t P = T * K;
   auto* ybuf = sc.take<float>(P * L, "expert outputs");
-  auto* d_views = sc.take<Mxfp4ExpertView>(std::max<int64_t>(G, 1), "views");
-  auto* d_goff = sc.take<int32_t>(G + 1, "group offsets");
-  auto* d_ptok = sc.take<int32_t>(std::max(Pg, 1), "pair tokens");
   auto* d_toff = sc.take<int32_t>(T + 1, "token offsets");
   auto* d_pair = sc.take<int32_t>(P, "pairs");
   auto* d_mw = sc.take<float>(P, "merge weights");
   check(rt::copy_async(d_toff, h_toff, size_t(T + 1) * 4, im.stream), "upload");
   check(rt::copy_async(d_pair, h_pair, size_t(P) * 4, im.stream), "upload");
   check(rt::copy_async(d_mw, h_mw, size_t(P) * 4, im.stream), "upload");
-  if (G > 0) {
+  const size_t wsb = kernels::moe::experts_workspace_bytes(int(T), int(P), int(L), int(I));
+  void* wsp = sc.take<uint8_t>(int64_t(wsb), "expert workspace");
+  const auto glu = model_.glu();
+  // One grouped launch over `groups` (views in device memory at `views`), writing pair rows
+  // pair0 … of ybuf. Lists go through pinned memory that stays untouched until the launch ran
+  // (each launch takes its own part of the staging area).
+  int pair0 = 0;
+  auto launch = [&](const std::vector<const ExpertTask*>& groups,
+                    const std::function<Mxfp4ExpertView(size_t)>& view_of) {
+    if (groups.empty()) return;
+    const int G = int(groups.size());
+    auto* h_views = reinterpret_cast<Mxfp4ExpertView*>(pin);
+    pin += align_up(size_t(G) * sizeof(Mxfp4ExpertView));
+    auto* h_goff = reinterpret_cast<int32_t*>(pin);
+    pin += align_up(size_t(G + 1) * 4);
+    auto* h_ptok = reinterpret_cast<int32_t*>(pin);
+    int np = 0;
+    h_goff[0] = 0;
+    for (int g = 0; g < G; ++g) {
+      h_views[g] = view_of(size_t(g));
+      for (int32_t tok : groups[size_t(g)]->tokens) h_ptok[np++] = tok;
+      h_goff[g + 1] = np;
+    }
+    pin += align_up(size_t(np) * 4);
+    STRATA_ASSERT(size_t(pin - im.pinned) <= im.pinned_bytes);
+    auto* d_views = sc.take<Mxfp4ExpertView>(G, "views");
+    auto* d_goff = sc.take<int32_t>(G + 1, "group offsets");
+    auto* d_ptok = sc.take<int32_t>(np, "pair tokens");
     check(rt::copy_async(d_views, h_views, size_t(G) * sizeof(Mxfp4ExpertView), im.stream),
           "upload");
     check(rt::copy_async(d_goff, h_goff, size_t(G + 1) * 4, im.stream), "upload");
-    check(rt::copy_async(d_ptok, h_ptok, size_t(Pg) * 4, im.stream), "upload");
+    check(rt::copy_async(d_ptok, h_ptok, size_t(np) * 4, im.stream), "upload");
+    tel_.h2d_bytes += double(G * int64_t(sizeof(Mxfp4ExpertView)) + (G + 1 + np) * 4);
     kernels::moe::ExpertBatch b;
     b.experts = d_views;
     b.group_offsets = d_goff;
     b.pair_token = d_ptok;
     b.x = z;
-    b.y = ybuf;
+    b.y = ybuf + int64_t(pair0) * L;
     b.G = G;
-    b.P = Pg;
+    b.P = np;
     b.T = int(T);
     b.H = int(L);
     b.I = int(I);
-    const auto g = model_.glu();
-    b.glu.situ = g.kind == cpu::ref::GluKind::situ;
-    b.glu.beta1 = g.beta1;
-    b.glu.beta2 = g.beta2;
-    const size_t wsb = kernels::moe::experts_workspace_bytes(int(T), Pg, int(L), int(I));
-    Scratch ws(im.arena);
-    void* wsp = ws.take<uint8_t>(int64_t(wsb), "expert workspace");
+    b.glu.situ = glu.kind == cpu::ref::GluKind::situ;
+    b.glu.beta1 = glu.beta1;
+    b.glu.beta2 = glu.beta2;
     check(
         kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
         "grouped_experts");
     // The contract output rounded to bf16 like every GEMM output of the bf16 model (and like the
     // CPU executor's rows): the merge then sees the same bits from either executor.
-    check(kops::round_bf16_inplace(ybuf, int64_t(Pg) * L, im.stream), "round experts");
+    check(kops::round_bf16_inplace(b.y, int64_t(np) * L, im.stream), "round experts");
+    pair0 += np;
+  };
+  launch(resident,
+         [&](size_t g) { return im.views_host[size_t(w.gpu_slot[size_t(resident[g]->expert)])]; });
+  // Staged rounds: a round copies up to stage_slots experts into one half of the device slots
+  // (host memcpy into a pinned buffer, then DMA on the copy stream, two pinned buffers
+  // alternating) and computes them; the next round fills the other half meanwhile.
+  for (size_t first = 0, round = 0; first < staged.size();
+       first += size_t(im.stage_slots), ++round) {
+    const size_t n = std::min(staged.size() - first, size_t(im.stage_slots));
+    const int h = int(round % 2);
+    uint8_t* half = im.stage_dev + size_t(h) * size_t(im.stage_slots) * im.expert_bytes;
+    check(rt::stream_wait(im.copy_stream, im.half_free[h]), "staging");
+    const double tc = now_s();
+    for (size_t i = 0; i < n; ++i) {
+      const ExpertWeights& ew = hw.experts[size_t(staged[first + i]->expert)];
+      const int pb = int(tel_.staged_experts % 2);
+      check(rt::event_sync(im.pin_done[pb]), "staging");
+      char* dst = im.stage_pin + size_t(pb) * im.expert_bytes;
+      for_each_part(ew, [&](const uint8_t* src, size_t bytes, size_t off) {
+        parallel_copy(dst + off, src, bytes);
+      });
+      check(rt::copy_async(half + i * im.expert_bytes, dst, im.expert_bytes, im.copy_stream),
+            "staging DMA");
+      check(rt::event_record(im.pin_done[pb], im.copy_stream), "staging");
+      ++tel_.staged_experts;
+      tel_.staged_pairs += staged[first + i]->tokens.size();
+      tel_.h2d_bytes += double(im.expert_bytes);
+    }
+    tel_.stage_copy_s += now_s() - tc;
+    check(rt::event_record(im.copies_done, im.copy_stream), "staging");
+    check(rt::stream_wait(im.stream, im.copies_done), "staging");
+    std::vector<const ExpertTask*> groups(staged.begin() + int64_t(first),
+                                          staged.begin() + int64_t(first + n));
+    launch(groups, [&](size_t g) {
+      return view_at(hw.experts[size_t(groups[g]->expert)], half + g * im.expert_bytes, int(L),
+                     int(I));
+    });
+    check(rt::event_record(im.half_free[h], im.stream), "staging");
   }
   float* shared = nullptr;
   if (w.has_shared) {
     shared = sc.take<float>(T * D, "shared");
     mlp(im, w.shared, act, xb, shared, T);
   }
-  tel_.h2d_bytes += double(P * 12 + G * int64_t(sizeof(Mxfp4ExpertView)) + Pg * 4);
+  tel_.h2d_bytes += double(P * 12);
   // 5. Host: the experts that missed the GPU cache, computed while the GPU runs the above.
   if (Pc > 0) {
     const double tc = now_s();

@@ -33,6 +33,13 @@ struct CudaBackendOptions {
   uint64_t gpu_mem_bytes = 0;    // 0: the device's free memory less a 1 GiB margin
   int device = 0;
   bool progress = true;  // a progress line while uploading weights
+  // Prefill staging (issue 18 item 6): an expert outside the GPU cache with at least this many
+  // tokens in a step is copied host → GPU and run there; 0 = the cost model's threshold
+  // (offload/cost_model.h prefill_stage_threshold) from `hardware_file` (strata bench hw --save),
+  // or from host→device and memory rates measured at the first step that needs them.
+  int stage_threshold = 0;
+  std::string hardware_file;
+  int stage_slots = 32;  // experts per staging round (two rounds in flight: 2× this many slots)
 };
 
 // Step telemetry (summed over steps; reset by the caller reading it).
@@ -42,6 +49,8 @@ struct CudaTelemetry {
   double cpu_expert_s = 0;                              // host time in CPU expert kernels
   double sync_wait_s = 0;                               // host time waiting for the GPU
   double h2d_bytes = 0, d2h_bytes = 0;
+  uint64_t staged_experts = 0, staged_pairs = 0;  // prefill staging host → GPU
+  double stage_copy_s = 0;                        // host time copying experts into pinned slots
   uint64_t steps = 0;
 };
 
@@ -86,6 +95,9 @@ class CudaBackend final : public Backend {
   std::string telemetry_line() const override;
 
   struct Impl;
+
+  // The prefill staging threshold in use (resolving it on first call; see CudaBackendOptions).
+  int stage_threshold();
 
  private:
   const Model& model_;

@@ -55,6 +55,7 @@ void* event_create();  // timing-disabled event; nullptr on failure
 void event_destroy(void* e);
 Status event_record(void* e, void* stream);
 Status stream_wait(void* stream, void* e);
+Status event_sync(void* e);  // host waits until the event's work is done
 
 // cudaMemcpyAsync with cudaMemcpyDefault (unified addressing decides the direction).
 Status copy_async(void* dst, const void* src, size_t bytes, void* stream);

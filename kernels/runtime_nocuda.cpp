@@ -45,6 +45,9 @@ Status event_record(void*, void*) {
 Status stream_wait(void*, void*) {
   return none();
 }
+Status event_sync(void*) {
+  return none();
+}
 Status copy_async(void*, const void*, size_t, void*) {
   return none();
 }

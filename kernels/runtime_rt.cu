@@ -54,6 +54,7 @@ void event_destroy(void* e) {
 Status event_record(void* e, void* s) {
   return st(cudaEventRecord(static_cast<cudaEvent_t>(e), S(s)));
 }
+Status event_sync(void* e) { return st(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
 Status stream_wait(void* s, void* e) {
   return st(cudaStreamWaitEvent(S(s), static_cast<cudaEvent_t>(e), 0));
 }

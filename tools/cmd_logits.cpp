@@ -32,6 +32,9 @@ void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
                  "default: as many as the budget holds)");
   app.add_option("--max-context", o.max_context, "positions per sequence the GPU state holds")
       ->capture_default_str();
+  app.add_option("--hardware", o.hardware,
+                 "hardware profile (strata bench hw --save) for the cost model's decisions (the "
+                 "prefill staging threshold); default: measured when first needed");
   app.add_option("--max-step-rows", o.max_step_rows,
                  "tokens per GPU step (prefill chunk); longer prompts run in chunks")
       ->capture_default_str();

@@ -66,6 +66,7 @@ inline CudaBackendOptions quiet(double gpu_share = -1, int slots = 1) {
   co.slots = slots;
   co.max_context = 1024;
   co.max_step_rows = 256;
+  co.stage_threshold = 1 << 30;  // no prefill staging unless a check asks for it
   return co;
 }
 
@@ -155,12 +156,16 @@ inline void check_placements(const Model& model, const std::string& what, const 
   struct Placement {
     const char* name;
     double gpu_share;
-    std::string host_mem;  // empty: experts in the mmapped checkpoint (host memory)
+    std::string host_mem;     // empty: experts in the mmapped checkpoint (host memory)
+    int stage_threshold = 0;  // > 0: prefill staging forced at this many tokens per expert
   };
-  const Placement placements[] = {{"all GPU", 1.0, ""},
-                                  {"10% GPU, rest host", 0.1, ""},
-                                  {"10% GPU, 30% host, rest disk", 0.1, "30%"},
-                                  {"all host", 0.0, ""}};
+  // Staging is forced for every expert with ≥ 1 token in the last placement, through 3-expert
+  // rounds (several rounds per layer, both halves of the staging slots in use).
+  const Placement placements[] = {{"all GPU", 1.0, "", 0},
+                                  {"10% GPU, rest host", 0.1, "", 0},
+                                  {"10% GPU, 30% host, rest disk", 0.1, "30%", 0},
+                                  {"all host", 0.0, "", 0},
+                                  {"all host, prefill staged to the GPU", 0.0, "", 1}};
   std::vector<std::vector<float>> first_logits;
   std::vector<int32_t> first_tokens;
   for (const Placement& pl : placements) {
@@ -169,7 +174,10 @@ inline void check_placements(const Model& model, const std::string& what, const 
     OffloadRuntime offload(model, oo);
     SessionOptions go = bf16_session();
     offload.install(go);
-    CudaBackend gb(model, go.backend(), quiet(pl.gpu_share));
+    CudaBackendOptions co = quiet(pl.gpu_share);
+    co.stage_threshold = pl.stage_threshold ? pl.stage_threshold : 1 << 30;  // else: no staging
+    co.stage_slots = 3;
+    CudaBackend gb(model, go.backend(), co);
     Session gpu(model, gb, 0, go);
     std::vector<std::vector<float>> logits;
     std::vector<int32_t> tokens;
@@ -184,12 +192,16 @@ inline void check_placements(const Model& model, const std::string& what, const 
     CHECK(kernels::rt::device_allocations() == dev0);  // nothing allocated in the decode loop
     CHECK(kernels::rt::pinned_allocations() == pin0);
     const auto& t = gb.telemetry();
-    std::printf("[cuda backend %s] %s: %lld of %lld experts resident; pairs GPU %llu, CPU %llu\n",
-                what.c_str(), pl.name, (long long)gb.gpu_resident_experts(),
-                (long long)gb.routed_experts(), (unsigned long long)t.gpu_expert_pairs,
-                (unsigned long long)t.cpu_expert_pairs);
+    std::printf(
+        "[cuda backend %s] %s: %lld of %lld experts resident; pairs GPU %llu, CPU %llu; "
+        "staged %llu experts\n",
+        what.c_str(), pl.name, (long long)gb.gpu_resident_experts(), (long long)gb.routed_experts(),
+        (unsigned long long)t.gpu_expert_pairs, (unsigned long long)t.cpu_expert_pairs,
+        (unsigned long long)t.staged_experts);
     if (pl.gpu_share == 1.0) CHECK(t.cpu_expert_pairs == 0);
-    if (pl.gpu_share == 0.0) CHECK(t.gpu_expert_pairs == 0);
+    if (pl.gpu_share == 0.0 && !pl.stage_threshold) CHECK(t.gpu_expert_pairs == 0);
+    if (pl.stage_threshold) CHECK(t.staged_experts > 3);  // several rounds
+    if (!pl.stage_threshold) CHECK(t.staged_experts == 0);
     if (pl.gpu_share == 0.1) CHECK((t.cpu_expert_pairs > 0 && t.gpu_expert_pairs > 0));
     if (first_logits.empty()) {
       first_logits = logits;
