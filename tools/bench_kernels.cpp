@@ -9,6 +9,8 @@
 //     sequence; plus kv_b (25 MB) once per call. 96 heads × (576 + 512) MACs per position make it
 //     compute-heavy: 27 GFLOP per 128K-position sequence.
 //   MLA prefill T=16K: 2·96·(T²/2)·320 = 8.2 TFLOP of attention (+ 0.4 TFLOP kv expansion).
+//   MLA prefill, a 4096-token chunk against 1M cached positions: 2·96·4096·1M·320 = 264 TFLOP of
+//     attention + 26 TFLOP of tile-by-tile expansion → ≥ 0.37 s at the GEMM peak.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -305,6 +307,45 @@ void bench_mla(const KernelBenchContext& ctx, BenchReport& r) {
     l.peak_is_bandwidth = false;
     l.note = "incl. kv expansion GEMM; target >= 40% of GEMM";
     r.add(l);
+  }
+  // A chunk of T new tokens against a long cache (S positions, the chunk's own rows last), in the
+  // bounded workspace: the cache expanded tile by tile (mla::kPrefillTile positions).
+  struct Lc {
+    int64_t T, S;
+  };
+  for (const Lc& c : ctx.quick ? std::vector<Lc>{{1024, 32768}}
+                               : std::vector<Lc>{{4096, 131072}, {4096, 1048576}}) {
+    Dev cache(size_t(c.S) * mla::kCacheDim * 2), q(size_t(c.T) * H * mla::kQDim * 2),
+        out(size_t(c.T) * H * 128 * 2);
+    fill_bf16(cache.p, size_t(c.S) * mla::kCacheDim, 26, 1.f);
+    fill_bf16(q.p, size_t(c.T) * H * mla::kQDim, 27, 1.f);
+    const double expand = 2.0 * double(c.S) * mla::kLatent * H * 256;
+    const size_t one_pass = mla::prefill_workspace_bytes(H, c.S);
+    // The bounded workspace; at 128K also the one-pass form (6.5 GB) for what tiling costs.
+    std::vector<size_t> sizes{mla::prefill_workspace_bytes_bounded(H, c.T)};
+    if (c.S <= 131072) sizes.push_back(one_pass);
+    for (const size_t wsb : sizes) {
+      const int64_t tile = mla::prefill_tile_positions(H, c.S, c.T, wsb);
+      Dev ws(wsb);
+      auto run = [&] {
+        ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), c.S, kvb.as<uint16_t>(),
+                        out.as<uint16_t>(), c.T, ws.p, wsb, nullptr),
+           "mla prefill (long cache)");
+      };
+      BenchLine l;
+      l.name = "mla/prefill T=" + std::to_string(c.T) + " S=" + std::to_string(c.S) +
+               (tile < c.S ? "" : " one pass");
+      l.shape = "H=96, " + (tile < c.S ? "cache tiles of " + std::to_string(tile) : "one tile") +
+                ", workspace " + fmt("%.2f GB", double(wsb) / 1e9);
+      l.time = stats(kernels::gpu_time(run, nullptr, 3, 1));
+      l.flops = mla::prefill_attention_flops(H, c.T, c.S) + expand;
+      l.peak_name = "bf16 GEMM (measured)";
+      l.peak = ctx.gemm_tflops;
+      l.peak_is_bandwidth = false;
+      l.note = fmt("incl. kv expansion GEMM (%.1f%% of FLOPs); one pass needs %.1f GB",
+                   100.0 * expand / l.flops, double(one_pass) / 1e9);
+      r.add(l);
+    }
   }
 }
 

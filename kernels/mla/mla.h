@@ -1,5 +1,6 @@
 // Gated MLA without RoPE (spec/model.md §5) on sm_90a: the latent-cache write, prefill attention
-// (expanded keys/values, flash-style online softmax, causal, chunked against an existing cache)
+// (expanded keys/values, flash-style online softmax, causal, chunked against an existing cache of
+// up to 1M positions in a bounded workspace: the cache is expanded tile by tile)
 // and absorbed decode attention over the latent cache, split along the sequence and merged.
 // Thin launchers: device pointers, sizes, a stream (cudaStream_t as void*); each returns a Status
 // and never synchronises. No CUDA types are exposed.
@@ -29,14 +30,32 @@ constexpr int kMaxSeqs = 256;               // sequences per decode call
 Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
                     int64_t pos0, int64_t T, void* stream);
 
-// Workspace of prefill(): the expanded keys/values of S positions ([S, H, 256] bf16) plus the
-// GEMM's scratch.
+// Workspace of prefill() in one pass: the expanded keys/values of all S positions ([S, H, 256]
+// bf16, 49 KB per position at H = 96) plus the GEMM's scratch. Grows with S: 51 GB at 1M.
 size_t prefill_workspace_bytes(int H, int64_t S);
+
+// Cached positions per tile (a multiple of 64) and the default tile of the bounded form.
+constexpr int64_t kPrefillTileAlign = 64;
+constexpr int64_t kPrefillTile = 16384;
+
+// Workspace of prefill() for chunks of up to T queries against caches of any length, in tiles of
+// at least max_tile cached positions (rounded up to 64): one tile's expanded keys/values
+// (max_tile·H·512 bytes), the GEMM's scratch (32 MB) and the fp32 softmax state carried across
+// tiles (T·H·520 bytes). Independent of S: 1.04 GB at H = 96, T = 4096, the default tile.
+size_t prefill_workspace_bytes_bounded(int H, int64_t T, int64_t max_tile = kPrefillTile);
+
+// The cache tile prefill() uses with this workspace: S (one pass) when workspace_bytes >=
+// prefill_workspace_bytes(H, S), else the most positions (a multiple of 64) that fit next to the
+// state; 0 when not even 64 fit (prefill() refuses).
+int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_bytes);
 
 // Causal attention of the last T of S cached positions (queries at positions S−T .. S−1) over all
 // S, expanded form (spec §5.2): [k_nope | v] = ĉ·kv_bᵀ by cuBLASLt (bf16 out, as HF's GEMM), keys
 // [k_nope | k_pe], softmax scale 192^-1/2, fp32 online softmax, bf16 out. The cache must already
 // hold the T new rows (write_latent). q: [T, H, 192]; out: [T, H, 128].
+// The cache is expanded tile by tile (prefill_tile_positions) and the attention runs over each
+// tile in turn, the fp32 softmax state (row max, row sum, unnormalised O) carried across tiles in
+// the workspace; the result equals the one-pass form up to fp32 summation order.
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
                uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream);
 

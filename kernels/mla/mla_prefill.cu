@@ -1,7 +1,26 @@
 // MLA latent-cache write and prefill attention (see mla.h). Prefill expands the latent cache to
-// per-head [k_nope | v] with one cuBLASLt GEMM, then a flash-style kernel walks the causal key
-// tiles on tensor cores (bf16 wgmma / mma.sync, fp32 accumulate) with an fp32 online softmax (exp2
-// domain: scores are scaled by scale·log2 e); P is rounded to bf16 for the P·V product.
+// per-head [k_nope | v] with cuBLASLt, then a flash-style kernel walks the causal key tiles on
+// tensor cores (bf16 wgmma / mma.sync, fp32 accumulate) with an fp32 online softmax (exp2 domain:
+// scores are scaled by scale·log2 e); P is rounded to bf16 for the P·V product. Not here: the
+// absorbed decode (mla_decode.cu).
+//
+// Long caches: the expansion runs tile by tile (prefill_tile_positions, 16K positions by default)
+// into one bounded buffer, and the attention kernel runs over each tile in turn, carrying the fp32
+// softmax state (row max, row sum, unnormalised O) across the launches in the workspace. Why the
+// expanded form and not the absorbed one for the cached part — per chunk of T = 4096 queries
+// against S = 1M positions at H = 96 (FLOPs = 2 per multiply-add):
+//   expanded, tiled: expansion 2·S·512·H·256 = 2.6e13, attention 2·H·T·S·(192 + 128) = 2.6e14;
+//     2.9e14 in all. Bytes: the latent cache once (1.2 GB), each expanded tile written once and
+//     read by the T/128 query blocks of each head mostly from L2 (51 GB written + read), the state
+//     read and written once per tile (0.4 GB per tile, 26 GB over 64 tiles): ≈ 30 ms at 4 TB/s.
+//   absorbed: scores over the 576-wide rows and the context over 512 per (query, head, position):
+//     2·H·T·S·(576 + 512) = 9.0e14, 3.1× the expanded form; its bytes are smaller (the 1.2 GB
+//     latent, shared by the heads) but both forms are compute-bound by two orders of magnitude.
+// On the H200's tensor cores (≈ 790 TFLOP/s bf16 measured) the expanded form's floor is 0.37 s
+// per chunk against 1.1 s absorbed, and the absorbed kernel would be the harder one to run fast (a
+// 512-wide fp32 accumulator per query row and head, and rounding q_lat to bf16 changes the
+// numerics against HF's expanded order). So: expanded, tiled; the expansion adds 512·256 /
+// (T·320) = 10% of the FLOPs at T = 4096 at twice the attention's rate (cuBLASLt), ~5% of time.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -45,13 +64,13 @@ __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint
 
 // ---- attention: FA2 structure with a cp.async pipeline -------------------------------------
 // Block = 128 queries of one head, 8 warps × 16 query rows (two warpgroups × 64), so every K/V
-// tile in shared memory feeds twice as many queries as the first (64-query) kernel did. Tiles of 64 keys stream through a
-// 3-stage cp.async ring (tiles j+1 and j+2 in flight while tile j is computed; one barrier per
-// tile). Q fragments stay in registers for the whole block. S = QKᵀ by wgmma (v3, v4: K read by
-// the tensor cores straight from shared memory) or by mma.sync with ldmatrix fragments (v2);
-// O += P·V by mma.sync with ldmatrix.trans V fragments (v2, v3) or by wgmma (v4). The causal mask
-// is applied only on the tiles that cross a warp's diagonal, and a warp (wgmma: a warpgroup)
-// skips the tiles that lie wholly above its rows.
+// tile in shared memory feeds twice as many queries as the first (64-query) kernel did. Tiles of 64
+// keys stream through a 3-stage cp.async ring (tiles j+1 and j+2 in flight while tile j is
+// computed; one barrier per tile). Q fragments stay in registers for the whole block. S = QKᵀ by
+// wgmma (v3, v4: K read by the tensor cores straight from shared memory) or by mma.sync with
+// ldmatrix fragments (v2); O += P·V by mma.sync with ldmatrix.trans V fragments (v2, v3) or by
+// wgmma (v4). The causal mask is applied only on the tiles that cross a warp's diagonal, and a warp
+// (wgmma: a warpgroup) skips the tiles that lie wholly above its rows.
 constexpr int kBQ2 = 128, kBK2 = 64, kWarps2 = 8, kThreads2 = 32 * kWarps2, kStages2 = 3;
 constexpr int kKst = kQDim + 8;  // bf16 row stride of Q and K tiles: rows 400 B apart, so the 8
                                  // row addresses of an ldmatrix hit distinct bank groups
@@ -149,13 +168,14 @@ __device__ __forceinline__ int v_chunk_offset(int j, int c8) {
 // the 8 keys' chunks land in distinct 16-byte bank groups, so the shared-memory writes are
 // conflict-free (one chunk column of the core-matrix layouts is 128 contiguous bytes).
 // kv_row / pe_row: this thread's row of tile 0 in the expanded kv buffer / the latent cache, at
-// its first chunk.
+// its first chunk, both counted from the first position of the cache tile (n rows; s0 is the key
+// tile's first row in it).
 template <int kMode>
 __device__ __forceinline__ void load_kv_tile(uint32_t stage, const uint16_t* kv_row,
-                                             const uint16_t* pe_row, int64_t H, int64_t S,
+                                             const uint16_t* pe_row, int64_t H, int64_t n,
                                              int64_t s0, int lj, int lc) {
   // This thread's key is lj of the tile (warp·8 + lane%8), its chunks lc, lc+4, lc+8, ...
-  const bool ok = s0 + lj < S;
+  const bool ok = s0 + lj < n;
   const int64_t t = ok ? s0 : -int64_t(lj);  // zero-filled: reads nothing; point at row 0
   const uint16_t* src = kv_row + t * H * kKv;
   const uint32_t vs = stage + uint32_t(2 * kBK2 * kKst);
@@ -247,21 +267,22 @@ __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[kV / 8][4], const
 }
 
 // One 64-key tile of the online softmax for this thread's two rows (pos_lo, pos_hi): masks the
-// scores on the diagonal tile (or past the cache end), updates the running max m (scaled, log2
-// domain) and the per-thread partial sums l, rescales O, and returns P as bf16 A fragments.
+// scores on the diagonal tile (or at and past `end`, the end of the cache tile), updates the
+// running max m (scaled, log2 domain) and the per-thread partial sums l, rescales O, and returns P
+// as bf16 A fragments.
 __device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
                                                uint32_t (&pa)[kBK2 / 16][4], float (&o)[kV / 8][4],
                                                float& m_lo, float& m_hi, float& l_lo, float& l_hi,
                                                int64_t s0, int64_t wpos0, int64_t pos_lo,
-                                               int64_t pos_hi, int64_t S, int t, float qscale) {
-  if (s0 + kBK2 - 1 > wpos0 || s0 + kBK2 > S) {  // the diagonal (or the end of the cache)
+                                               int64_t pos_hi, int64_t end, int t, float qscale) {
+  if (s0 + kBK2 - 1 > wpos0 || s0 + kBK2 > end) {  // the diagonal (or the end of the tile)
 #pragma unroll
     for (int nt = 0; nt < kBK2 / 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int64_t sp = s0 + nt * 8 + 2 * t + e;
-        if (sp > pos_lo || sp >= S) sc[nt][e] = -INFINITY;
-        if (sp > pos_hi || sp >= S) sc[nt][2 + e] = -INFINITY;
+        if (sp > pos_lo || sp >= end) sc[nt][e] = -INFINITY;
+        if (sp > pos_hi || sp >= end) sc[nt][2 + e] = -INFINITY;
       }
     }
   }
@@ -321,10 +342,47 @@ __device__ __forceinline__ void pv_mma(float (&o)[kV / 8][4], const uint32_t (&p
   }
 }
 
+// One cache tile of a prefill call: positions [c0, end) of the cache, whose expanded [k_nope | v]
+// rows sit in `kv` from row 0. A call in one tile (first and last) keeps the softmax state in
+// registers only; otherwise the state of every query row and head crosses the launches in fp32:
+// O unnormalised [T, H, 128] and (m, l) [T, H, 2] (m in the scaled log2 domain, l the full row
+// sum), read at the start unless first, written at the end unless last (then out is written).
+struct CacheTile {
+  int64_t c0 = 0, end = 0;
+  float* st_o = nullptr;
+  float* st_ml = nullptr;
+  bool first = true, last = true;
+};
+
+// The fp32 softmax state of one query row and head (row = t·H + h) across cache tiles: this
+// thread's columns nt·8 + 2t, +1 of O (o[nt][e0], o[nt][e0 + 1]), the row max m and, in the quad's
+// lane 0, the row sum l.
+__device__ __forceinline__ void load_state(const CacheTile& ct, int64_t row, int t,
+                                           float (&o)[kV / 8][4], int e0, float& m, float& l) {
+  const float* so = ct.st_o + row * kV + 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) {
+    const float2 v = *reinterpret_cast<const float2*>(so + nt * 8);
+    o[nt][e0] = v.x;
+    o[nt][e0 + 1] = v.y;
+  }
+  const float2 ml = *reinterpret_cast<const float2*>(ct.st_ml + row * 2);
+  m = ml.x;
+  l = t == 0 ? ml.y : 0.f;
+}
+__device__ __forceinline__ void store_state(const CacheTile& ct, int64_t row, int t,
+                                            const float (&o)[kV / 8][4], int e0, float m, float l) {
+  float* so = ct.st_o + row * kV + 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++)
+    *reinterpret_cast<float2*>(so + nt * 8) = make_float2(o[nt][e0], o[nt][e0 + 1]);
+  if (t == 0) *reinterpret_cast<float2*>(ct.st_ml + row * 2) = make_float2(m, l);
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill(int H, const uint16_t* q, const uint16_t* kv, const uint16_t* cache, int64_t S,
-                 int64_t T, uint16_t* out, float qscale, int head_group) {
+                 int64_t T, uint16_t* out, float qscale, int head_group, CacheTile ct) {
   // 1-D grid of n_q·H blocks in this order: groups of head_group heads; within a group the longest
   // (latest) query tiles first, the group's heads innermost. The ~132 resident blocks then stream
   // the keys of a few heads that fit in L2 together, and the short tiles fill the tail.
@@ -338,7 +396,13 @@ __global__ void __launch_bounds__(kThreads2, 1)
   uint16_t* Qs = smem2;  // [kBQ2][kKst], then kStages2 × {K [kBK2][kKst], V [kBK2][kVst]}
   const int64_t t0 = int64_t(qt) * kBQ2, base = S - T;
   const int64_t last_pos = std::min<int64_t>(base + t0 + kBQ2 - 1, S - 1);
-  const int n_tiles = int(last_pos / kBK2) + 1;
+  // Key tiles of 64 this block needs from the cache tile: positions c0 .. min(end, last_pos + 1).
+  const int64_t c0 = ct.c0, n_ct = ct.end - c0, lim = std::min<int64_t>(ct.end, last_pos + 1);
+  const int n_tiles = lim > c0 ? int((lim - c0 + kBK2 - 1) / kBK2) : 0;
+  // A block whose queries all precede the tile has nothing to add (but writes out on the last).
+  if (n_tiles == 0 && !ct.last) {
+    return;
+  }
 
   // Q tile (rows past T zero-filled) and the first two key tiles.
 #pragma unroll
@@ -350,12 +414,12 @@ __global__ void __launch_bounds__(kThreads2, 1)
   }
   const int lj = warp * 8 + lane % 8, lc = lane / 8;
   const uint16_t* kv_row = kv + (int64_t(lj) * H + h) * kKv + lc * 8;
-  const uint16_t* pe_row = cache + int64_t(lj) * kCacheDim + kLatent + lc * 8;
+  const uint16_t* pe_row = cache + (c0 + lj) * kCacheDim + kLatent + lc * 8;
   const uint32_t ring = smem_addr(Qs + kQElems2);
-  load_kv_tile<kMode>(ring, kv_row, pe_row, H, S, 0, lj, lc);
+  if (n_tiles > 0) load_kv_tile<kMode>(ring, kv_row, pe_row, H, n_ct, 0, lj, lc);
   cp_async_commit();
   if (n_tiles > 1)
-    load_kv_tile<kMode>(ring + 2u * kStageElems2, kv_row, pe_row, H, S, kBK2, lj, lc);
+    load_kv_tile<kMode>(ring + 2u * kStageElems2, kv_row, pe_row, H, n_ct, kBK2, lj, lc);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
@@ -381,6 +445,14 @@ __global__ void __launch_bounds__(kThreads2, 1)
   float o[kV / 8][4];
 #pragma unroll
   for (int nt = 0; nt < kV / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  // This thread's two query rows; the state of earlier cache tiles (l whole in the quad's lane 0,
+  // as the per-thread partial sums are added over the quad at the end).
+  const int64_t t_lo = t0 + warp * 16 + lane / 4, t_hi = t_lo + 8;
+  if (!ct.first) {
+    if (t_lo < T) load_state(ct, (t_lo * H + h), t, o, 0, m_lo, l_lo);
+    if (t_hi < T) load_state(ct, (t_hi * H + h), t, o, 2, m_hi, l_hi);
+  }
+  bool touched = false;  // this warp ran at least one key tile (warp-uniform)
 
   for (int j = 0; j < n_tiles; j++) {
     cp_async_wait<1>();  // tile j has landed (this thread's copies) ...
@@ -388,13 +460,14 @@ __global__ void __launch_bounds__(kThreads2, 1)
     __syncthreads();  // ... everyone's, and every warp is done with tile j - 1's stage
     if (j + 2 < n_tiles) {
       load_kv_tile<kMode>(ring + 2u * uint32_t(((j + 2) % kStages2) * kStageElems2), kv_row, pe_row,
-                          H, S, int64_t(j + 2) * kBK2, lj, lc);
+                          H, n_ct, int64_t(j + 2) * kBK2, lj, lc);
     }
     cp_async_commit();  // (empty near the end: keeps the group count uniform)
-    const int64_t s0 = int64_t(j) * kBK2;
+    const int64_t s0 = c0 + int64_t(j) * kBK2;  // the key tile's first position
     // Skip the tile when it lies wholly above the diagonal of this warp's rows (kWgmmaS: of the
     // warpgroup's 64 rows, as the four warps issue each wgmma together).
     if (s0 > (wgmma_s(kMode) ? wpos0 - (warp % 4) * 16 + 63 : wpos1)) continue;
+    touched = true;
     const uint32_t stage = smem_addr(Qs + kQElems2 + (j % kStages2) * kStageElems2);
 
     float sc[kBK2 / 8][4];
@@ -426,7 +499,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
       }
     }
     uint32_t pa[kBK2 / 16][4];
-    online_softmax(sc, pa, o, m_lo, m_hi, l_lo, l_hi, s0, wpos0, pos_lo, pos_hi, S, t, qscale);
+    online_softmax(sc, pa, o, m_lo, m_hi, l_lo, l_hi, s0, wpos0, pos_lo, pos_hi, ct.end, t, qscale);
     if constexpr (wgmma_pv(kMode)) {
       // 16 keys = 2 key blocks of V per k-step; descriptor offsets (leading, stride) in bytes.
       constexpr uint32_t kLead = 128, kStride = 1024;
@@ -452,7 +525,15 @@ __global__ void __launch_bounds__(kThreads2, 1)
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
   }
-  const int64_t t_lo = t0 + warp * 16 + lane / 4, t_hi = t_lo + 8;
+  if (!ct.last) {
+    // A warp that ran no key tile leaves its rows' state as it found it (the first tile always
+    // runs key tile 0, so the state is written once before it is ever read).
+    if (touched || ct.first) {
+      if (t_lo < T) store_state(ct, (t_lo * H + h), t, o, 0, m_lo, l_lo);
+      if (t_hi < T) store_state(ct, (t_hi * H + h), t, o, 2, m_hi, l_hi);
+    }
+    return;
+  }
   const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
 #pragma unroll
   for (int nt = 0; nt < kV / 8; nt++) {
@@ -538,26 +619,68 @@ Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_
   return launch_status();
 }
 
+namespace {
+
+size_t align256(size_t b) {
+  return (b + 255) & ~size_t(255);
+}
+// Expanded [k_nope | v] of n positions, bf16.
+size_t kv_bytes(int H, int64_t n) {
+  return align256(size_t(n) * size_t(H) * kKv * sizeof(uint16_t));
+}
+// The softmax state across cache tiles: O [T, H, 128] and (m, l) [T, H, 2], fp32.
+size_t state_o_bytes(int H, int64_t T) {
+  return align256(size_t(T) * size_t(H) * kV * sizeof(float));
+}
+size_t state_bytes(int H, int64_t T) {
+  return state_o_bytes(H, T) + align256(size_t(T) * size_t(H) * 2 * sizeof(float));
+}
+
+}  // namespace
+
 size_t prefill_workspace_bytes(int H, int64_t S) {
-  const size_t kv = size_t(S) * size_t(H) * kKv * sizeof(uint16_t);
-  return ((kv + 255) & ~size_t(255)) + kGemmScratch;
+  return kv_bytes(H, S) + kGemmScratch;
+}
+
+size_t prefill_workspace_bytes_bounded(int H, int64_t T, int64_t max_tile) {
+  const int64_t tile =
+      std::max<int64_t>(kPrefillTileAlign,
+                        (max_tile + kPrefillTileAlign - 1) / kPrefillTileAlign * kPrefillTileAlign);
+  return kv_bytes(H, tile) + kGemmScratch + state_bytes(H, T);
+}
+
+int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_bytes) {
+  if (H < 1 || S < 1 || T < 1) return 0;
+  if (workspace_bytes >= prefill_workspace_bytes(H, S)) return S;
+  const size_t fixed = kGemmScratch + state_bytes(H, T);
+  if (workspace_bytes <= fixed) return 0;
+  const size_t per_pos = size_t(H) * kKv * sizeof(uint16_t);
+  const int64_t tile = int64_t((workspace_bytes - fixed) / per_pos) / kPrefillTileAlign *
+                       kPrefillTileAlign;  // a multiple of 64: its kv bytes are 256-aligned
+  return std::min(tile, S);
 }
 
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
                uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream) {
   if (!q || !cache || !kv_b || !out || !workspace) return invalid("mla prefill: null pointer");
   if (H < 1 || T < 1 || T > S) return invalid("mla prefill: need H >= 1 and 1 <= T <= S");
-  if (workspace_bytes < prefill_workspace_bytes(H, S))
-    return invalid("mla prefill: workspace smaller than prefill_workspace_bytes(H, S)");
   if ((T + kBQ2 - 1) / kBQ2 * H > (int64_t(1) << 31) - 1 || H > 65535)
     return invalid("mla prefill: too large");
+  const int64_t tile = prefill_tile_positions(H, S, T, workspace_bytes);
+  if (tile < 1)
+    return invalid(
+        "mla prefill: workspace smaller than prefill_workspace_bytes_bounded(H, T, 64), the "
+        "least for tiles of 64 cached positions");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint16_t* kv = static_cast<uint16_t*>(workspace);
-  const size_t kv_bytes = (size_t(S) * size_t(H) * kKv * sizeof(uint16_t) + 255) & ~size_t(255);
-  if (Status st = expand_kv(H, cache, S, kv_b, kv, static_cast<char*>(workspace) + kv_bytes,
-                            kGemmScratch, s);
-      !st.ok())
-    return st;
+  // Workspace: [expanded kv of one tile | GEMM scratch | softmax state (tiled calls only)].
+  char* ws = static_cast<char*>(workspace);
+  uint16_t* kv = reinterpret_cast<uint16_t*>(ws);
+  char* scratch = ws + kv_bytes(H, tile);
+  CacheTile ct;
+  if (tile < S) {
+    ct.st_o = reinterpret_cast<float*>(scratch + kGemmScratch);
+    ct.st_ml = reinterpret_cast<float*>(scratch + kGemmScratch + state_o_bytes(H, T));
+  }
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   static const bool attrs = [] {
     cudaFuncSetAttribute(attn_prefill<kWgmmaS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -565,14 +688,25 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
     return true;
   }();
   (void)attrs;
-  // Heads per group: as many as keep the group's keys and values (S·640 bytes per head) within
-  // ~24 MB of the 50 MB L2.
-  const int64_t per_head_bytes = S * int64_t(kKv + kRope) * int64_t(sizeof(uint16_t));
-  const int head_group = int(std::clamp<int64_t>((int64_t(24) << 20) / per_head_bytes, 1, H));
   const int64_t blocks = (T + kBQ2 - 1) / kBQ2 * H;
-  attn_prefill<kWgmmaS><<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(H, q, kv, cache, S, T, out,
-                                                                       qscale, head_group);
-  return launch_status();
+  for (int64_t c0 = 0; c0 < S; c0 += tile) {
+    const int64_t n = std::min(tile, S - c0);
+    if (Status st = expand_kv(H, cache + c0 * kCacheDim, n, kv_b, kv, scratch, kGemmScratch, s);
+        !st.ok())
+      return st;
+    ct.c0 = c0;
+    ct.end = c0 + n;
+    ct.first = c0 == 0;
+    ct.last = c0 + n == S;
+    // Heads per group: as many as keep the group's keys and values of this tile (n·640 bytes per
+    // head) within ~24 MB of the 50 MB L2.
+    const int64_t per_head_bytes = n * int64_t(kKv + kRope) * int64_t(sizeof(uint16_t));
+    const int head_group = int(std::clamp<int64_t>((int64_t(24) << 20) / per_head_bytes, 1, H));
+    attn_prefill<kWgmmaS><<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(
+        H, q, kv, cache, S, T, out, qscale, head_group, ct);
+    if (Status st = launch_status(); !st.ok()) return st;
+  }
+  return Status{};
 }
 
 }  // namespace strata::kernels::mla

@@ -1,13 +1,17 @@
 // Op-check of the CUDA MLA kernels (kernels/mla/mla.h) against the fp32 reference ops
 // (cpu/ref/ops.h): latent-cache rows, expanded causal prefill (fresh and chunked against an
-// existing cache) and absorbed split decode, at K3 shapes (96 heads, latent 512 + 64, q head 192,
-// v 128), odd small shapes and long caches (256K, 1M positions).
+// existing cache, in one pass and in bounded-workspace cache tiles) and absorbed split decode, at
+// K3 shapes (96 heads, latent 512 + 64, q head 192, v 128), odd small shapes and long caches
+// (128K positions at 96 heads, 256K and 1M with fewer heads).
 //
 // Tolerances: outputs are bf16 after fp32 softmax attention; GPU and reference round at the same
 // points (kv expansion / q_lat GEMM outputs, the output), so differences come from summation order
 // and exp2 vs exp, plus the bf16 rounding flips they cause (≤ 2^-8 relative per flipped
 // element): rel L2 ≤ 1e-2, cosine ≥ 0.9999. Latent rows differ only by the RMS reduction order
 // (a flip of one bf16 ulp in rare elements): rel L2 ≤ 2e-3 and ≤ 1% of elements differing.
+// Tiled prefill against the one-pass GPU result: the same bf16 keys and the same 64-key softmax
+// steps, only the row sums are added in another order across the tile boundaries: rel L2 ≤ 1e-3,
+// cosine ≥ 0.99999 (in practice a rare one-ulp bf16 flip).
 // Decode caches hold NaN past each sequence's end: a read out of range poisons the output.
 #include <catch2/catch.hpp>
 
@@ -45,7 +49,11 @@ void check_out(const std::vector<float>& got, const std::vector<float>& want, co
   CHECK(d.cosine >= 0.9999);
 }
 
-void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed) {
+// tile > 0: the workspace is prefill_workspace_bytes_bounded(H, T, tile), which must make
+// prefill() work in tiles of exactly `tile` positions; one_pass also runs the one-pass form (full
+// expansion) on the same data and compares the two outputs tightly.
+void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t tile = 0,
+                      bool one_pass = false) {
   if (kernels::cuda_device_count() == 0) {
     WARN("no CUDA device: skipping");
     return;
@@ -66,13 +74,38 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed) {
     REQUIRE(km::write_latent(d_ckv.p, d_nw.p, 1e-6f, d_cache.p, 0, S_prev, nullptr).ok());
   REQUIRE(
       km::write_latent(d_ckv.p + S_prev * R, d_nw.p, 1e-6f, d_cache.p, S_prev, T, nullptr).ok());
-  const size_t wsb = km::prefill_workspace_bytes(H, S);
-  DevBuf<uint8_t> ws(wsb);
-  ws.fill_bytes(0xff);
-  auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out.p, T, ws.p, wsb, nullptr);
-  INFO(s.message);
-  REQUIRE(s.ok());
-  CUDA_REQUIRE(cudaDeviceSynchronize());
+  const size_t wsb = tile > 0 ? km::prefill_workspace_bytes_bounded(H, T, tile)
+                              : km::prefill_workspace_bytes(H, S);
+  if (tile > 0) {
+    INFO("bounded workspace " << wsb << " bytes, one pass " << km::prefill_workspace_bytes(H, S));
+    REQUIRE(km::prefill_tile_positions(H, S, T, wsb) == tile);  // really tiles, as asked
+  }
+  std::vector<float> got;
+  {
+    DevBuf<uint8_t> ws(wsb);
+    REQUIRE(ws.p != nullptr);
+    ws.fill_bytes(0xff);  // NaN-filled: state read before it is written poisons the output
+    auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out.p, T, ws.p, wsb, nullptr);
+    INFO(s.message);
+    REQUIRE(s.ok());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    got = widen(d_out.download());
+  }
+  if (one_pass) {
+    const size_t full = km::prefill_workspace_bytes(H, S);
+    DevBuf<uint8_t> ws(full);
+    REQUIRE(ws.p != nullptr);
+    DevBuf<uint16_t> d_out1(T * H * km::kV);
+    auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out1.p, T, ws.p, full, nullptr);
+    INFO(s.message);
+    REQUIRE(s.ok());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    const Diff d1 = compare(got, widen(d_out1.download()));
+    INFO("tiled vs one pass: " << d1.str());
+    CHECK(d1.nonfinite_mismatch == 0);
+    CHECK(d1.rel_l2 <= 1e-3);
+    CHECK(d1.cosine >= 0.99999);
+  }
 
   const auto d = dims(H);
   std::vector<float> rows(S * R);
@@ -91,7 +124,7 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed) {
   ref::mla_attention_expanded(q.f32.data(), cache.data(), S,
                               ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent),
                               d, out_ref.data(), T, ref::Precision::bf16);
-  check_out(widen(d_out.download()), out_ref, "prefill out");
+  check_out(got, out_ref, tile > 0 ? "tiled prefill out" : "prefill out");
 }
 
 void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed) {
@@ -149,6 +182,35 @@ TEST_CASE("mla gpu prefill: long prompt (4099 tokens, 2 heads)", "[gpu][mla]") {
   run_prefill_case(2, 0, 4099, 24);
 }
 
+TEST_CASE(
+    "mla gpu prefill, tiled: tile edges (S = 1000 in tiles of 256, 300 queries across two "
+    "tiles and the diagonal inside both)",
+    "[gpu][mla]") {
+  // Queries at 700 .. 999: tile [512, 768) holds the diagonal of the first 68, tile [768, 1000)
+  // is partial (not a multiple of 64 either) and holds the diagonal of the rest.
+  run_prefill_case(3, 700, 300, 41, 256, true);
+}
+
+TEST_CASE(
+    "mla gpu prefill, tiled: 333 queries after 2000 cached, tiles of 64 (query blocks "
+    "with no keys in a tile)",
+    "[gpu][mla]") {
+  // (A fresh prompt never tiles: its state, T·H·520 bytes, is as large as its full expansion.)
+  run_prefill_case(5, 2000, 333, 42, 64, true);
+}
+
+TEST_CASE("mla gpu prefill, tiled: K3 shape (96 heads), 16 queries after 128K cached, 17 tiles",
+          "[gpu][mla]") {
+  // S = 131093 + 16 = 131109 positions in tiles of 8192 (the last one 37 positions).
+  run_prefill_case(96, 131093, 16, 43, 8192, true);
+}
+
+TEST_CASE("mla gpu prefill, tiled: 1M cached positions (8 heads), 12 queries, 33 tiles",
+          "[gpu][mla]") {
+  // S = 1048676: 32 tiles of 32768 and one of 100 positions.
+  run_prefill_case(8, 1048664, 12, 44, 32768, true);
+}
+
 TEST_CASE("mla gpu decode: odd small shapes, 3 sequences of 1, 300, 5000", "[gpu][mla]") {
   run_decode_case(3, {1, 300, 5000}, 31);
 }
@@ -179,4 +241,11 @@ TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
   auto s = km::decode(4, &dummy, &dummy, 576, lens, 1, &dummy, &dummy, &dummy, 1, nullptr);
   REQUIRE_FALSE(s.ok());
   REQUIRE(std::string(s.message).find(">= 1") != std::string::npos);
+  // A prefill workspace below one 64-position tile next to the state is refused, not overrun.
+  const size_t least = km::prefill_workspace_bytes_bounded(4, 8, 64);
+  REQUIRE(km::prefill_tile_positions(4, 100000, 8, least) == 64);
+  REQUIRE(km::prefill_tile_positions(4, 100000, 8, least - 1) == 0);
+  s = km::prefill(4, &dummy, &dummy, 100000, &dummy, &dummy, 8, &dummy, least - 1, nullptr);
+  REQUIRE_FALSE(s.ok());
+  REQUIRE(std::string(s.message).find("prefill_workspace_bytes_bounded") != std::string::npos);
 }
