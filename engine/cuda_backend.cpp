@@ -372,7 +372,7 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   arena += align_up(kernels::kda::prefill_workspace_bytes(int(std::max<int64_t>(H, 1)), 1, R));
   if (c_.num_mla_layers() > 0)
     arena += align_up(
-        std::max(kernels::mla::prefill_workspace_bytes(int(Hm), cuda_.max_context),
+        std::max(kernels::mla::prefill_workspace_bytes_bounded(int(Hm), R),
                  kernels::mla::decode_workspace_bytes(int(Hm), cuda_.slots, cuda_.max_context)));
   arena += align_up(size_t(E) * sizeof(Mxfp4ExpertView)) + 8 * align_up(size_t(R * Kt + E + 1) * 4);
   const uint64_t pinned = uint64_t(R * Kt * L) * 4 + uint64_t(R * std::max(L, D)) * 4 +
@@ -958,7 +958,10 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
         i = j;
       } else {
         const int64_t S = sq.pos0 + sq.T;
-        const size_t wsb = kernels::mla::prefill_workspace_bytes(int(H), S);
+        // Bounded: a chunk against a long cache expands it tile by tile (kernels/mla/mla.h).
+        const size_t wsb =
+            std::min(kernels::mla::prefill_workspace_bytes(int(H), S),
+                     kernels::mla::prefill_workspace_bytes_bounded(int(H), cuda_.max_step_rows));
         Scratch ws(im.arena);
         void* wsp = ws.take<uint8_t>(int64_t(wsb), "mla prefill workspace");
         check(kernels::mla::prefill(int(H), q + sq.row0 * H * kernels::mla::kQDim,
