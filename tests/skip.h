@@ -5,7 +5,7 @@
 // SKIP_RETURN_CODE (ctest runs one case per test, so ctest prints "Skipped" for it).
 // A case that failed an assertion before skipping stays failed, and so does a skip raised inside
 // an assertion's expression (call it as a statement). Not here: deciding what to skip
-// (test_util.h's need_shared, tests/kernels/gpu_test.h's skip_without_gpu).
+// (test_util.h's need_shared, tests/gpu_test.h's skip_without_gpu).
 #pragma once
 #include <sstream>
 #include <string>

@@ -1,4 +1,4 @@
-// GPU op-checks start with skip_without_gpu(): without a CUDA device the case is reported as
+// GPU cases start with skip_without_gpu(): without a CUDA device the case is reported as
 // skipped (tests/skip.h), never as passed. STRATA_REQUIRE_GPU=1 (for runs on the GPU machine)
 // turns the skip into a failure, so a device that is missing there cannot pass as a skip.
 // Cases that check argument validation before any launch need no device and do not call it.
