@@ -8,8 +8,9 @@
 #   demo       ... and the rest of `scripts/demo.sh "The quick brown fox"` (synth k3-mini, run)
 #   test       ... and `scripts/test.sh` (the README's second command; ../shared is absent there,
 #              so the cases that need it skip)
-# It also lists what apt would add with recommends (install-deps.sh installs without them), so a
-# package that only a recommend pulled in on a developer's machine shows up here.
+# It also lists the recommends of installed packages that are not installed (install-deps.sh
+# installs without them), so a package that only a recommend pulled in on a developer's machine
+# shows up here.
 # Not here: CUDA (not in the chroot), GPU tests, anything outside the Debian archive.
 #
 # Usage: sudo scripts/check-fresh.sh [--level configure|build|demo|test] [--worktree] [--keep]
