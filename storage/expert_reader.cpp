@@ -83,6 +83,7 @@ struct ExpertReader::State {
   Clock::time_point busy_since;
   std::mt19937_64 rng;
   bool stop = false;
+  bool paused = false;  // pause(): next_block hands out nothing
 };
 
 ExpertReader::ExpertReader(const ReaderConfig& config, IoBackend backend)
@@ -208,8 +209,21 @@ void ExpertReader::promote(uint64_t tag) {
 }
 
 void ExpertReader::drain() {
+  pause(false);  // a paused reader would never drain
   std::unique_lock lk(s_->mu);
   s_->idle_cv.wait(lk, [&] { return s_->jobs_pending == 0; });
+}
+
+void ExpertReader::pause(bool paused) {
+  {
+    std::lock_guard lk(s_->mu);
+    if (s_->paused == paused) return;
+    s_->paused = paused;
+  }
+  if (!paused) {
+    s_->work_cv.notify_all();
+    wake();
+  }
 }
 
 bool ExpertReader::has_queued_work() {
@@ -234,6 +248,7 @@ void ExpertReader::stop_requested_wake() {
 // failed is skipped (its remaining blocks are never read).
 bool ExpertReader::next_block(Block& out) {
   std::lock_guard lk(s_->mu);
+  if (s_->paused) return false;
   auto hand_out = [&](Block& b) {
     if (s_->in_flight++ == 0) s_->busy_since = Clock::now();
     out = b;
@@ -433,7 +448,8 @@ class PreadReader final : public ExpertReader {
       {
         std::unique_lock lk(s_->mu);
         s_->work_cv.wait(lk, [&] {
-          return s_->stop || !s_->retry.empty() || !s_->queue[0].empty() || !s_->queue[1].empty();
+          return s_->stop || (!s_->paused && (!s_->retry.empty() || !s_->queue[0].empty() ||
+                                              !s_->queue[1].empty()));
         });
         if (s_->stop) return;
       }

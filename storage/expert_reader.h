@@ -129,8 +129,11 @@ class ExpertReader {
   void submit(ReadJob job, ReadCompletion done);
   // Moves a queued prefetch job to demand priority (no effect once its reads started).
   void promote(uint64_t tag);
-  // Blocks until every submitted job has completed.
+  // Blocks until every submitted job has completed. Ends a pause first.
   void drain();
+  // Test hook: while paused, no read is handed to the backend (reads already in flight finish), so
+  // a test can queue jobs and promotions in a known order before any of them starts.
+  void pause(bool paused);
 
   IoBackend backend() const { return backend_; }
   const char* backend_name() const { return io_backend_name(backend_); }

@@ -1,12 +1,18 @@
-// Helpers shared by the tests: where the sources, the shared/ folder and the strata binary are.
+// Helpers shared by the tests: where the sources, the shared/ folder and the strata binary are,
+// and need_shared(), which skips (or, under STRATA_REQUIRE_SHARED=1, fails) a case whose data
+// under ../shared is absent.
 #pragma once
 #include <sys/wait.h>
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
+
+#include "skip.h"
 
 namespace strata::test {
 
@@ -22,6 +28,25 @@ inline std::filesystem::path shared_dir() {
 
 inline std::filesystem::path golden_dir() {
   return shared_dir() / "golden";
+}
+
+// True when the environment variable is set to anything but "" or "0".
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// Cases that read ../shared (golden data, the released configs) start with need_shared(path):
+// without it the case is reported as skipped — visibly, never as passed — and under
+// STRATA_REQUIRE_SHARED=1 (set by .ci/run, which lays ../shared beside the clone) it fails, so a
+// lost or misplaced ../shared cannot turn into a green run.
+inline void need_shared(const std::filesystem::path& path) {
+  if (std::filesystem::exists(path)) return;
+  if (env_flag("STRATA_REQUIRE_SHARED"))
+    FAIL(path.string() << " not found, and STRATA_REQUIRE_SHARED=1 requires ../shared "
+                          "(lay it beside the checkout or set STRATA_SHARED_DIR)");
+  STRATA_SKIP(path.string() << " not found (needs ../shared beside the checkout, or set "
+                               "STRATA_SHARED_DIR; STRATA_REQUIRE_SHARED=1 makes this a failure)");
 }
 
 inline std::string strata_exe() {

@@ -17,6 +17,7 @@
 #include "cpu/expert_kernels.h"
 #include "cpu/expert_kernels_impl.h"
 #include "expert_test_util.h"
+#include "skip.h"
 #include "storage/error.h"
 
 using strata::GluParams;
@@ -89,6 +90,12 @@ bool supported_or_warn(ExpertIsa isa) {
   if (strata::cpu::isa_supported(isa)) return true;
   WARN("expert kernels: ISA " << strata::cpu::isa_name(isa) << " not supported on this CPU");
   return false;
+}
+
+// For cases that test one ISA's code only: skipped (never passed) on a CPU without it.
+void skip_without(ExpertIsa isa) {
+  if (!strata::cpu::isa_supported(isa))
+    STRATA_SKIP("this CPU has no " << strata::cpu::isa_name(isa));
 }
 
 }  // namespace
@@ -196,7 +203,7 @@ TEST_CASE("expert kernels: ISA names and unsupported choices", "[expert]") {
 }
 
 TEST_CASE("expert kernels: vectorised GLU has the contract GLU's bits", "[expert]") {
-  if (!supported_or_warn(ExpertIsa::avx512)) return;
+  skip_without(ExpertIsa::avx512);
   // Random values over many binades plus the branch points of det_exp / det_expm1 / det_tanh and
   // the special values.
   std::mt19937 rng(17);
@@ -379,7 +386,7 @@ void check_projection(const strata::test::RandomExpert& ex, const std::vector<fl
 
 TEST_CASE("expert kernels: AMX kernel layouts and epilogue (tile ops emulated), and on AMX",
           "[expert]") {
-  if (!supported_or_warn(ExpertIsa::avx512)) return;
+  skip_without(ExpertIsa::avx512);
   using strata::cpu::detail::gemm_counts;
   const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);
   for (int n : {8, 16, 21}) {
@@ -410,7 +417,7 @@ TEST_CASE("expert kernels: AMX kernel layouts and epilogue (tile ops emulated), 
 TEST_CASE(
     "expert kernels: AMX token passes over several row groups (tile ops emulated), and on AMX",
     "[expert]") {
-  if (!supported_or_warn(ExpertIsa::avx512)) return;
+  skip_without(ExpertIsa::avx512);
   using strata::cpu::detail::gemm_counts;
   namespace d = strata::cpu::detail;
   const bool amx = strata::cpu::isa_supported(ExpertIsa::amx);

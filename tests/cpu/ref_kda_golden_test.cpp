@@ -51,22 +51,19 @@ struct Golden {
   std::map<std::string, std::vector<float>> in, ex;
 };
 
-bool load(Golden& g) {
+// Skips the case (or fails it under STRATA_REQUIRE_SHARED=1) without ../shared/golden/kda-ops.
+void load(Golden& g) {
   const auto dir = strata::test::golden_dir() / "kda-ops";
-  if (!std::filesystem::exists(dir / "inputs.safetensors")) return false;
+  strata::test::need_shared(dir / "inputs.safetensors");
   g.in = read_f32_tensors(dir / "inputs.safetensors");
   g.ex = read_f32_tensors(dir / "expected.safetensors");
-  return true;
 }
 
 }  // namespace
 
 TEST_CASE("ref kda-ops golden: L2 norm, beta, both gates", "[ref][golden]") {
   Golden g;
-  if (!load(g)) {
-    WARN("skipped: ../shared/golden/kda-ops not found (set STRATA_SHARED_DIR)");
-    return;
-  }
+  load(g);
   std::vector<float> ql(static_cast<size_t>(T * H * K)), kl(ql.size()),
       beta(static_cast<size_t>(T * H)), gate(ql.size());
   ref::l2_norm(g.in["q"].data(), ql.data(), T * H, K, 1e-6f, ref::Precision::fp32);
@@ -97,10 +94,7 @@ TEST_CASE("ref kda-ops golden: L2 norm, beta, both gates", "[ref][golden]") {
 TEST_CASE("ref kda-ops golden: recurrent and chunked forms, both gates, zero and h0 state",
           "[ref][golden]") {
   Golden g;
-  if (!load(g)) {
-    WARN("skipped: ../shared/golden/kda-ops not found (set STRATA_SHARED_DIR)");
-    return;
-  }
+  load(g);
   std::vector<float> ql(static_cast<size_t>(T * H * K)), kl(ql.size()),
       beta(static_cast<size_t>(T * H));
   ref::l2_norm(g.in["q"].data(), ql.data(), T * H, K, 1e-6f, ref::Precision::fp32);

@@ -25,9 +25,12 @@ Result run(const std::string& args) {
   return strata::test::run_cli(args);
 }
 
+// The golden k3-tiny directory; skips the case (or fails it under STRATA_REQUIRE_SHARED=1) when
+// it is absent.
 fs::path golden_k3() {
   fs::path d = test::golden_dir() / "k3-tiny";
-  return fs::exists(d / "meta.json") ? d : fs::path();
+  test::need_shared(d / "meta.json");
+  return d;
 }
 
 nlohmann::json meta(const fs::path& d) {
@@ -53,10 +56,6 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
 
 TEST_CASE("strata run --print-ids reproduces the golden greedy continuation", "[engine][cli]") {
   fs::path g = golden_k3();
-  if (g.empty()) {
-    WARN("skipped: ../shared/golden/k3-tiny not found");
-    return;
-  }
   auto m = meta(g);
   fs::path dir = test::scratch_dir("cli-run");
   write_file(dir / "ids.json", m["prompt_ids"].dump());
@@ -80,10 +79,6 @@ TEST_CASE("strata run --print-ids reproduces the golden greedy continuation", "[
 TEST_CASE("strata logits writes the golden prefill logits, dump and stop-after-layer",
           "[engine][cli]") {
   fs::path g = golden_k3();
-  if (g.empty()) {
-    WARN("skipped: ../shared/golden/k3-tiny not found");
-    return;
-  }
   auto m = meta(g);
   fs::path dir = test::scratch_dir("cli-logits");
   write_file(dir / "ids.json", m["prompt_ids"].dump());
@@ -147,10 +142,6 @@ TEST_CASE("strata logits writes the golden prefill logits, dump and stop-after-l
 
 TEST_CASE("strata run/logits: bad inputs give one clear line and exit 1", "[engine][cli]") {
   fs::path g = golden_k3();
-  if (g.empty()) {
-    WARN("skipped: ../shared/golden/k3-tiny not found");
-    return;
-  }
   fs::path dir = test::scratch_dir("cli-bad");
   write_file(dir / "ok.json", "[1, 2, 3]");
   write_file(dir / "big.json", "[1, 2, 1024]");

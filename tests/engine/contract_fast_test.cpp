@@ -120,10 +120,7 @@ void check_fast_equals_scalar(const Model& model) {
 TEST_CASE("contract fast: golden k3-tiny logits equal the scalar contract, every ISA",
           "[engine][contract]") {
   const auto dir = test::golden_dir() / "k3-tiny";
-  if (!std::filesystem::exists(dir / "config.json")) {
-    WARN("skipped: golden set " << dir.string() << " not found (needs ../shared/golden)");
-    return;
-  }
+  test::need_shared(dir / "config.json");
   auto model = Model::load(dir);
   check_fast_equals_scalar(*model);
 }

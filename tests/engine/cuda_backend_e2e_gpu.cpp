@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "cuda_backend_checks.h"
+#include "gpu_test.h"
 #include "storage/synth.h"
 #include "test_util.h"
 
@@ -36,10 +37,7 @@ std::filesystem::path slice() {
 }  // namespace
 
 TEST_CASE("cuda backend at K3 widths: layers, replayed routing, placement invariance", "[e2e]") {
-  if (kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return;
-  }
+  test::skip_without_gpu();
   auto model = Model::load(slice());
   // Same sources of difference as on k3-mini (tests/engine/cuda_backend_gpu.cpp), at 7x the
   // width: reductions of 7168-12288 terms in other orders; the bounds are k3-mini's.

@@ -7,6 +7,7 @@
 
 #include "cuda_backend_checks.h"
 #include "engine/schedule.h"
+#include "gpu_test.h"
 #include "storage/synth.h"
 #include "test_util.h"
 
@@ -28,12 +29,6 @@ const std::filesystem::path& mini() {
   return dir;
 }
 
-bool have_gpu() {
-  if (kernels::cuda_device_count() > 0) return true;
-  WARN("no CUDA device: skipping");
-  return false;
-}
-
 }  // namespace
 
 // Tolerances, measured on the H200 (first run of this backend): dense layer 0 3.5e-3, MoE layers
@@ -45,14 +40,14 @@ bool have_gpu() {
 // (DESIGN "Comparing numerics paths"): 7.9e-2 worst over 17 steps; bound 0.15.
 TEST_CASE("cuda backend: every layer matches the CPU bf16 reference on the same input",
           "[gpu][engine]") {
-  if (!have_gpu()) return;
+  test::skip_without_gpu();
   auto model = Model::load(mini());
   check_layers(*model, "k3-mini", 24, 3e-2);
 }
 
 TEST_CASE("cuda backend: end to end with replayed routing, and placement invariance",
           "[gpu][engine]") {
-  if (!have_gpu()) return;
+  test::skip_without_gpu();
   auto model = Model::load(mini());
   const Reference ref = reference_run(*model, 40, 16);
   check_replay(*model, "k3-mini", ref, 0.15);
@@ -61,7 +56,7 @@ TEST_CASE("cuda backend: end to end with replayed routing, and placement invaria
 
 TEST_CASE("cuda backend: several sequences per step give each sequence its own logits",
           "[gpu][engine]") {
-  if (!have_gpu()) return;
+  test::skip_without_gpu();
   auto model = Model::load(mini());
   CudaBackend gb(*model, bf16_contract(), quiet(-1, 3));
   Schedule s(gb, model->config());
@@ -86,7 +81,7 @@ TEST_CASE("cuda backend: several sequences per step give each sequence its own l
 }
 
 TEST_CASE("cuda backend: refusals name the reason", "[gpu][engine]") {
-  if (!have_gpu()) return;
+  test::skip_without_gpu();
   auto model = Model::load(mini());
   BackendOptions fp32;
   CHECK_THROWS_WITH(CudaBackend(*model, fp32, CudaBackendOptions{}),

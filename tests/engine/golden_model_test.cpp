@@ -54,13 +54,10 @@ struct Golden {
   }
 };
 
-// nullptr (and a WARN) when the golden data is absent.
+// The golden set; skips the case (or fails it under STRATA_REQUIRE_SHARED=1) when it is absent.
 std::unique_ptr<Golden> load_golden(const std::string& set) {
   fs::path dir = test::golden_dir() / set;
-  if (!fs::exists(dir / "expected.safetensors")) {
-    WARN("skipped: golden set " << dir.string() << " not found (needs ../shared/golden)");
-    return nullptr;
-  }
+  test::need_shared(dir / "expected.safetensors");
   auto g = std::make_unique<Golden>();
   g->dir = dir;
   g->expected = std::make_unique<SafetensorsFile>(dir / "expected.safetensors");
@@ -123,7 +120,6 @@ TEST_CASE("golden fp32: prefill logits, residual stream and greedy decode match 
           "[engine][golden]") {
   for (const char* set : kSets) {
     auto g = load_golden(set);
-    if (!g) return;
     INFO("set " << set);
     auto model = Model::load(g->dir);
     Dumper dumper("blk\\.[0-9]+\\.out");
@@ -186,7 +182,6 @@ TEST_CASE("golden fp32: prefill logits, residual stream and greedy decode match 
 TEST_CASE("decode step logits equal a full recompute", "[engine][golden]") {
   for (const char* set : kSets) {
     auto g = load_golden(set);
-    if (!g) return;
     INFO("set " << set);
     auto model = Model::load(g->dir);
     std::vector<int32_t> seq = g->prompt;
@@ -218,7 +213,6 @@ TEST_CASE("decode step logits equal a full recompute", "[engine][golden]") {
 TEST_CASE("bf16 mode matches fp32 layer by layer with the same layer input", "[engine][golden]") {
   for (const char* set : kSets) {
     auto g = load_golden(set);
-    if (!g) return;
     INFO("set " << set);
     auto model = Model::load(g->dir);
     const ModelConfig& c = model->config();
@@ -254,7 +248,6 @@ TEST_CASE("bf16 mode matches fp32 layer by layer with the same layer input", "[e
 // forced on the fp32 run (its recorded selection equals the replayed one).
 TEST_CASE("routing record and replay round trip", "[engine][golden]") {
   auto g = load_golden("k3-tiny");
-  if (!g) return;
   auto model = Model::load(g->dir);
   fs::path dir = test::scratch_dir("engine-routing");
   RoutingLog rec;
@@ -311,7 +304,6 @@ TEST_CASE("routing record and replay round trip", "[engine][golden]") {
 // logits should move by a few percent of their range at most.
 TEST_CASE("contract expert numerics differ only slightly from exact", "[engine][golden]") {
   auto g = load_golden("k3-tiny");
-  if (!g) return;
   auto model = Model::load(g->dir);
   RoutingLog rec;
   SessionOptions oe;
@@ -372,7 +364,6 @@ TEST_CASE("contract expert numerics differ only slightly from exact", "[engine][
 
   // bf16 experts (Kimi-Linear) have no contract mode: a clear error, no silent fallback.
   auto g2 = load_golden("kimi-linear-tiny");
-  if (!g2) return;
   auto kl = Model::load(g2->dir);
   SessionOptions okl;
   okl.experts = ExpertNumerics::contract;

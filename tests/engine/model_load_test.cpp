@@ -44,16 +44,16 @@ fs::path copy_model(const std::string& set, const std::string& name,
   return dst;
 }
 
-bool have_golden() {
-  if (fs::exists(test::golden_dir() / "k3-tiny" / "model.safetensors")) return true;
-  WARN("skipped: ../shared/golden not found");
-  return false;
+// Skips (or fails under STRATA_REQUIRE_SHARED=1) without both golden models.
+void need_golden() {
+  test::need_shared(test::golden_dir() / "k3-tiny" / "model.safetensors");
+  test::need_shared(test::golden_dir() / "kimi-linear-tiny" / "model.safetensors");
 }
 
 }  // namespace
 
 TEST_CASE("the loader claims every tensor of both golden models", "[engine][load]") {
-  if (!have_golden()) return;
+  need_golden();
   for (const char* set : {"k3-tiny", "kimi-linear-tiny"}) {
     auto m = Model::load(test::golden_dir() / set);
     CHECK(m->checkpoint().num_claimed() == m->checkpoint().num_tensors());
@@ -79,7 +79,7 @@ TEST_CASE("the loader claims every tensor of both golden models", "[engine][load
 }
 
 TEST_CASE("a checkpoint with an unused tensor is rejected", "[engine][load]") {
-  if (!have_golden()) return;
+  need_golden();
   fs::path d = copy_model("k3-tiny", "load-extra", [](const TensorInfo&, std::vector<uint8_t>&) {},
                           {"language_model.model.layers.0.mystery.weight"});
   CHECK_THROWS_WITH(Model::load(d),
@@ -88,7 +88,7 @@ TEST_CASE("a checkpoint with an unused tensor is rejected", "[engine][load]") {
 }
 
 TEST_CASE("K3 A_log with non-zero padding is rejected naming the tensor", "[engine][load]") {
-  if (!have_golden()) return;
+  need_golden();
   const std::string bad = "language_model.model.layers.2.self_attn.A_log";
   fs::path d = copy_model("k3-tiny", "load-alog",
                           [&](const TensorInfo& t, std::vector<uint8_t>& b) {

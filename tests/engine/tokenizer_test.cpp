@@ -26,10 +26,9 @@ fs::path golden_tok() {
   return strata::test::golden_dir() / "tokenizer";
 }
 
-bool have_golden() {
-  if (fs::exists(golden_tok() / "cases.jsonl")) return true;
-  WARN("skipped: " << golden_tok().string() << " is absent (needs ../shared/golden)");
-  return false;
+// Skips (or fails under STRATA_REQUIRE_SHARED=1) without the golden tokenizer cases.
+void need_golden() {
+  strata::test::need_shared(golden_tok() / "cases.jsonl");
 }
 
 // tiktoken's byte_pair_merge, written the plain quadratic way: the oracle for Tokenizer's heap.
@@ -65,7 +64,7 @@ std::string show(const std::vector<int>& v) {
 }  // namespace
 
 TEST_CASE("tokenizer: every golden case (ids, decode, pieces)", "[tokenizer]") {
-  if (!have_golden()) return;
+  need_golden();
   const Tokenizer tok = Tokenizer::load(golden_tok());
   REQUIRE(tok.vocab_size() == 4096);
   REQUIRE(tok.bos_id() == 3840);
@@ -130,7 +129,7 @@ TEST_CASE("tokenizer: every golden case (ids, decode, pieces)", "[tokenizer]") {
 }
 
 TEST_CASE("tokenizer: heap BPE equals the quadratic reference on long pieces", "[tokenizer]") {
-  if (!have_golden()) return;
+  need_golden();
   const Tokenizer tok = Tokenizer::load(golden_tok());
   const auto files = strata::load_tokenizer_files(golden_tok());
   const std::map<std::string, int> ranks(files.ranks.begin(), files.ranks.end());
@@ -235,7 +234,7 @@ TEST_CASE("tokenizer: bad input and UTF-8 helpers", "[tokenizer]") {
 }
 
 TEST_CASE("tokenizer: one Tokenizer encodes from several threads at once", "[tokenizer]") {
-  if (!have_golden()) return;
+  need_golden();
   const Tokenizer tok = Tokenizer::load(golden_tok());
   std::ifstream f(golden_tok() / "cases.jsonl");
   std::vector<std::string> texts;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/ref/ops.h"
+#include "gpu_test.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
@@ -45,10 +46,7 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
 }  // namespace
 
 TEST_CASE("gemm gpu: cuBLASLt bf16 linear matches the oracle at trunk shapes", "[gpu]") {
-  if (strata::kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return;
-  }
+  strata::test::skip_without_gpu();
   struct S {
     const char* what;
     int64_t T, N, K;

@@ -15,6 +15,7 @@
 
 #include "attn_gpu_util.h"
 #include "cpu/ref/ops.h"
+#include "gpu_test.h"
 #include "kernels/kda/kda.h"
 #include "kernels/runtime.h"
 
@@ -67,10 +68,7 @@ std::vector<float> ref_kda(const ref::KdaGate& gate, const std::vector<float>& w
 }
 
 void run_kda_case(const KdaCase& kc, uint32_t seed) {
-  if (kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return;
-  }
+  skip_without_gpu();
   std::mt19937 rng(seed);
   const int H = kc.H, N = int(kc.calls[0].size());
   const int64_t HK = int64_t(H) * D, CH = 3 * HK;
@@ -269,10 +267,7 @@ TEST_CASE("kda gpu: unsupported head size is refused with a reason", "[gpu][kda]
 }
 
 TEST_CASE("kda gpu: decode refuses a split other than 0, 1, 2, 4 or 8", "[gpu][kda]") {
-  if (kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return;
-  }
+  skip_without_gpu();
   // Valid-looking (never dereferenced) pointers: the split is checked before any launch.
   DevBuf<float> f(4 * 128 * 4);
   DevBuf<uint16_t> u(4 * 128 * 9);

@@ -19,6 +19,7 @@
 
 #include "attn_gpu_util.h"
 #include "cpu/ref/ops.h"
+#include "gpu_test.h"
 #include "kernels/mla/mla.h"
 #include "kernels/runtime.h"
 
@@ -54,10 +55,7 @@ void check_out(const std::vector<float>& got, const std::vector<float>& want, co
 // expansion) on the same data and compares the two outputs tightly.
 void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t tile = 0,
                       bool one_pass = false) {
-  if (kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return;
-  }
+  skip_without_gpu();
   std::mt19937 rng(seed);
   const int64_t S = S_prev + T;
   auto ckv = random_bf16(S * R, rng, 1.f);
@@ -128,10 +126,7 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
 }
 
 void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed) {
-  if (kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return;
-  }
+  skip_without_gpu();
   std::mt19937 rng(seed);
   const int B = int(lens.size());
   const int64_t Lmax = *std::max_element(lens.begin(), lens.end());
@@ -230,7 +225,7 @@ TEST_CASE("mla gpu decode: head count not a multiple of the 48-head block (100 h
   run_decode_case(100, {3000, 17}, 36);
 }
 
-TEST_CASE("mla gpu decode: long caches (256K with 8 heads; 1M with 2 heads)", "[gpu][mla]") {
+TEST_CASE("mla gpu decode: long caches (256K with 8 heads, 1M with 2 heads)", "[gpu][mla]") {
   run_decode_case(8, {262147}, 33);
   run_decode_case(2, {1048576}, 34);
 }

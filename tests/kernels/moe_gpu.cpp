@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/expert_contract.h"
+#include "gpu_test.h"
 #include "kernels/moe/experts.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
@@ -198,14 +199,6 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   CHECK(stray == 0);
 }
 
-bool have_gpu() {
-  if (strata::kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return false;
-  }
-  return true;
-}
-
 GluParams situ(double b1 = 4.0, double b2 = 25.0) {
   GluParams g;
   g.situ = true, g.beta1 = b1, g.beta2 = b2;
@@ -221,7 +214,7 @@ GluParams silu() {
 
 TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the contract",
           "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   // Two tokens, 16 experts each out of 24 used slots of a 28-slot cache (overlapping: groups of
   // one and two tokens). 3584 → 3072 → 3584, SiTU β1 = 4, β2 = 25.
   Case c;
@@ -239,7 +232,7 @@ TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the 
 }
 
 TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd shapes", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   // With at most one pair per group on average the GEMV walks equal contiguous ranges of (group,
   // row) pairs, crossing from w1 to w3 and from group to group inside one warp's range; empty
   // groups sit in between.
@@ -298,7 +291,7 @@ TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd sh
 }
 
 TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   Case c;
   c.H = 3584, c.I = 3072, c.T = 40, c.slots = 5, c.glu = situ();
   c.group_slot = {3, 0, 4};
@@ -316,7 +309,7 @@ TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu
 }
 
 TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups, poison", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   struct Shape {
     int H, I;
     GluParams glu;
@@ -339,7 +332,7 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
 }
 
 TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scales)", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   // The GEMV builds each block term d · 2^(e_x + s_w − 128) from its bits: these cases push e_x
   // and s_w to the ends of their ranges (subnormal and near-overflow activations, scale codes 0..6
   // and 248..254), where outputs round to 0, to subnormals or overflow to ±Inf.
@@ -368,7 +361,7 @@ TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scale
 }
 
 TEST_CASE("moe gpu: weighted merge in expert-id order is bit-identical to the host", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   const int T = 5, H = 3584, P = 23;
   Rng r{7};
   std::vector<float> y(size_t(P) * H);

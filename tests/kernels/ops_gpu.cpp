@@ -16,12 +16,13 @@
 #include <vector>
 
 #include "cpu/ref/ops.h"
+#include "gpu_test.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/ops/ops.h"
 #include "kernels/runtime.h"
-#include "test_data.h"
 #include "kernels/sample/sample.h"
 #include "storage/bf16.h"
+#include "test_data.h"
 
 namespace {
 
@@ -30,14 +31,6 @@ namespace ops = strata::kernels::ops;
 using strata::kernels::DeviceBuffer;
 
 using strata::test::Rng;
-
-bool have_gpu() {
-  if (strata::kernels::cuda_device_count() == 0) {
-    WARN("no CUDA device: skipping");
-    return false;
-  }
-  return true;
-}
 
 // NMSE = Σ(got − want)² / Σ want², NaN/Inf positions must match exactly.
 void check_nmse(const std::vector<float>& got, const std::vector<float>& want, double max_nmse) {
@@ -79,7 +72,7 @@ constexpr double kNmseBf16 = 1e-6;
 }  // namespace
 
 TEST_CASE("ops gpu: KimiRMSNorm at hidden, latent and MLA widths", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   struct S {
     int rows, D;
     float eps;
@@ -104,7 +97,7 @@ TEST_CASE("ops gpu: KimiRMSNorm at hidden, latent and MLA widths", "[gpu]") {
 }
 
 TEST_CASE("ops gpu: L2 norm and gated per-head RMSNorm at KDA shapes", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   for (int rows : {3 * 96, 5}) {
     for (int D : {128, 40}) {
       for (bool bf : {false, true}) {
@@ -134,7 +127,7 @@ TEST_CASE("ops gpu: L2 norm and gated per-head RMSNorm at KDA shapes", "[gpu]") 
 }
 
 TEST_CASE("ops gpu: AttnRes mix over block snapshots", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   struct S {
     int n, T, D;
   };
@@ -172,7 +165,7 @@ TEST_CASE("ops gpu: AttnRes mix over block snapshots", "[gpu]") {
 }
 
 TEST_CASE("ops gpu: SiTU and SiLU GLUs, separate and fused gate|up", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   const int T = 3;
   for (int I : {3072, 6144, 33792, 7}) {
     for (int kind = 0; kind < 3; kind++) {  // SiTU β2=25, SiTU without β2, SiLU
@@ -210,7 +203,7 @@ TEST_CASE("ops gpu: SiTU and SiLU GLUs, separate and fused gate|up", "[gpu]") {
 }
 
 TEST_CASE("ops gpu: router top-k selection (K3 and Kimi-Linear forms)", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   struct S {
     int E, k, T;
     ref::RouterForm form;
@@ -258,7 +251,7 @@ TEST_CASE("ops gpu: router top-k selection (K3 and Kimi-Linear forms)", "[gpu]")
 }
 
 TEST_CASE("ops gpu: embedding gather and bf16 conversions are exact", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   const int vocab = 1000, D = 7168, T = 6;
   Rng r{5};
   std::vector<uint16_t> table(size_t(vocab) * D);
@@ -351,7 +344,7 @@ bool consistent_draw(const float* logits, int V, const strata::kernels::sample::
 }  // namespace
 
 TEST_CASE("sample gpu: greedy, temperature, top-k, top-p match a host sampler", "[gpu]") {
-  if (!have_gpu()) return;
+  strata::test::skip_without_gpu();
   namespace smp = strata::kernels::sample;
   struct S {
     int B, V;

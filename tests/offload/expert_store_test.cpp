@@ -34,11 +34,6 @@ bool use(ExpertStore& st, const test::SyntheticExperts& sx, int l, int e) {
   return sx.verify(h);
 }
 
-void wait_resident(ExpertStore& st, int l, int e) {
-  for (int i = 0; i < 2000 && st.residency(l, e) != Residency::host; i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
 }  // namespace
 
 TEST_CASE("expert store: exact bytes, hits and misses, budget printed", "[store]") {
@@ -122,7 +117,7 @@ TEST_CASE("expert store: admission never evicts the current step's experts", "[s
   // the colder expert 5, but the less confident one does not displace the hot expert 4.
   for (int i = 0; i < 3; i++) REQUIRE(use(st, sx, 1, 4));
   st.prefetch(1, pred);
-  wait_resident(st, 1, 6);
+  st.reader().drain();  // returns after the store's completion handler ran: no polling, no timeout
   CHECK(st.residency(1, 6) == Residency::host);
   CHECK(st.residency(1, 5) == Residency::disk);
   CHECK(st.residency(1, 4) == Residency::host);
@@ -133,7 +128,7 @@ TEST_CASE("expert store: admission never evicts the current step's experts", "[s
   CHECK(st.telemetry().prefetch_hits == 1);
 }
 
-TEST_CASE("expert store: demand reads wait for a slot; acquire order works", "[store]") {
+TEST_CASE("expert store: demand reads wait for a slot, and acquire order works", "[store]") {
   test::SyntheticExperts sx("wait", 2, 8, 30000, 5000);
   ExpertStore st(sx.layout, config_for(sx, 2));
   std::vector<int> step = {0, 1, 2, 3, 4};  // more than the 2 slots

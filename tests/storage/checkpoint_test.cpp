@@ -9,6 +9,7 @@
 
 #include "storage/checkpoint.h"
 #include "storage/error.h"
+#include "storage/synth.h"
 #include "test_util.h"
 
 using namespace strata;
@@ -17,8 +18,9 @@ using nlohmann::json;
 
 namespace {
 
-bool have_golden(const char* name) {
-  return fs::exists(test::golden_dir() / name / "model.safetensors");
+// Skips the case (or fails it under STRATA_REQUIRE_SHARED=1) without the golden model `name`.
+void need_golden(const char* name) {
+  test::need_shared(test::golden_dir() / name / "model.safetensors");
 }
 
 std::string open_error(const fs::path& dir, CheckpointOptions opt = {}) {
@@ -51,12 +53,9 @@ fs::path indexed_copy(const std::string& scratch, const std::string& shard_name_
 
 }  // namespace
 
-TEST_CASE("golden k3-tiny: every tensor claimed by the config's specs; expert spans",
+TEST_CASE("golden k3-tiny: every tensor claimed by the config's specs, and expert spans",
           "[checkpoint][golden]") {
-  if (!have_golden("k3-tiny")) {
-    WARN("../shared/golden/k3-tiny absent; skipping");
-    return;
-  }
+  need_golden("k3-tiny");
   Checkpoint ck(test::golden_dir() / "k3-tiny");
   const ModelConfig& c = ck.config();
   CHECK(ck.num_files() == 1);
@@ -93,10 +92,7 @@ TEST_CASE("golden k3-tiny: every tensor claimed by the config's specs; expert sp
 
 TEST_CASE("golden kimi-linear-tiny: bf16 experts, per-head A_log, all claimed",
           "[checkpoint][golden]") {
-  if (!have_golden("kimi-linear-tiny")) {
-    WARN("../shared/golden/kimi-linear-tiny absent; skipping");
-    return;
-  }
+  need_golden("kimi-linear-tiny");
   Checkpoint ck(test::golden_dir() / "kimi-linear-tiny");
   const ModelConfig& c = ck.config();
   CHECK(c.moe.router_form == RouterWeightForm::bias_in_place);
@@ -111,12 +107,9 @@ TEST_CASE("golden kimi-linear-tiny: bf16 experts, per-head A_log, all claimed",
   CHECK(ck.get(c.layer_prefix(0) + "self_attn.A_log").shape == std::vector<int64_t>{1, 1, 2, 1});
 }
 
-TEST_CASE("claims: unclaimed tensors are listed; get() checks dtype and shape",
+TEST_CASE("claims: unclaimed tensors are listed, and get() checks dtype and shape",
           "[checkpoint][errors]") {
-  if (!have_golden("k3-tiny")) {
-    WARN("../shared/golden/k3-tiny absent; skipping");
-    return;
-  }
+  need_golden("k3-tiny");
   const fs::path dir = test::golden_dir() / "k3-tiny";
   Checkpoint ck(dir, {.validate_expert_scales = false});
   ck.claim("language_model.model.norm.weight");
@@ -137,10 +130,7 @@ TEST_CASE("claims: unclaimed tensors are listed; get() checks dtype and shape",
 
 TEST_CASE("a checkpoint whose tensors disagree with its config is rejected",
           "[checkpoint][errors]") {
-  if (!have_golden("k3-tiny")) {
-    WARN("../shared/golden/k3-tiny absent; skipping");
-    return;
-  }
+  need_golden("k3-tiny");
   const fs::path dir = test::scratch_dir("ck_wrong_shape");
   fs::copy_file(test::golden_dir() / "k3-tiny" / "model.safetensors", dir / "model.safetensors");
   std::ifstream in(test::golden_dir() / "k3-tiny" / "config.json");
@@ -165,10 +155,7 @@ TEST_CASE("a checkpoint whose tensors disagree with its config is rejected",
 }
 
 TEST_CASE("NaN (0xFF) expert scale is an error naming the tensor", "[checkpoint][errors]") {
-  if (!have_golden("k3-tiny")) {
-    WARN("../shared/golden/k3-tiny absent; skipping");
-    return;
-  }
+  need_golden("k3-tiny");
   const fs::path dir = test::scratch_dir("ck_nan_scale");
   fs::copy_file(test::golden_dir() / "k3-tiny" / "config.json", dir / "config.json");
   fs::copy_file(test::golden_dir() / "k3-tiny" / "model.safetensors", dir / "model.safetensors");
@@ -194,10 +181,7 @@ TEST_CASE("NaN (0xFF) expert scale is an error naming the tensor", "[checkpoint]
 }
 
 TEST_CASE("sharded index: shard names may not escape the directory", "[checkpoint][errors]") {
-  if (!have_golden("k3-tiny")) {
-    WARN("../shared/golden/k3-tiny absent; skipping");
-    return;
-  }
+  need_golden("k3-tiny");
   SECTION("a plain shard name works") {
     const fs::path dir = indexed_copy("ck_index_ok", "shard-1.safetensors");
     Checkpoint ck(dir);
@@ -255,9 +239,10 @@ TEST_CASE("missing directory, config or weights", "[checkpoint][errors]") {
   CHECK(open_error(dir / "nope") ==
         "checkpoint " + (dir / "nope").string() + ": not a directory (expected a model directory)");
   CHECK(open_error(dir) == "checkpoint " + dir.string() + ": missing config.json");
-  if (fs::exists(test::shared_dir() / "configs" / "kimi-k3.config.json")) {
-    fs::copy_file(test::shared_dir() / "configs" / "kimi-k3.config.json", dir / "config.json");
-    CHECK(open_error(dir) ==
-          "checkpoint " + dir.string() + ": no model.safetensors or model.safetensors.index.json");
-  }
+  // Any valid config will do: synth's k3-tiny needs nothing from ../shared.
+  SynthOptions k3tiny;
+  k3tiny.preset = "k3-tiny";
+  write_text(dir / "config.json", synth_config_json(k3tiny));
+  CHECK(open_error(dir) ==
+        "checkpoint " + dir.string() + ": no model.safetensors or model.safetensors.index.json");
 }

@@ -39,10 +39,7 @@ std::string parse_error(const json& j, const std::string& name = "bad.json") {
 }  // namespace
 
 TEST_CASE("K3 config parses with the derived values of spec/model.md", "[config]") {
-  if (!std::filesystem::exists(k3_path())) {
-    WARN("../shared/configs absent; skipping");
-    return;
-  }
+  test::need_shared(k3_path());
   const ModelConfig c = load_config(k3_path());
   CHECK(c.wrapped);
   CHECK(c.source == k3_path().string());
@@ -97,10 +94,7 @@ TEST_CASE("K3 config parses with the derived values of spec/model.md", "[config]
 }
 
 TEST_CASE("Kimi-Linear config parses as the flat, unquantized, in-place-bias form", "[config]") {
-  if (!std::filesystem::exists(kl_path())) {
-    WARN("../shared/configs absent; skipping");
-    return;
-  }
+  test::need_shared(kl_path());
   const ModelConfig c = load_config(kl_path());
   CHECK_FALSE(c.wrapped);
   CHECK(c.tensor_prefix == "model.");
@@ -128,10 +122,7 @@ TEST_CASE("Kimi-Linear config parses as the flat, unquantized, in-place-bias for
 }
 
 TEST_CASE("router form follows the [ASSUMED] K3-field rule", "[config]") {
-  if (!std::filesystem::exists(k3_path())) {
-    WARN("../shared/configs absent; skipping");
-    return;
-  }
+  test::need_shared(k3_path());
   json j = read_json(k3_path());
   json& t = j["text_config"];
   // Any one K3-only field keeps the unbiased form.
@@ -146,10 +137,7 @@ TEST_CASE("router form follows the [ASSUMED] K3-field rule", "[config]") {
 }
 
 TEST_CASE("K3 costs: bytes per expert, routed bytes per token, decode state", "[config][costs]") {
-  if (!std::filesystem::exists(k3_path())) {
-    WARN("../shared/configs absent; skipping");
-    return;
-  }
+  test::need_shared(k3_path());
   const ModelCosts k = compute_costs(load_config(k3_path()));
   // spec/building-blocks.md §1.3: 3 × 5,849,088 B per expert.
   CHECK(k.bytes_per_routed_expert == 17547264ull);
@@ -174,10 +162,7 @@ TEST_CASE("K3 costs: bytes per expert, routed bytes per token, decode state", "[
 }
 
 TEST_CASE("malformed configs give one message naming file and field", "[config][errors]") {
-  if (!std::filesystem::exists(k3_path())) {
-    WARN("../shared/configs absent; skipping");
-    return;
-  }
+  test::need_shared(k3_path());
   const json base = read_json(k3_path());
   auto with = [&](auto edit) {
     json j = base;

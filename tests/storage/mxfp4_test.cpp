@@ -146,7 +146,8 @@ TEST_CASE("all-zero, tiny, huge and −0 blocks", "[mxfp4]") {
   }
 }
 
-TEST_CASE("quantize ∘ dequantize is the identity on grid values; matrix layout", "[mxfp4]") {
+TEST_CASE("quantize ∘ dequantize is the identity on grid values, and the matrix layout",
+          "[mxfp4]") {
   const int rows = 3, cols = 96;
   std::vector<float> x(rows * cols);
   for (int r = 0; r < rows; ++r)
@@ -175,10 +176,7 @@ TEST_CASE("find_nan_scale", "[mxfp4]") {
 
 TEST_CASE("golden k3-tiny experts decode to finite, varied values", "[mxfp4][golden]") {
   const auto dir = test::golden_dir() / "k3-tiny";
-  if (!std::filesystem::exists(dir / "model.safetensors")) {
-    WARN("../shared/golden/k3-tiny absent; skipping");
-    return;
-  }
+  test::need_shared(dir / "model.safetensors");
   Checkpoint ck(dir);
   const ModelConfig& c = ck.config();
   int checked = 0;

@@ -47,7 +47,7 @@ TEST_CASE("dtype table", "[safetensors]") {
   CHECK(shape_str({3, 4}) == "[3, 4]");
 }
 
-TEST_CASE("writer streams tensors in chunks; reader maps them back", "[safetensors]") {
+TEST_CASE("writer streams tensors in chunks, and the reader maps them back", "[safetensors]") {
   const fs::path dir = test::scratch_dir("st_roundtrip");
   const fs::path p = dir / "a.safetensors";
   std::vector<float> a(1000);

@@ -52,10 +52,7 @@ std::string minimal_model() {
 }  // namespace
 
 TEST_CASE("tiktoken_files: loads the golden Kimi-format tokenizer", "[tokenizer]") {
-  if (!fs::exists(golden_tok() / "tiktoken.model")) {
-    WARN("skipped: " << golden_tok().string() << " is absent (needs ../shared/golden)");
-    return;
-  }
+  strata::test::need_shared(golden_tok() / "tiktoken.model");
   const TokenizerFiles f = strata::load_tokenizer_files(golden_tok());
   REQUIRE(f.num_mergeable == 3840);
   REQUIRE(f.ranks.size() == 3840);
@@ -86,10 +83,7 @@ TEST_CASE("tiktoken_files: loads the golden Kimi-format tokenizer", "[tokenizer]
 }
 
 TEST_CASE("tiktoken_files: write then load gives the same tokenizer", "[tokenizer]") {
-  if (!fs::exists(golden_tok() / "tiktoken.model")) {
-    WARN("skipped: " << golden_tok().string() << " is absent (needs ../shared/golden)");
-    return;
-  }
+  strata::test::need_shared(golden_tok() / "tiktoken.model");
   const TokenizerFiles a = strata::load_tokenizer_files(golden_tok());
   const auto dir = strata::test::scratch_dir("tiktoken_roundtrip");
   strata::write_tokenizer_files(dir, a);

@@ -18,12 +18,9 @@ using strata::test::run_cli;
 
 }  // namespace
 
-TEST_CASE("cmd_tokenize: ids match the golden cases; --decode inverts", "[tokenizer]") {
+TEST_CASE("cmd_tokenize: ids match the golden cases, and --decode inverts", "[tokenizer]") {
   const fs::path tok = strata::test::golden_dir() / "tokenizer";
-  if (!fs::exists(tok / "cases.jsonl")) {
-    WARN("skipped: " << tok.string() << " is absent (needs ../shared/golden)");
-    return;
-  }
+  strata::test::need_shared(tok / "cases.jsonl");
   // Golden cases whose text is safe to pass through a shell argument and a text file.
   std::ifstream f(tok / "cases.jsonl");
   std::string line;

@@ -70,10 +70,7 @@ TEST_CASE("strata synth → inspect round trip for the tiny presets", "[cli][syn
 
 TEST_CASE("strata inspect on the real K3 config prints the spec's figures", "[cli][inspect]") {
   const fs::path cfg = strata::test::shared_dir() / "configs" / "kimi-k3.config.json";
-  if (!fs::exists(cfg)) {
-    WARN("../shared/configs absent; skipping");
-    return;
-  }
+  strata::test::need_shared(cfg);
   const fs::path s = strata::test::scratch_dir("cli_inspect_k3");
   const Run r = run("inspect " + cfg.string() + " --json", s);
   REQUIRE(r.status == 0);
