@@ -261,8 +261,17 @@ uint64_t CostModel::trunk_bytes() const {
   return costs_.total_bytes - component_bytes(costs_, "routed_experts") - embedding;
 }
 
+uint64_t CostModel::head_bytes() const {
+  return uint64_t(cfg_.vocab_size) * uint64_t(cfg_.hidden_size) * 2;
+}
+
 double CostModel::trunk_seconds(int64_t tokens) const {
   return double(trunk_bytes()) * trunk_spb(double(std::max<int64_t>(1, tokens)));
+}
+
+double CostModel::trunk_prefill_seconds(int64_t tokens) const {
+  return double(trunk_bytes() - head_bytes()) * trunk_spb(double(std::max<int64_t>(1, tokens))) +
+         double(head_bytes()) * trunk_spb(1);
 }
 
 double CostModel::shared_expert_seconds(int64_t tokens) const {
@@ -275,7 +284,7 @@ double CostModel::kda_decode_seconds(int batch) const {
   switch (opt_.trunk) {
     case TrunkBackend::gpu:
       return bytes /
-             (hw_.gpu.hbm_copy_gbps.value() * 1e9 * opt_.assumptions.gpu_trunk_hbm_efficiency);
+             (hw_.gpu.hbm_copy_gbps.value() * 1e9 * opt_.assumptions.gpu_kda_decode_hbm_efficiency);
     case TrunkBackend::cpu_reference:
       return bytes / (hw_.kernels.cpu_kda_ref_state_gbps.value() * 1e9);
     case TrunkBackend::cpu_bf16:
@@ -544,7 +553,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
   for (int64_t i = 0; i < e.chunks; ++i) {
     const int64_t C = i + 1 == e.chunks ? last : chunk;
     const ExpertWork& w = i + 1 == e.chunks ? last_w : full_w;
-    const double trunk = trunk_seconds(C), shared = shared_expert_seconds(C);
+    const double trunk = trunk_prefill_seconds(C), shared = shared_expert_seconds(C);
     const double kda = kda_prefill_seconds(C), mla = mla_prefill_seconds(C, i * chunk);
     const double gexp = w.gpu_s * moe_layers, cexp = w.cpu_s * moe_layers;
     const double pcie = w.pcie_s * moe_layers, disk = w.disk_s * moe_layers;
@@ -675,7 +684,8 @@ Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t
   double total = 0;
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t C = std::min(chunk, tokens - i * chunk);
-    const double dense_flops = double(trunk_bytes()) * double(C) + kda_flops_per_token() * C +
+    const double dense_flops = double(trunk_bytes() - head_bytes()) * double(C) +
+                               double(head_bytes()) + kda_flops_per_token() * double(C) +
                                mla_prefill_flops(C, i * chunk);
     const double U = distinct_experts(double(C)) * moe_layers;
     const double expert_flops = double(C) * cfg_.moe.top_k * moe_layers * eb * fpb;
