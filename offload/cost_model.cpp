@@ -463,27 +463,38 @@ DecodeEstimate CostModel::decode_step(const Placement& p, int batch, int64_t con
   STRATA_ASSERT(batch >= 1);
   // One GPU, one node's pipeline of G GPUs with fewer sequences than stages, or the CPU: the
   // batch goes through every layer together.
-  if (gpus_ <= 1 || batch < gpus_) return decode_latency(p, batch, context);
+  DecodeEstimate together = decode_latency(p, batch, context);
+  if (gpus_ <= 1 || batch < gpus_) return together;
   // G pipeline stages (GPUs, layers split evenly) and B ≥ G sequences: G micro-batches of B/G in
   // flight. Each GPU does its layers for every micro-batch; the host CPU, memory and disks of a
-  // node serve the experts of all micro-batches of its layers.
+  // node serve the experts of all micro-batches of its layers (smaller micro-batches share fewer
+  // experts). The engine may run either way: the faster one is the estimate.
   const int G = gpus_;
   const int mb = (batch + G - 1) / G;
-  DecodeEstimate one = decode_latency(p, mb, context);
+  const DecodeEstimate one = decode_latency(p, mb, context);
   const double gpu_total = sum_parts(one.parts, "gpu");
   const double cpu_total = sum_parts(one.parts, "cpu") * G / hw_.nodes;
   const double disk_total = sum_parts(one.parts, "disk") * G / hw_.nodes;
+  const double step = std::max({one.step_s, gpu_total, cpu_total, disk_total});
+  const double tps = double(mb) * G / step;
+  if (tps <= together.tokens_per_s) {
+    together.overlap +=
+        fmt("; one batch through the %.0f-GPU pipeline (micro-batches of %.0f "
+            "would be slower: %.3g tok/s)",
+            G, mb, tps);
+    return together;
+  }
   DecodeEstimate e = one;
   e.batch = batch;
-  e.step_s = std::max({one.step_s, gpu_total, cpu_total, disk_total});
-  e.tokens_per_s = double(mb) * G / e.step_s;
+  e.step_s = step;
+  e.tokens_per_s = tps;
   for (auto& t : e.parts)
     if (t.resource != "gpu" && t.resource != "network") t.seconds *= double(G) / hw_.nodes;
   e.overlap +=
       fmt("; pipeline of %.0f GPU stages with %.0f micro-batches of %.0f sequences", G, G, mb);
-  if (e.step_s == cpu_total && cpu_total > one.step_s)
+  if (step == cpu_total && cpu_total > one.step_s)
     e.bottleneck = "routed experts on the CPU (host memory), all micro-batches";
-  else if (e.step_s == disk_total && disk_total > one.step_s)
+  else if (step == disk_total && disk_total > one.step_s)
     e.bottleneck = "disk reads, all micro-batches";
   return e;
 }

@@ -56,6 +56,10 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
                     const PlanOptions& o) {
   if (w.context < 1 || w.concurrency < 1 || w.prompt_len < 1 || w.gen_len < 0 || w.chunk < 0)
     throw Error("workload: context, concurrency and prompt length must be ≥ 1");
+  if (o.force_placement) {
+    const std::string why = o.placement.validate();
+    if (!why.empty()) throw Error("--placement: " + why);
+  }
   Plan p;
   p.model = describe_config(cfg);
   p.hardware = hw.description;
@@ -158,6 +162,16 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
     }
     const uint64_t slots = (cap - fixed) / eb;
     gpu_slots_total = std::min<uint64_t>(N, slots * uint64_t(G));
+    if (o.force_placement) {
+      const uint64_t want = uint64_t(std::llround(o.placement.gpu * double(N)));
+      if (want > gpu_slots_total) {
+        p.refusal = "the given placement puts " + std::to_string(want) +
+                    " experts in GPU caches; the GPUs hold " + std::to_string(gpu_slots_total);
+        p.budgets.push_back(b);
+        return p;
+      }
+      gpu_slots_total = want;
+    }
     b.items.push_back(
         {"routed expert cache (" + std::to_string(gpu_slots_total / uint64_t(G)) + " experts)",
          gpu_slots_total / uint64_t(G) * eb});
@@ -196,6 +210,17 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
     }
     const uint64_t fit = (cap - fixed) / eb * uint64_t(nodes);
     p.experts_host = std::min<uint64_t>(N - p.experts_gpu, fit);
+    if (o.force_placement) {
+      const uint64_t want = std::min<uint64_t>(
+          N - p.experts_gpu, uint64_t(std::llround(o.placement.host * double(N))));
+      if (want > fit) {
+        p.refusal = "the given placement puts " + std::to_string(want) +
+                    " experts in host DRAM; it holds " + std::to_string(fit);
+        p.budgets.push_back(b);
+        return p;
+      }
+      p.experts_host = want;
+    }
     b.items.push_back(
         {"routed experts (host tier: " + std::to_string(p.experts_host / nodes) + " experts)",
          p.experts_host / nodes * eb});

@@ -33,6 +33,10 @@ struct PlanOptions {
                                                      // reference (what the engine runs today)
   Overlap overlap = Overlap::moe_layer;
   CostAssumptions assumptions;
+  // A placement to use instead of the planner's (validation against measured placements); the
+  // budget then checks that each tier can hold its share, and refuses if not.
+  bool force_placement = false;
+  Placement placement;
   // Planning assumptions for memory (printed with the budget).
   double gpu_headroom_share = 0.05;         // of each GPU's memory, kept free
   uint64_t gpu_context_bytes = 1ull << 30;  // CUDA context, cuBLASLt workspace, graphs

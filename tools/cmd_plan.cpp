@@ -28,6 +28,7 @@ using namespace offload;
 
 struct Options {
   std::string model, config, hardware = "auto", json, svg, backend = "auto", overlap = "moe-layer";
+  std::string placement;
   int64_t context = 8192, prompt_len = 8192, gen_len = 256, chunk = 0;
   int concurrency = 1;
 };
@@ -233,6 +234,9 @@ CommandRun setup(CLI::App& app) {
   app.add_option("--backend", o->backend,
                  "auto | gpu | cpu-reference (the fp32 engine of today) | cpu-bf16 (issue 23)");
   app.add_option("--overlap", o->overlap, "serial | moe-layer (default) | full");
+  app.add_option("--placement", o->placement,
+                 "GPU,HOST,DISK shares of the routed experts instead of the planner's (e.g. "
+                 "0.1,0.3,0.6; for validation against a measured placement)");
   app.add_option("--json", o->json, "write the plan as JSON to FILE");
   app.add_option("--svg", o->svg, "write a chart of decode tok/s against DRAM and GPUs to FILE");
   return [o]() {
@@ -261,6 +265,15 @@ CommandRun setup(CLI::App& app) {
     PlanOptions po;
     po.backend = parse_backend(o->backend, "--backend");
     po.overlap = parse_overlap(o->overlap);
+    if (!o->placement.empty()) {
+      double g = 0, h = 0, d = 0;
+      char extra = 0;
+      if (std::sscanf(o->placement.c_str(), "%lf,%lf,%lf%c", &g, &h, &d, &extra) != 3)
+        throw Error("--placement '" + o->placement +
+                    "': expected three shares GPU,HOST,DISK such as 0.1,0.3,0.6");
+      po.force_placement = true;
+      po.placement = Placement{g, h, d};
+    }
     const Plan p = make_plan(hw, cfg, w, po);
     if (!note.empty()) std::printf("%s\n", note.c_str());
     std::printf("%s", plan_text(p).c_str());
