@@ -49,8 +49,9 @@ HardwareProfile load_hw(const std::string& spec, std::string* note) {
     hw.source = saved.string();
     *note = "hardware: this machine (hwloc, CUDA) with the rates saved in " + saved.string();
   } else {
+    hw.source = "--hardware auto";
     *note = "hardware: this machine (hwloc, CUDA); no saved rates in " + saved.string() +
-            " — run `strata bench hw --save " + saved.string() + "` first";
+            " (run `strata bench hw --save " + saved.string() + "`)";
   }
   hw.description = "this machine";
   return hw;
@@ -274,7 +275,17 @@ CommandRun setup(CLI::App& app) {
       po.force_placement = true;
       po.placement = Placement{g, h, d};
     }
-    const Plan p = make_plan(hw, cfg, w, po);
+    Plan p;
+    try {
+      p = make_plan(hw, cfg, w, po);
+    } catch (const Error& e) {
+      // The likely cause with auto: no saved rates yet; say how to get them.
+      if (o->hardware == "auto" && hw.source == "--hardware auto")
+        throw Error(std::string(e.what()) + " — no saved rates in " +
+                    default_profile_path().string() + ": run `strata bench hw --save " +
+                    default_profile_path().string() + "` first");
+      throw;
+    }
     if (!note.empty()) std::printf("%s\n", note.c_str());
     std::printf("%s", plan_text(p).c_str());
     if (!o->json.empty()) {
