@@ -261,8 +261,17 @@ uint64_t CostModel::trunk_bytes() const {
   return costs_.total_bytes - component_bytes(costs_, "routed_experts") - embedding;
 }
 
+uint64_t CostModel::head_bytes() const {
+  return uint64_t(cfg_.vocab_size) * uint64_t(cfg_.hidden_size) * 2;
+}
+
 double CostModel::trunk_seconds(int64_t tokens) const {
   return double(trunk_bytes()) * trunk_spb(double(std::max<int64_t>(1, tokens)));
+}
+
+double CostModel::trunk_prefill_seconds(int64_t tokens) const {
+  return double(trunk_bytes() - head_bytes()) * trunk_spb(double(std::max<int64_t>(1, tokens))) +
+         double(head_bytes()) * trunk_spb(1);
 }
 
 double CostModel::shared_expert_seconds(int64_t tokens) const {
@@ -275,7 +284,7 @@ double CostModel::kda_decode_seconds(int batch) const {
   switch (opt_.trunk) {
     case TrunkBackend::gpu:
       return bytes /
-             (hw_.gpu.hbm_copy_gbps.value() * 1e9 * opt_.assumptions.gpu_trunk_hbm_efficiency);
+             (hw_.gpu.hbm_copy_gbps.value() * 1e9 * opt_.assumptions.gpu_kda_decode_hbm_efficiency);
     case TrunkBackend::cpu_reference:
       return bytes / (hw_.kernels.cpu_kda_ref_state_gbps.value() * 1e9);
     case TrunkBackend::cpu_bf16:
@@ -454,27 +463,38 @@ DecodeEstimate CostModel::decode_step(const Placement& p, int batch, int64_t con
   STRATA_ASSERT(batch >= 1);
   // One GPU, one node's pipeline of G GPUs with fewer sequences than stages, or the CPU: the
   // batch goes through every layer together.
-  if (gpus_ <= 1 || batch < gpus_) return decode_latency(p, batch, context);
+  DecodeEstimate together = decode_latency(p, batch, context);
+  if (gpus_ <= 1 || batch < gpus_) return together;
   // G pipeline stages (GPUs, layers split evenly) and B ≥ G sequences: G micro-batches of B/G in
   // flight. Each GPU does its layers for every micro-batch; the host CPU, memory and disks of a
-  // node serve the experts of all micro-batches of its layers.
+  // node serve the experts of all micro-batches of its layers (smaller micro-batches share fewer
+  // experts). The engine may run either way: the faster one is the estimate.
   const int G = gpus_;
   const int mb = (batch + G - 1) / G;
-  DecodeEstimate one = decode_latency(p, mb, context);
+  const DecodeEstimate one = decode_latency(p, mb, context);
   const double gpu_total = sum_parts(one.parts, "gpu");
   const double cpu_total = sum_parts(one.parts, "cpu") * G / hw_.nodes;
   const double disk_total = sum_parts(one.parts, "disk") * G / hw_.nodes;
+  const double step = std::max({one.step_s, gpu_total, cpu_total, disk_total});
+  const double tps = double(mb) * G / step;
+  if (tps <= together.tokens_per_s) {
+    together.overlap +=
+        fmt("; one batch through the %.0f-GPU pipeline (micro-batches of %.0f "
+            "would be slower: %.3g tok/s)",
+            G, mb, tps);
+    return together;
+  }
   DecodeEstimate e = one;
   e.batch = batch;
-  e.step_s = std::max({one.step_s, gpu_total, cpu_total, disk_total});
-  e.tokens_per_s = double(mb) * G / e.step_s;
+  e.step_s = step;
+  e.tokens_per_s = tps;
   for (auto& t : e.parts)
     if (t.resource != "gpu" && t.resource != "network") t.seconds *= double(G) / hw_.nodes;
   e.overlap +=
       fmt("; pipeline of %.0f GPU stages with %.0f micro-batches of %.0f sequences", G, G, mb);
-  if (e.step_s == cpu_total && cpu_total > one.step_s)
+  if (step == cpu_total && cpu_total > one.step_s)
     e.bottleneck = "routed experts on the CPU (host memory), all micro-batches";
-  else if (e.step_s == disk_total && disk_total > one.step_s)
+  else if (step == disk_total && disk_total > one.step_s)
     e.bottleneck = "disk reads, all micro-batches";
   return e;
 }
@@ -544,7 +564,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
   for (int64_t i = 0; i < e.chunks; ++i) {
     const int64_t C = i + 1 == e.chunks ? last : chunk;
     const ExpertWork& w = i + 1 == e.chunks ? last_w : full_w;
-    const double trunk = trunk_seconds(C), shared = shared_expert_seconds(C);
+    const double trunk = trunk_prefill_seconds(C), shared = shared_expert_seconds(C);
     const double kda = kda_prefill_seconds(C), mla = mla_prefill_seconds(C, i * chunk);
     const double gexp = w.gpu_s * moe_layers, cexp = w.cpu_s * moe_layers;
     const double pcie = w.pcie_s * moe_layers, disk = w.disk_s * moe_layers;
@@ -675,7 +695,8 @@ Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t
   double total = 0;
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t C = std::min(chunk, tokens - i * chunk);
-    const double dense_flops = double(trunk_bytes()) * double(C) + kda_flops_per_token() * C +
+    const double dense_flops = double(trunk_bytes() - head_bytes()) * double(C) +
+                               double(head_bytes()) + kda_flops_per_token() * double(C) +
                                mla_prefill_flops(C, i * chunk);
     const double U = distinct_experts(double(C)) * moe_layers;
     const double expert_flops = double(C) * cfg_.moe.top_k * moe_layers * eb * fpb;

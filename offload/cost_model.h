@@ -85,11 +85,14 @@ struct CostAssumptions {
   // GPU trunk: GEMV at 85 % of HBM copy, GEMM at 90 % of the bf16 peak (kernels/gemm measured).
   double gpu_trunk_hbm_efficiency = 0.85;
   double gpu_trunk_gemm_efficiency = 0.90;
-  // KDA prefill 0.79 M token-layers/s = 13.7 TFLOP/s on the H200 (1.8 % of bf16 peak), MLA
-  // prefill 310 and decode ≈ 209 TFLOP/s (41 % / 28 %), DESIGN "Where the time of a job goes".
-  double gpu_kda_prefill_gemm_share = 0.018;
-  double gpu_mla_prefill_gemm_share = 0.41;
-  double gpu_mla_decode_gemm_share = 0.28;
+  // H200 kernel rates as shares of the bf16 GEMM peak (docs/performance.md "CUDA kernels I", peaks
+  // 820 TFLOP/s / 4230 GB/s in the same run): KDA prefill 0.79 M token-layers/s = 13.6 TFLOP/s
+  // (1.7 %), MLA prefill 310 TFLOP/s (38 %), MLA decode 174–221 TFLOP/s (26 %); KDA decode streams
+  // its state at 40–50 % of HBM copy at batch 1 (90 % at batch 64).
+  double gpu_kda_prefill_gemm_share = 0.017;
+  double gpu_mla_prefill_gemm_share = 0.38;
+  double gpu_mla_decode_gemm_share = 0.26;
+  double gpu_kda_decode_hbm_efficiency = 0.5;
   // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
   double pcie_default_gbps = 55;
   // Fixed cost per MoE layer in decode on the GPU backend: routing ids to the host and back, the
@@ -176,9 +179,13 @@ class CostModel {
 
   // --- dense parts, per token or step ---
   uint64_t trunk_bytes() const;  // bf16 bytes of every non-routed weight except the embedding
-  // The trunk for a step of M tokens (decode: M = batch; prefill: M = chunk) on the trunk
-  // backend, over all layers and GPUs.
+  uint64_t head_bytes() const;   // lm_head (part of trunk_bytes)
+  // The trunk for a decode step of M tokens (M = batch; every token goes through lm_head) on the
+  // trunk backend, over all layers and GPUs.
   double trunk_seconds(int64_t tokens) const;
+  // The trunk for a prefill chunk of M tokens: the layers at M, lm_head for the last token only
+  // (the engine computes the prompt's last logits, not all of them).
+  double trunk_prefill_seconds(int64_t tokens) const;
   double shared_expert_seconds(int64_t tokens) const;  // the shared experts' part of the trunk
   // KDA over all KDA layers: a decode step of `batch` sequences, or a prefill chunk of `tokens`.
   double kda_decode_seconds(int batch) const;

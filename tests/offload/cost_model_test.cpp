@@ -1,0 +1,282 @@
+// The cost model (offload/cost_model.h) against numbers worked out by hand: rate-curve
+// interpolation, per-expert times, the staging threshold, flat-routing expert counts, a CPU
+// decode step summed part by part, the GPU decode overlap rule, the multi-GPU pipeline, the
+// prefill head rule, and the peak-only roofline ignoring kernel rates.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "offload/cost_model.h"
+#include "storage/error.h"
+#include "storage/synth.h"
+
+using namespace strata;
+using namespace strata::offload;
+
+namespace {
+
+// K3's real widths (17,547,264-byte MXFP4 experts, hidden 7168, 896 experts top-16), 4 layers.
+ModelConfig k3_slice() {
+  SynthOptions o;
+  o.preset = "k3-slice";
+  o.layers = 4;
+  return parse_config(synth_config_json(o), "k3-slice");
+}
+
+ModelConfig k3_mini() {
+  SynthOptions o;
+  o.preset = "k3-mini";
+  return parse_config(synth_config_json(o), "k3-mini");
+}
+
+RateCurve curve(std::vector<RatePoint> p) {
+  RateCurve c;
+  c.points = std::move(p);
+  c.source = "test";
+  return c;
+}
+
+// A GPU machine with round numbers.
+HardwareProfile gpu_machine(int gpus = 1) {
+  HardwareProfile hw;
+  hw.description = "test GPU machine";
+  hw.gpu.count = gpus;
+  hw.gpu.name = "NVIDIA H200";
+  hw.gpu.compute_capability = 90;
+  hw.gpu.memory_bytes = 140ull << 30;
+  hw.gpu.hbm_copy_gbps = Rate(4000);
+  hw.gpu.bf16_gemm_tflops = Rate(800);
+  hw.gpu.h2d_gbps = Rate(50);
+  hw.host.cores = 32;
+  hw.host.avx512 = true;
+  hw.host.dram_bytes = 2000ull * 1000 * 1000 * 1000;
+  hw.host.mem_read_gbps = Rate(400);
+  hw.disk.count = 4;
+  hw.disk.read_gbps = Rate(10);
+  hw.kernels.cpu_expert = curve({{1, 300}, {16, 30}});
+  hw.kernels.gpu_expert = curve({{1, 3000}, {64, 100}});
+  hw.kernels.gpu_trunk = curve({{1, 3000}, {4096, 200}});
+  return hw;
+}
+
+}  // namespace
+
+TEST_CASE("rate curves interpolate seconds per byte and extrapolate the compute-bound limit",
+          "[cost]") {
+  const RateCurve c = curve({{1, 10}, {11, 2}});
+  // seconds per byte: 0.1 ns at M=1, 0.5 ns at M=11.
+  CHECK(c.seconds_per_byte(1) == Approx(0.1e-9));
+  CHECK(c.seconds_per_byte(11) == Approx(0.5e-9));
+  CHECK(c.seconds_per_byte(6) == Approx(0.3e-9));   // halfway
+  CHECK(c.seconds_per_byte(22) == Approx(1.0e-9));  // ∝ M past the last point
+  const RateCurve one = curve({{4, 8}});
+  CHECK(one.seconds_per_byte(1) == Approx(0.125e-9));  // below the first point: the first
+  CHECK(one.seconds_per_byte(8) == Approx(0.25e-9));
+}
+
+TEST_CASE("per-expert times, staging and disk reads of a K3 expert", "[cost]") {
+  const ModelConfig cfg = k3_slice();
+  const CostModel m(gpu_machine(), cfg);
+  const double eb = 17547264;
+  REQUIRE(m.costs().bytes_per_routed_expert == uint64_t(eb));
+  CHECK(m.cpu_expert_seconds(1) == Approx(eb / 300e9));   // 58.5 µs
+  CHECK(m.cpu_expert_seconds(16) == Approx(eb / 30e9));   // 585 µs
+  CHECK(m.cpu_expert_seconds(32) == Approx(eb / 15e9));   // compute-bound: twice M=16
+  CHECK(m.gpu_expert_seconds(1) == Approx(eb / 3000e9));  // 5.85 µs
+  CHECK(m.stage_seconds() == Approx(eb / 50e9));          // 351 µs
+  CHECK(m.disk_read_seconds() == Approx(eb / 40e9));      // 4 drives × 10 GB/s
+  CHECK(m.distinct_experts(1) == Approx(16));
+  // 896·(1 − (880/896)^2) = 31.714…
+  CHECK(m.distinct_experts(2) == Approx(896.0 * (1 - std::pow(880.0 / 896.0, 2))));
+}
+
+TEST_CASE("the prefill staging threshold is the first M where copy + GPU beats the CPU", "[cost]") {
+  // Seconds per byte (ns): stage = 1/5 = 0.2; GPU(M) = 0.001 + (M−1)/63·0.009;
+  // CPU(M) = 0.1 + (M−1)/15·0.9. M=2: 0.2011 vs 0.16 (CPU wins); M=3: 0.2013 vs 0.22 (GPU wins).
+  HardwareProfile hw = gpu_machine();
+  hw.gpu.h2d_gbps = Rate(5);
+  hw.kernels.cpu_expert = curve({{1, 10}, {16, 1}});
+  hw.kernels.gpu_expert = curve({{1, 1000}, {64, 100}});
+  const CostModel m(hw, k3_slice());
+  CHECK(m.prefill_stage_threshold() == 3);
+  CHECK(m.stage_seconds() + m.gpu_expert_seconds(3) < m.cpu_expert_seconds(3));
+  CHECK(m.stage_seconds() + m.gpu_expert_seconds(2) > m.cpu_expert_seconds(2));
+  // Past the last points both times grow ∝ M: a slow copy pays off only at large M. Seconds per
+  // byte (ns): stage 1000, GPU 0.001·M, CPU 0.1·M → M > 1000 / 0.099 = 10101.01.
+  hw.gpu.h2d_gbps = Rate(0.001);
+  hw.kernels.cpu_expert = curve({{1, 10}});
+  hw.kernels.gpu_expert = curve({{1, 1000}});
+  CHECK(CostModel(hw, k3_slice()).prefill_stage_threshold() == 10102);
+  // A GPU no faster than the CPU per token: never.
+  hw.kernels.gpu_expert = curve({{1, 10}});
+  CHECK(CostModel(hw, k3_slice()).prefill_stage_threshold() == CostModel::kNever);
+  // No GPU: every GPU time is infinite and nothing is staged.
+  HardwareProfile cpu = gpu_machine();
+  cpu.gpu = GpuSpec{};
+  cpu.kernels.cpu_trunk_ref = curve({{1, 2}});
+  cpu.kernels.cpu_kda_ref_state_gbps = Rate(1);
+  cpu.kernels.cpu_mla_ref_gflops = Rate(1);
+  CostOptions co;
+  co.trunk = TrunkBackend::cpu_reference;
+  const CostModel c(cpu, k3_slice(), co);
+  CHECK(std::isinf(c.gpu_expert_seconds(8)));
+  CHECK(std::isinf(c.stage_seconds()));
+  CHECK(c.prefill_stage_threshold() == CostModel::kNever);
+}
+
+TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
+  const ModelConfig cfg = k3_mini();
+  HardwareProfile hw;
+  hw.host.cores = 2;
+  hw.host.mem_read_gbps = Rate(10);
+  hw.kernels.cpu_trunk_ref = curve({{1, 2}, {32, 0.5}});
+  hw.kernels.cpu_expert = curve({{1, 4}});
+  hw.kernels.cpu_kda_ref_state_gbps = Rate(1);
+  hw.kernels.cpu_mla_ref_gflops = Rate(1);
+  CostOptions co;
+  co.trunk = TrunkBackend::cpu_reference;
+  const CostModel m(hw, cfg, co);
+  const ModelCosts& k = m.costs();
+  const int64_t ctx = 100;
+  // trunk: every non-routed weight except the embedding, at 2 GB/s.
+  const double embed = double(cfg.vocab_size) * cfg.hidden_size * 2;
+  const double trunk = double(k.total_bytes) - double(k.components[5].bytes) - embed;
+  REQUIRE(k.components[5].name == "routed_experts");
+  CHECK(double(m.trunk_bytes()) == Approx(trunk));
+  const double t_trunk = trunk / 2e9;
+  const double t_kda = 2.0 * double(k.kda_state_bytes) / 1e9;
+  // MLA: 2·H·(2·kv_lora + rope) FLOPs per cached position and layer, at 1 GFLOP/s.
+  const double t_mla = 2.0 * cfg.mla.num_heads *
+                       (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) * double(ctx) *
+                       cfg.num_mla_layers() / 1e9;
+  // Experts: top-k distinct experts per MoE layer at batch 1, one token each, at 4 GB/s.
+  const double t_exp =
+      double(cfg.moe.top_k) * cfg.num_moe_layers() * double(k.bytes_per_routed_expert) / 4e9;
+  const DecodeEstimate d = m.decode_step(Placement{0, 1, 0}, 1, ctx);
+  CHECK(d.experts_per_layer == Approx(cfg.moe.top_k));
+  CHECK(d.tokens_per_expert == Approx(1));
+  CHECK(d.step_s == Approx(t_trunk + t_kda + t_mla + t_exp));
+  CHECK(d.tokens_per_s == Approx(1.0 / d.step_s));
+  CHECK(d.bottleneck.find("dense trunk") == 0);
+  // Disk reads overlap the CPU work (router-lookahead prefetch) under moe-layer...
+  hw.disk.count = 1;
+  hw.disk.read_gbps = Rate(0.001);  // so slow that the disk dominates
+  const CostModel md(hw, cfg, co);
+  const double t_disk =
+      0.5 * cfg.moe.top_k * cfg.num_moe_layers() * double(k.bytes_per_routed_expert) / 1e6;
+  const DecodeEstimate dd = md.decode_step(Placement{0, 0.5, 0.5}, 1, ctx);
+  CHECK(dd.step_s == Approx(t_disk));
+  CHECK(dd.bottleneck.find("disk") != std::string::npos);
+  // ...and add to it when serial.
+  co.overlap = Overlap::serial;
+  const CostModel ms(hw, cfg, co);
+  CHECK(ms.decode_step(Placement{0, 0.5, 0.5}, 1, ctx).step_s ==
+        Approx(t_trunk + t_kda + t_mla + t_exp + t_disk));
+  // Prefill: lm_head only for the last token of the chunk.
+  const double head = double(cfg.vocab_size) * cfg.hidden_size * 2;
+  CHECK(m.trunk_prefill_seconds(32) == Approx((trunk - head) / 0.5e9 + head / 2e9));
+}
+
+TEST_CASE("GPU decode: CPU experts overlap the shared and cached experts of the same layer",
+          "[cost]") {
+  const ModelConfig cfg = k3_slice();
+  const HardwareProfile hw = gpu_machine();
+  const CostModel m(hw, cfg);
+  const Placement p{0.25, 0.75, 0};
+  const DecodeEstimate d = m.decode_step(p, 1, 4096);
+  const double n = 16.0 * cfg.num_moe_layers();
+  const double eb = double(m.costs().bytes_per_routed_expert);
+  const double gpu_exp = 0.25 * n * eb / 3000e9, cpu_exp = 0.75 * n * eb / 300e9;
+  const double shared = m.shared_expert_seconds(1);
+  const double sync = cfg.num_moe_layers() * CostAssumptions{}.gpu_moe_layer_sync_us * 1e-6;
+  const double serial =
+      m.trunk_seconds(1) - shared + m.kda_decode_seconds(1) + m.mla_decode_seconds(1, 4096) + sync;
+  CHECK(d.step_s == Approx(serial + std::max(shared + gpu_exp, cpu_exp)));
+  CHECK(m.trunk_seconds(1) == Approx(double(m.trunk_bytes()) / 3000e9));
+  // KDA decode: the fp32 state read and written at the assumed share of HBM copy.
+  CHECK(m.kda_decode_seconds(2) ==
+        Approx(4.0 * double(m.costs().kda_state_bytes) /
+               (4000e9 * CostAssumptions{}.gpu_kda_decode_hbm_efficiency)));
+  // Full overlap is never slower than moe-layer, serial never faster.
+  CostOptions full, serial_o;
+  full.overlap = Overlap::full;
+  serial_o.overlap = Overlap::serial;
+  CHECK(CostModel(hw, cfg, full).decode_step(p, 1, 4096).step_s <= d.step_s);
+  CHECK(CostModel(hw, cfg, serial_o).decode_step(p, 1, 4096).step_s >= d.step_s);
+  // A placement with experts in a GPU cache needs the GPU backend.
+  HardwareProfile cpu = hw;
+  cpu.kernels.cpu_trunk_ref = curve({{1, 2}});
+  cpu.kernels.cpu_kda_ref_state_gbps = Rate(1);
+  cpu.kernels.cpu_mla_ref_gflops = Rate(1);
+  CostOptions co;
+  co.trunk = TrunkBackend::cpu_reference;
+  CHECK_THROWS_AS(CostModel(cpu, cfg, co).decode_step(p, 1, 10), Error);
+  CHECK_THROWS_AS(m.decode_step(Placement{0.5, 0.6, 0}, 1, 10), Error);  // sums to 1.1
+}
+
+TEST_CASE("a pipeline of GPUs raises throughput only when there are micro-batches", "[cost]") {
+  const ModelConfig cfg = k3_slice();
+  const CostModel one(gpu_machine(1), cfg), four(gpu_machine(4), cfg);
+  const Placement p{0.2, 0.8, 0};
+  // One sequence goes through every layer either way.
+  CHECK(four.decode_step(p, 1, 1000).step_s == Approx(one.decode_step(p, 1, 1000).step_s));
+  // Eight sequences on four stages: four micro-batches of two; the step is bounded below by a
+  // micro-batch's latency and by the host serving all micro-batches' CPU experts.
+  const DecodeEstimate d = four.decode_step(p, 8, 1000);
+  const DecodeEstimate mb = one.decode_step(p, 2, 1000);
+  CHECK(d.step_s >= mb.step_s * 0.999);
+  double cpu2 = 0;
+  for (auto& t : mb.parts)
+    if (t.resource == "cpu") cpu2 += t.seconds;
+  CHECK(d.step_s >= 4 * cpu2 * 0.999);
+  CHECK(d.tokens_per_s == Approx(8 / d.step_s));
+}
+
+TEST_CASE("the roofline uses hardware peaks only", "[cost]") {
+  const ModelConfig cfg = k3_slice();
+  HardwareProfile hw = gpu_machine();
+  const Placement p{0.1, 0.9, 0};
+  const Roofline a = CostModel(hw, cfg).decode_roofline(p, 1, 1000);
+  // Slower kernels do not move it...
+  hw.kernels.cpu_expert = curve({{1, 1}});
+  hw.kernels.gpu_trunk = curve({{1, 1}});
+  const Roofline b = CostModel(hw, cfg).decode_roofline(p, 1, 1000);
+  CHECK(a.seconds == Approx(b.seconds));
+  // ...and it is the busiest resource at its peak: here the host reading 90% of 16 experts per
+  // MoE layer at 400 GB/s.
+  const double host = 0.9 * 16.0 * cfg.num_moe_layers() * 17547264.0 / 400e9;
+  const double gpu =
+      (double(CostModel(hw, cfg).trunk_bytes()) + 0.1 * 16.0 * cfg.num_moe_layers() * 17547264.0 +
+       2.0 * double(CostModel(hw, cfg).costs().kda_state_bytes) +
+       1000.0 * double(CostModel(hw, cfg).costs().mla_cache_bytes_per_token)) /
+      4000e9;
+  CHECK(a.seconds == Approx(std::max(host, gpu)));
+  // Unknown peaks are named, not zero.
+  hw.host.mem_read_gbps = Rate();
+  hw.kernels.cpu_expert = curve({{1, 300}});
+  const Roofline c = CostModel(hw, cfg).decode_roofline(p, 1, 1000);
+  REQUIRE(c.missing.size() == 1);
+  CHECK(c.missing[0] == "host.mem_read_gbps");
+}
+
+TEST_CASE("missing rates are refused with the field named", "[cost][errors]") {
+  const ModelConfig cfg = k3_slice();
+  HardwareProfile hw = gpu_machine();
+  hw.source = "hw.json";
+  hw.gpu.count = 0;
+  try {
+    CostModel m(hw, cfg);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) ==
+          "hw.json: gpu.count: not measured or stated; the GPU backend "
+          "needs a GPU");
+  }
+  CostOptions co;
+  co.trunk = TrunkBackend::cpu_reference;
+  try {
+    CostModel m(hw, cfg, co);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("kernels.cpu_trunk_ref") != std::string::npos);
+  }
+}

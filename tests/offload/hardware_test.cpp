@@ -1,0 +1,175 @@
+// HardwareProfile JSON: every reference description in docs/hardware parses; a profile survives
+// save → load; bad files give one line naming the file and the field; unknown = "not measured".
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "offload/hardware.h"
+#include "storage/error.h"
+#include "test_util.h"
+
+using namespace strata;
+using namespace strata::offload;
+using nlohmann::json;
+
+namespace {
+
+std::string parse_error(const std::string& text) {
+  try {
+    hardware_from_json(json::parse(text), "hw.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the reference hardware descriptions parse", "[hardware]") {
+  int n = 0;
+  for (auto& f : std::filesystem::directory_iterator(test::source_dir() / "docs" / "hardware")) {
+    if (f.path().extension() != ".json") continue;
+    INFO(f.path().string());
+    const HardwareProfile hw = load_hardware(f.path());
+    CHECK(hw.host.dram_bytes > 0);
+    CHECK(hw.host.mem_read_gbps.known());
+    CHECK(!hw.host.mem_read_gbps.source().empty());
+    if (hw.gpu.count > 0) {
+      CHECK(hw.gpu.compute_capability == 90);
+      CHECK(hw.gpu.memory_bytes > 0);
+      CHECK(hw.gpu.hbm_copy_gbps.known());
+    }
+    ++n;
+  }
+  CHECK(n >= 5);
+  const HardwareProfile a = load_hardware(test::source_dir() / "docs/hardware/8xH200-2TB.json");
+  CHECK(a.gpu.count == 8);
+  CHECK(a.host.dram_bytes == 2000000000000ull);
+  CHECK(a.host.amx);
+  CHECK(a.disk.total_read_gbps().value() == Approx(52));
+  CHECK(a.kernels.gpu_expert.points.size() == 5);
+  CHECK(!a.kernels.cpu_expert.known());  // not stated: the cost model assumes, and says so
+}
+
+TEST_CASE("a profile survives save and load; save never replaces a file unasked", "[hardware]") {
+  HardwareProfile hw;
+  hw.description = "round trip";
+  hw.nodes = 2;
+  hw.network_gbps = Rate(50, "IB NDR");
+  hw.gpu.count = 2;
+  hw.gpu.name = "NVIDIA H100 80GB HBM3";
+  hw.gpu.compute_capability = 90;
+  hw.gpu.memory_bytes = 85520809984ull;
+  hw.gpu.h2d_gbps = Rate(53.5, "measured: x");
+  hw.host.cores = 56;
+  hw.host.avx512 = hw.host.avx2 = hw.host.amx = true;
+  hw.host.dram_bytes = 512ull << 30;
+  hw.host.mem_read_gbps = Rate(240);
+  hw.disk.count = 2;
+  hw.disk.read_gbps = Rate(6.5);
+  hw.kernels.cpu_expert.points = {{1, 200}, {16, 40}};
+  hw.kernels.cpu_expert.source = "measured";
+  hw.not_measured = {"GPU peer bandwidth"};
+  const auto dir = test::scratch_dir("hardware_roundtrip");
+  const auto file = dir / "hw.json";
+  save_hardware(hw, file, false);
+  const HardwareProfile b = load_hardware(file);
+  CHECK(b.nodes == 2);
+  CHECK(b.network_gbps.value() == 50);
+  CHECK(b.network_gbps.source() == "IB NDR");
+  CHECK(b.gpu.name == hw.gpu.name);
+  CHECK(b.gpu.compute_capability == 90);
+  CHECK(b.gpu.memory_bytes == hw.gpu.memory_bytes);
+  CHECK(b.gpu.h2d_gbps.value() == 53.5);
+  CHECK(!b.gpu.hbm_copy_gbps.known());  // not measured stays not measured, never 0
+  CHECK(!b.gpu.d2h_gbps.known());
+  CHECK(b.host.amx);
+  CHECK(!b.host.avx512_bf16);
+  CHECK(b.host.dram_bytes == hw.host.dram_bytes);
+  CHECK(b.disk.total_read_gbps().value() == 13);
+  REQUIRE(b.kernels.cpu_expert.points.size() == 2);
+  CHECK(b.kernels.cpu_expert.points[1].tokens == 16);
+  CHECK(b.kernels.cpu_expert.points[1].gbps == 40);
+  CHECK(b.not_measured == hw.not_measured);
+  try {
+    save_hardware(hw, file, false);
+    FAIL("replaced an existing file");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("exists; not replacing it") != std::string::npos);
+  }
+  save_hardware(hw, file, true);
+}
+
+TEST_CASE("bad hardware files give one line naming file and field", "[hardware][errors]") {
+  CHECK(parse_error(R"({"gpu": {}})") ==
+        "hw.json: format: missing; expected \"strata-hardware-1\"");
+  CHECK(parse_error(R"({"format": "other"})") ==
+        "hw.json: format: expected \"strata-hardware-1\", got \"other\"");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "gpu": {"cuont": 2}})")
+            .rfind("hw.json: gpu.cuont: unknown field (expected one of: count, name", 0) == 0);
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "host": {"mem_read_gbps": -3}})") ==
+        "hw.json: host.mem_read_gbps: expected a positive number, got -3");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "host": {"mem_read_gbps": "fast"}})") ==
+        "hw.json: host.mem_read_gbps: expected a number");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "host": {"dram": "lots"}})") ==
+        "hw.json: host.dram: 'lots': expected a size such as 141GB, 1.5TB, 512GiB or 80e9 "
+        "(bytes)");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "host": {"isa": ["sse9"]}})") ==
+        "hw.json: host.isa: unknown ISA \"sse9\" (expected avx2, avx512, avx512_vnni, "
+        "avx512_bf16, amx)");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "gpu": {"compute_capability": "nine"}})") ==
+        "hw.json: gpu.compute_capability: expected \"major.minor\" such as \"9.0\", got \"nine\"");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "gpu": {"count": 1.5}})") ==
+        "hw.json: gpu.count: expected an integer ≥ 0");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "kernels": {"cpu_expert":
+        [{"tokens": 4, "gbps": 1}, {"tokens": 2, "gbps": 1}]}})") ==
+        "hw.json: kernels.cpu_expert[1].tokens: points must be sorted by increasing tokens");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "disk": {"read_gbps": {"value": 0}}})") ==
+        "hw.json: disk.read_gbps.value: expected a positive number, got 0");
+  CHECK(parse_error(R"([1, 2])") == "hw.json: (top level): expected an object");
+  // Files: not there, not JSON.
+  const auto dir = test::scratch_dir("hardware_bad");
+  try {
+    load_hardware(dir / "none.json");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) ==
+          (dir / "none.json").string() + ": cannot open the hardware description");
+  }
+  std::ofstream(dir / "bad.json") << "{\"format\": ";
+  try {
+    load_hardware(dir / "bad.json");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).rfind((dir / "bad.json").string() + ": not valid JSON: ", 0) == 0);
+    CHECK(std::string(e.what()).find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("sizes, GPU generations and the sm_90 rule", "[hardware]") {
+  CHECK(parse_size_bytes("141GB") == 141000000000ull);
+  CHECK(parse_size_bytes("1.5TB") == 1500000000000ull);
+  CHECK(parse_size_bytes("512 GiB") == 512ull << 30);
+  CHECK(parse_size_bytes("80e9") == 80000000000ull);
+  CHECK_THROWS_AS(parse_size_bytes("12XB"), Error);
+  CHECK_THROWS_AS(parse_size_bytes("-1GB"), Error);
+  CHECK(compute_capability_of("H100-80GB") == 90);
+  CHECK(compute_capability_of("NVIDIA GH200 480GB") == 90);
+  CHECK(compute_capability_of("NVIDIA A100-SXM4-80GB") == 80);
+  CHECK(compute_capability_of("NVIDIA GeForce RTX 4090") == 89);
+  CHECK(compute_capability_of("NVIDIA B200") == 100);
+  CHECK(compute_capability_of("Mystery Accelerator") == 0);
+  GpuSpec g;
+  g.count = 1;
+  g.name = "NVIDIA A100";
+  g.compute_capability = 80;
+  CHECK(gpu_unsupported_reason(g) ==
+        "GPU 'NVIDIA A100' is sm_80; this build targets sm_90 (H100/H200/GH200) only (sm_90a "
+        "kernels: wgmma, TMA)");
+  g.compute_capability = 90;
+  CHECK(gpu_unsupported_reason(g).empty());
+  g.compute_capability = 0;
+  CHECK(gpu_unsupported_reason(g).find("compute capability unknown") != std::string::npos);
+}

@@ -1,0 +1,156 @@
+// `strata plan` and `strata bench hw` from the command line: the real K3 config with no weights on
+// every reference machine, JSON and SVG output, refusals (exit 1, one reason), bad input (exit 1,
+// one line naming the file and field), and a measured profile that plan reads back.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using strata::test::run_cli;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path k3_config() {
+  return strata::test::shared_dir() / "configs" / "kimi-k3.config.json";
+}
+fs::path hw(const char* name) {
+  return strata::test::source_dir() / "docs" / "hardware" / name;
+}
+
+std::string q(const fs::path& p) {
+  return "'" + p.string() + "'";
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("plan: the real K3 config on the reference machines, without weights", "[plan][cli]") {
+  if (!fs::exists(k3_config())) {
+    WARN("SKIPPED: ../shared/configs absent");
+    return;
+  }
+  const auto dir = strata::test::scratch_dir("cmd_plan");
+  for (const char* m : {"8xH200-2TB.json", "1xH200-1.5TB-4nvme.json", "4xH100-1TB.json",
+                        "4node-2xH100-512GB.json"}) {
+    INFO(m);
+    const auto r = run_cli("plan --config " + q(k3_config()) + " --hardware " + q(hw(m)) +
+                           " --context 32768 --json " + q(dir / "plan.json"));
+    CHECK(r.status == 0);
+    CHECK(r.out.find("decode ") != std::string::npos);
+    CHECK(r.out.find("bottleneck: ") != std::string::npos);
+    CHECK(r.out.find("what would help most") != std::string::npos);
+    std::ifstream f(dir / "plan.json");
+    const auto j = nlohmann::json::parse(f);
+    CHECK(j["runnable"] == true);
+    CHECK(j["decode"]["tokens_per_s"].get<double>() > 0);
+    CHECK(j["placement"]["experts_total"] == 82432);
+    CHECK(j["workload"]["context"] == 32768);
+  }
+  const auto r = run_cli("plan --config " + q(k3_config()) + " --hardware " +
+                         q(hw("8xH200-2TB.json")) + " --svg " + q(dir / "chart.svg"));
+  CHECK(r.status == 0);
+  std::ifstream svg(dir / "chart.svg");
+  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(text.rfind("<svg ", 0) == 0);
+  CHECK(text.find("</svg>") != std::string::npos);
+  CHECK(text.find("8 GPUs per node") != std::string::npos);
+  CHECK(text.find("GPU: NVIDIA H200") != std::string::npos);
+  CHECK(text.find("<path d=\"M") != std::string::npos);
+}
+
+TEST_CASE("plan: machines that cannot run K3 are refused with the reason", "[plan][cli][errors]") {
+  if (!fs::exists(k3_config())) {
+    WARN("SKIPPED: ../shared/configs absent");
+    return;
+  }
+  const auto dir = strata::test::scratch_dir("cmd_plan_refuse");
+  {
+    std::ofstream(dir / "a100.json") << R"({"format": "strata-hardware-1",
+      "gpu": {"count": 8, "name": "NVIDIA A100-SXM4-80GB", "memory": "80GB",
+              "hbm_copy_gbps": 1800, "bf16_gemm_tflops": 280},
+      "host": {"cores": 64, "dram": "2TB", "mem_read_gbps": 300}})";
+    const auto r =
+        run_cli("plan --config " + q(k3_config()) + " --hardware " + q(dir / "a100.json"));
+    CHECK(r.status == 1);
+    CHECK(r.out.find("strata plan: cannot run: GPU 'NVIDIA A100-SXM4-80GB' is sm_80; this build "
+                     "targets sm_90") != std::string::npos);
+  }
+  {
+    std::ofstream(dir / "one-h100.json") << R"({"format": "strata-hardware-1",
+      "gpu": {"count": 1, "name": "NVIDIA H100 80GB HBM3", "memory": "80GB",
+              "hbm_copy_gbps": 2950, "bf16_gemm_tflops": 790},
+      "host": {"cores": 64, "dram": "2TB", "mem_read_gbps": 300}})";
+    const auto r =
+        run_cli("plan --config " + q(k3_config()) + " --hardware " + q(dir / "one-h100.json"));
+    CHECK(r.status == 1);
+    CHECK(r.out.find("cannot run: GPU memory too small") != std::string::npos);
+  }
+}
+
+TEST_CASE("plan and bench hw: bad input is one line and exit 1", "[plan][cli][errors]") {
+  const auto dir = strata::test::scratch_dir("cmd_plan_bad");
+  std::ofstream(dir / "typo.json") << R"({"format": "strata-hardware-1", "host": {"dram_gb": 1}})";
+  const fs::path cfg = k3_config();
+  std::ofstream(dir / "config.json") << "{}";  // a config that does not parse
+  struct Case {
+    std::string args, expect;
+  };
+  const fs::path any_cfg = fs::exists(cfg) ? cfg : dir / "config.json";
+  const std::vector<Case> cases = {
+      {"plan --hardware " + q(hw("8xH200-2TB.json")), "give the model with -m DIR or --config"},
+      {"plan --config " + q(dir / "nope.json"), "nope.json: not found"},
+      {"plan -m " + q(dir / "nodir"), "config.json: not found (is "},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(dir / "typo.json"),
+       fs::exists(cfg) ? "typo.json: host.dram_gb: unknown field" : "config.json"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(dir / "missing.json"),
+       fs::exists(cfg) ? "missing.json: cannot open the hardware description" : "config.json"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) +
+           " --concurrency 0",
+       fs::exists(cfg) ? "--concurrency: expected ≥ 1" : "config.json"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) + " --backend tpu",
+       fs::exists(cfg) ? "--backend 'tpu': expected auto, gpu, cpu-reference or cpu-bf16"
+                       : "config.json"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args);
+    const auto r = run_cli(c.args);
+    CHECK(r.status == 1);
+    CHECK(r.out.find(c.expect) != std::string::npos);
+    CHECK(count_lines(r.out) == 1);
+  }
+}
+
+TEST_CASE("bench hw --quick saves a profile that plan reads; it never replaces one unasked",
+          "[plan][cli]") {
+  const auto dir = strata::test::scratch_dir("cmd_bench_hw");
+  const auto r = run_cli("bench hw --quick --no-disk --save " + q(dir / "hw.json"));
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("hw/host memory read (peak)") != std::string::npos);
+  CHECK(r.out.find("hw/cpu reference trunk M=1") != std::string::npos);
+  CHECK(r.out.find("not measured: disk read: skipped") != std::string::npos);
+  std::ifstream f(dir / "hw.json");
+  const auto j = nlohmann::json::parse(f);
+  CHECK(j["format"] == "strata-hardware-1");
+  CHECK(j["host"]["mem_read_gbps"]["value"].get<double>() > 0);
+  CHECK(j["kernels"]["cpu_trunk_ref"]["points"].size() == 2);
+  CHECK(!j["disk"].contains("read_gbps"));  // not measured: absent, not 0
+  const auto again = run_cli("bench hw --quick --no-disk --save " + q(dir / "hw.json"));
+  CHECK(again.status == 1);
+  CHECK(again.out.find("hw.json: exists; not replacing it") != std::string::npos);
+  // The profile plans a small model on the CPU reference backend.
+  const auto ck = dir / "k3-tiny";
+  REQUIRE(run_cli("synth --preset k3-tiny -q -o " + q(ck)).status == 0);
+  const auto p = run_cli("plan -m " + q(ck) + " --hardware " + q(dir / "hw.json") +
+                         " --context 64 --prompt-len 16");
+  CHECK(p.status == 0);
+  CHECK(p.out.find("backend:   cpu-reference") != std::string::npos);
+}
