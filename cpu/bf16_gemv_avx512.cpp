@@ -3,6 +3,9 @@
 // of columns 2j, 2j+1 of every 32-column step), reduced horizontally once at the end. The weight
 // rows are streamed once; with C tokens each loaded weight vector feeds C instructions. The K tail
 // (K mod 32) is a masked load of the weights against the zero padding of the bf16 activations.
+// Each row is prefetched 512 bytes ahead of its loads: in a decode-step sequence of k3-mini's
+// matrices it moved the GEMV from 81-85% to 87-90% of the memory read measured interleaved
+// (a 2-core VM; 2 KiB ahead was no better than none).
 
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics headers as
 // (maybe-)uninitialized at -O3 (a known false positive); silence it for this file only.
@@ -41,7 +44,10 @@ void block(const GemvArgs& a, int64_t r0, int64_t t0) {
   int64_t k = 0;
   for (; k < K32; k += 32) {
     __m512i wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = _mm512_loadu_si512(w[i] + k);
+    for (int i = 0; i < R; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[i] + k) + 512, _MM_HINT_T0);
+      wv[i] = _mm512_loadu_si512(w[i] + k);
+    }
     for (int c = 0; c < C; ++c) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x[c] + k);
       for (int i = 0; i < R; ++i) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], (__m512bh)wv[i], xv);

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/mixer_kernels.h"
+#include "cpu/row_ops.h"
 #include "engine/routing.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
@@ -37,7 +39,7 @@ class Timed {
 };
 
 void add_inplace(float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] = round_bf16(a[i] + b[i]);  // round: residual add
+  cpu::add_round_fast(a, b, n);  // round: residual add
 }
 }  // namespace
 
@@ -182,7 +184,7 @@ void CpuFastBackend::glu_mlp(const float* x, const ref::GluMlp& m, float* y, int
   linear(x, T, m.up, u.data(), true);
   {
     Timed t(prof_, FastBackendProfile::row_ops);
-    ref::glu(model_.glu(), g.data(), u.data(), g.data(), T * I, kBf16);  // round: GLU output
+    cpu::glu_fast(model_.glu(), g.data(), u.data(), g.data(), T * I);  // round: GLU output
   }
   linear(g.data(), T, m.down, y, true);
 }
@@ -203,8 +205,8 @@ void CpuFastBackend::mix(int layer, MixSite site, std::span<const Act> sources, 
                                                     : *w.layers[size_t(layer)].mlp_res;
   std::vector<const float*> src;
   for (const Act& a : sources) src.push_back(a.data);
-  ref::attn_res_mix(src.data(), int64_t(src.size()), m.norm.data(), m.proj.data(), out.data,
-                    out.rows, c_.hidden_size, c_.rms_norm_eps, kBf16);
+  cpu::attn_res_mix_fast(src.data(), int64_t(src.size()), m.norm.data(), m.proj.data(), out.data,
+                         out.rows, c_.hidden_size, c_.rms_norm_eps);
 }
 
 void CpuFastBackend::norm(int layer, NormSite site, Act x, Act out) {
@@ -213,7 +215,7 @@ void CpuFastBackend::norm(int layer, NormSite site, Act x, Act out) {
   const std::vector<float>& nw = site == NormSite::final   ? w.final_norm
                                  : site == NormSite::input ? w.layers[size_t(layer)].input_norm
                                                            : w.layers[size_t(layer)].post_norm;
-  ref::kimi_rms_norm(x.data, nw.data(), out.data, x.rows, x.cols, c_.rms_norm_eps, kBf16);
+  cpu::kimi_rms_norm_fast(x.data, nw.data(), out.data, x.rows, x.cols, c_.rms_norm_eps);
 }
 
 void CpuFastBackend::add(Act acc, Act b) {
@@ -276,8 +278,8 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
   for (const Branch& b : branches) {
     linear(x, T, b.proj, pre.data(), true);
     Timed t(prof_, FastBackendProfile::kda_core);
-    ref::short_conv_silu(pre.data(), b.conv_w.data(), b.conv_state.data(), b.y.data(), T, P, W,
-                         kBf16);
+    cpu::short_conv_silu_fast(pre.data(), b.conv_w.data(), b.conv_state.data(), b.y.data(), T, P,
+                              W);
   }
   // 3. decay logits through the rank-R bottleneck (round: both GEMM outputs), then the gate.
   std::vector<float> f(size_t(T * w.f_a_proj.rows)), g(size_t(T * P));
@@ -298,13 +300,12 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
     } else {
       gate.form = ref::KdaGateForm::softplus;
     }
-    ref::kda_gate(gate, g.data(), g.data(), T, H, d);
+    cpu::kda_gate_fast(gate, g.data(), g.data(), T, H, d);
     // 4. beta.
     ref::kda_beta(beta.data(), beta.data(), T * H);
     // 5. L2 q, k (round in the chunk path only), the recurrence.
-    const Precision l2p = chunked ? kBf16 : Precision::fp32;
-    ref::l2_norm(q.data(), q.data(), T * H, d, kL2Eps, l2p);
-    ref::l2_norm(kk.data(), kk.data(), T * H, d, kL2Eps, l2p);
+    cpu::l2_norm_fast(q.data(), q.data(), T * H, d, kL2Eps, chunked);
+    cpu::l2_norm_fast(kk.data(), kk.data(), T * H, d, kL2Eps, chunked);
     dump(l, "kda_q", q.data(), T, {H, d});
     dump(l, "kda_k", kk.data(), T, {H, d});
     dump(l, "kda_v", v.data(), T, {H, d});
@@ -312,12 +313,12 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
     dump(l, "kda_beta", beta.data(), T, {H});
     const float scale = 1.0f / std::sqrt(float(d));
     if (chunked)
-      ref::kda_chunked(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(), o.data(),
-                       T, H, d, d, scale);
+      cpu::kda_chunked_fast(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
+                            o.data(), T, H, d, d, scale);
     else
-      ref::kda_recurrent(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
-                         o.data(), T, H, d, d, scale);
-    ref::round_bf16_inplace(o.data(), T * P);  // round: o is bf16 before o_norm (§4.9)
+      cpu::kda_recurrent_fast(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
+                              o.data(), T, H, d, d, scale);
+    cpu::round_bf16_fast(o.data(), T * P);  // round: o is bf16 before o_norm (§4.9)
     dump(l, "kda_o", o.data(), T, {H, d});
   }
   // 6–7. output gate (round: GEMM outputs) and the gated per-head RMSNorm (round once).
@@ -331,8 +332,8 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
   }
   {
     Timed t(prof_, FastBackendProfile::kda_core);
-    ref::gated_rms_norm(o.data(), G.data(), w.o_norm.data(), pre.data(), T * H, d, c_.rms_norm_eps,
-                        kBf16);
+    cpu::gated_rms_norm_fast(o.data(), G.data(), w.o_norm.data(), pre.data(), T * H, d,
+                             c_.rms_norm_eps);
   }
   // 8. o_proj (round: GEMM output).
   linear(pre.data(), T, w.o_proj, out, true);
@@ -359,8 +360,8 @@ void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float*
     linear(x, T, w.q_a_proj, cq.data(), true);
     {
       Timed t(prof_, FastBackendProfile::row_ops);
-      ref::kimi_rms_norm(cq.data(), w.q_a_norm.data(), cq.data(), T, m.q_lora_rank, kMlaNormEps,
-                         kBf16);
+      cpu::kimi_rms_norm_fast(cq.data(), w.q_a_norm.data(), cq.data(), T, m.q_lora_rank,
+                              kMlaNormEps);
     }
     linear(cq.data(), T, w.q_b_proj, q.data(), true);
   } else {
@@ -385,11 +386,11 @@ void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float*
     const bool expanded =
         opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && T > 1);
     if (expanded)
-      ref::mla_attention_expanded(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
-                                  o.data(), T, kBf16);
+      cpu::mla_attention_expanded_fast(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
+                                       o.data(), T, kBf16, lin_);
     else
-      ref::mla_attention_absorbed(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
-                                  o.data(), T, kBf16);
+      cpu::mla_attention_absorbed_fast(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
+                                       o.data(), T, kBf16);
     dump(l, "mla_attn", o.data(), T, {H, dims.v});
   }
   // 6. output gate sigmoid(g_proj x) before o_proj (K3; round: GEMM output, sigmoid, product),
@@ -398,7 +399,7 @@ void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float*
     std::vector<float> g(size_t(T * H * dims.v));
     linear(x, T, w.g_proj, g.data(), true);
     Timed t(prof_, FastBackendProfile::row_ops);
-    ref::sigmoid_gate_inplace(o.data(), g.data(), int64_t(o.size()), kBf16);
+    cpu::sigmoid_gate_fast(o.data(), g.data(), int64_t(o.size()));
   }
   linear(o.data(), T, w.o_proj, out, true);
 }
@@ -472,15 +473,15 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
       for (int64_t j = 0; j < K; ++j)
         ref::accumulate_weighted(acc.data() + t * Din, y.data() + (t * K + j) * Din,
                                  r.weights[size_t(t * K + j)], Din);
-    ref::round_bf16_inplace(acc.data(), T * Din);
+    cpu::round_bf16_fast(acc.data(), T * Din);
   }
   dump(l, "moe_routed", acc.data(), T, {Din});
   // Stable LatentMoE: RMSNorm of the aggregate (round), then the up-projection (round: GEMM).
   if (m.latent_size > 0) {
     if (m.latent_norm) {
       Timed t(prof_, FastBackendProfile::row_ops);
-      ref::kimi_rms_norm(acc.data(), w.latent_norm.data(), acc.data(), T, Din, c_.rms_norm_eps,
-                         kBf16);
+      cpu::kimi_rms_norm_fast(acc.data(), w.latent_norm.data(), acc.data(), T, Din,
+                              c_.rms_norm_eps);
     }
     linear(acc.data(), T, w.latent_up, out, true);
   } else {
