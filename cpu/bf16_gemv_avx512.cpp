@@ -1,11 +1,10 @@
-// AVX-512 BF16 row kernel of gemv_bf16 (cpu/bf16_linear.h): R weight rows × C tokens per call,
-// each (row, token) pair in its own zmm of 16 fp32 lanes fed by vdpbf16ps (lane j sums the products
-// of columns 2j, 2j+1 of every 32-column step), reduced horizontally once at the end. The weight
-// rows are streamed once; with C tokens each loaded weight vector feeds C instructions. The K tail
-// (K mod 32) is a masked load of the weights against the zero padding of the bf16 activations.
-// Each row is prefetched 512 bytes ahead of its loads: in a decode-step sequence of k3-mini's
-// matrices it moved the GEMV from 81-85% to 87-90% of the memory read measured interleaved
-// (a 2-core VM; 2 KiB ahead was no better than none).
+// AVX-512 BF16 row kernels of gemv_bf16 (cpu/bf16_linear.h): vdpbf16ps multiplies 32 bf16 pairs
+// into 16 fp32 lanes (lane j sums the products of columns 2j, 2j+1 of every 32-column step); each
+// (row, token) accumulates in its own zmm registers, reduced horizontally once at the end. One
+// token: a row at a time with 4 accumulators (one sequential stream per thread). Several tokens:
+// 4 rows × C tokens, each loaded weight vector feeding C instructions, each row prefetched 512
+// bytes ahead. The K tail (K mod 32) is a masked load of the weights against the zero padding of
+// the bf16 activations.
 
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics headers as
 // (maybe-)uninitialized at -O3 (a known false positive); silence it for this file only.
@@ -66,13 +65,45 @@ void block(const GemvArgs& a, int64_t r0, int64_t t0) {
     for (int i = 0; i < R; ++i) a.y[(t0 + c) * a.ldy + r0 + i] = finish(acc[i][c], a.round_out);
 }
 
+// One token (decode): one row at a time, 4 accumulators over K, so each thread reads its rows as
+// one sequential stream, prefetched 2 KiB ahead (into the next rows at the end of a row). On a
+// k3-mini-like decode step this read 91-92% of the interleaved memory read against 87-90% for
+// 8 rows side by side with 512 B prefetch (a 2-core VM, tools: strata bench cpu-trunk).
+void row_t1(const GemvArgs& a, int64_t r, int64_t t0) {
+  const uint16_t* w = a.W + r * a.ldw;
+  const uint16_t* x = a.xb + t0 * a.ldx;
+  const int64_t K = a.K;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128)
+    for (int i = 0; i < 4; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + k + 32 * i) + 2048, _MM_HINT_T0);
+      acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(w + k + 32 * i),
+                                (__m512bh)_mm512_loadu_si512(x + k + 32 * i));
+    }
+  for (; k + 32 <= K; k += 32)
+    acc[0] = _mm512_dpbf16_ps(acc[0], (__m512bh)_mm512_loadu_si512(w + k),
+                              (__m512bh)_mm512_loadu_si512(x + k));
+  if (k < K) {
+    const __mmask32 m = __mmask32((1ull << (K - k)) - 1);
+    acc[1] = _mm512_dpbf16_ps(acc[1], (__m512bh)_mm512_maskz_loadu_epi16(m, w + k),
+                              (__m512bh)_mm512_loadu_si512(x + k));  // zero padded to ldx
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  a.y[t0 * a.ldy + r] = finish(s, a.round_out);
+}
+
 template <int C>
 void rows(const GemvArgs& a, int64_t r0, int64_t r1, int64_t t0) {
-  // One token: 8 row streams in flight; several tokens: 4 rows × C tokens (≤ 16 accumulators).
-  constexpr int R = C == 1 ? 8 : 4;
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) block<R, C>(a, r, t0);
-  for (; r < r1; ++r) block<1, C>(a, r, t0);
+  if constexpr (C == 1) {
+    for (int64_t r = r0; r < r1; ++r) row_t1(a, r, t0);
+  } else {
+    // Several tokens: 4 rows × C tokens (≤ 16 accumulators) share each loaded weight vector.
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) block<4, C>(a, r, t0);
+    for (; r < r1; ++r) block<1, C>(a, r, t0);
+  }
 }
 
 }  // namespace

@@ -114,11 +114,35 @@ const uint16_t* bf16_activations(const float* x, int64_t T, int64_t K, int64_t* 
 
 }  // namespace
 
+namespace {
+using RowKernel = void (*)(const detail::GemvArgs&, int64_t, int64_t);
+RowKernel row_kernel(GemvIsa isa) {
+  return isa == GemvIsa::avx512bf16 ? detail::gemv_rows_avx512bf16
+         : isa == GemvIsa::avx2     ? detail::gemv_rows_avx2
+                                    : gemv_rows_scalar;
+}
+
+// The row groups of all outputs as one index space, split over the arena's threads: tasks of 256
+// KiB of weights (per-task overhead small against ~25 µs of streaming; 64 KiB tasks measured 3-6%
+// slower), in groups of 8 rows so the kernels' row blocks stay whole, and at least 4 tasks per
+// thread so the threads finish together.
+template <class Run>
+void split_rows(int64_t total_rows_in_groups, int64_t K, Run&& run) {
+  constexpr int64_t kGroup = 8;
+  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t grain =
+      std::clamp<int64_t>((256 << 10) / (kGroup * K * 2), 1,
+                          std::max<int64_t>(1, total_rows_in_groups / (4 * threads)));
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, total_rows_in_groups, grain),
+                    [&](const tbb::blocked_range<int64_t>& r) { run(r.begin(), r.end()); });
+}
+}  // namespace
+
 void gemv_bf16(const float* x, int64_t T, const uint16_t* W, int64_t N, int64_t K, int64_t ldw,
                float* y, int64_t ldy, bool round_out, GemvIsa isa) {
   STRATA_ASSERT(T >= 0 && N >= 0 && K > 0 && ldw >= K && ldy >= N);
   if (T == 0 || N == 0) return;
-  isa = resolve_gemv_isa(isa);
+  const RowKernel kernel = row_kernel(resolve_gemv_isa(isa));
   detail::GemvArgs a;
   a.xb = bf16_activations(x, T, K, &a.ldx);
   a.T = T;
@@ -128,22 +152,39 @@ void gemv_bf16(const float* x, int64_t T, const uint16_t* W, int64_t N, int64_t 
   a.y = y;
   a.ldy = ldy;
   a.round_out = round_out;
-  void (*kernel)(const detail::GemvArgs&, int64_t, int64_t) =
-      isa == GemvIsa::avx512bf16 ? detail::gemv_rows_avx512bf16
-      : isa == GemvIsa::avx2     ? detail::gemv_rows_avx2
-                                 : gemv_rows_scalar;
-  // Tasks of 256 KiB of weights (per-task overhead small against ~25 µs of streaming; 64 KiB
-  // tasks measured 3-6% slower), in groups of 8 rows so the kernels' row blocks stay whole, and
-  // at least 4 tasks per thread so the threads finish together.
-  constexpr int64_t kGroup = 8;
-  const int64_t groups = (N + kGroup - 1) / kGroup;
-  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
-  const int64_t grain = std::clamp<int64_t>((256 << 10) / (kGroup * K * 2), 1,
-                                            std::max<int64_t>(1, groups / (4 * threads)));
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, groups, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) {
-                      kernel(a, r.begin() * kGroup, std::min(N, r.end() * kGroup));
-                    });
+  split_rows((N + 7) / 8, K,
+             [&](int64_t g0, int64_t g1) { kernel(a, g0 * 8, std::min(N, g1 * 8)); });
+}
+
+void gemv_bf16_multi(const float* x, int64_t T, int64_t K, std::span<const GemvOut> outs,
+                     GemvIsa isa) {
+  STRATA_ASSERT(T >= 0 && K > 0);
+  if (T == 0 || outs.empty()) return;
+  const RowKernel kernel = row_kernel(resolve_gemv_isa(isa));
+  int64_t ldx = 0;
+  const uint16_t* xb = bf16_activations(x, T, K, &ldx);
+  // Group offsets of each output in the joint index space.
+  std::vector<int64_t> first(outs.size() + 1, 0);
+  for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].N + 7) / 8;
+  split_rows(first.back(), K, [&](int64_t g0, int64_t g1) {
+    size_t i = size_t(std::upper_bound(first.begin(), first.end(), g0) - first.begin()) - 1;
+    for (int64_t g = g0; g < g1 && i < outs.size(); ++i) {
+      const GemvOut& o = outs[i];
+      const int64_t end = std::min(g1, first[i + 1]);
+      detail::GemvArgs a;
+      a.xb = xb;
+      a.ldx = ldx;
+      a.T = T;
+      a.K = K;
+      a.W = o.W;
+      a.ldw = K;
+      a.y = o.y;
+      a.ldy = o.N;
+      a.round_out = o.round_out;
+      kernel(a, (g - first[i]) * 8, std::min(o.N, (end - first[i]) * 8));
+      g = end;
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -309,6 +350,20 @@ void OnednnBf16Gemm::run(const float* x, int64_t M, const uint16_t* W, int64_t N
 Bf16Linear::Bf16Linear(GemvIsa isa, int64_t gemv_max_tokens)
     : isa_(resolve_gemv_isa(isa)), gemv_max_tokens_(gemv_max_tokens) {}
 Bf16Linear::~Bf16Linear() = default;
+
+void Bf16Linear::multi(const float* x, int64_t T, int64_t K, std::span<const Out> outs) {
+  if (T > gemv_max_tokens_) {
+    for (const Out& o : outs) (*this)(x, T, *o.W, o.y, o.round_out);
+    return;
+  }
+  std::vector<GemvOut> g;
+  g.reserve(outs.size());
+  for (const Out& o : outs) {
+    STRATA_ASSERT(o.W->format == ref::WeightFormat::bf16 && o.W->cols == K);
+    g.push_back({static_cast<const uint16_t*>(o.W->data), o.W->rows, o.y, o.round_out});
+  }
+  gemv_bf16_multi(x, T, K, g, isa_);
+}
 
 void Bf16Linear::operator()(const float* x, int64_t T, const ref::WeightView& W, float* y,
                             bool round_out) {

@@ -27,6 +27,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "cpu/ref/ops.h"
@@ -54,6 +55,18 @@ void to_bf16(const float* x, uint16_t* out, int64_t n);
 // Parallel over rows of W in the caller's TBB arena. Any T works (tokens in groups of 4).
 void gemv_bf16(const float* x, int64_t T, const uint16_t* W, int64_t N, int64_t K, int64_t ldw,
                float* y, int64_t ldy, bool round_out, GemvIsa isa = GemvIsa::automatic);
+
+// Several products of the same x [T, K] in one parallel pass over all their weight rows (the q, k,
+// v, gate projections of a layer; gate and up of an MLP): one thread fork/join and one bf16
+// conversion of x instead of one per matrix.
+struct GemvOut {
+  const uint16_t* W = nullptr;  // bf16 [N, K] rows (row stride K)
+  int64_t N = 0;
+  float* y = nullptr;  // [T, N]
+  bool round_out = false;
+};
+void gemv_bf16_multi(const float* x, int64_t T, int64_t K, std::span<const GemvOut> outs,
+                     GemvIsa isa = GemvIsa::automatic);
 
 // The same product through oneDNN (any T; meant for T > kGemvMaxTokens). One object caches the
 // primitives of every shape it has seen (creating one JIT-compiles kernels: milliseconds) and the
@@ -88,6 +101,15 @@ class Bf16Linear {
   ~Bf16Linear();
   // x: [T, W.cols]; y: [T, W.rows].
   void operator()(const float* x, int64_t T, const ref::WeightView& W, float* y, bool round_out);
+  // Several weights of the same x (all bf16 with W.cols == K): one gemv_bf16_multi pass for
+  // T ≤ gemv_max_tokens, one oneDNN call each above.
+  struct Out {
+    const ref::WeightView* W = nullptr;
+    float* y = nullptr;
+    bool round_out = false;
+  };
+  void multi(const float* x, int64_t T, int64_t K, std::span<const Out> outs);
+  int64_t gemv_max_tokens() const { return gemv_max_tokens_; }
   GemvIsa isa() const { return isa_; }
   OnednnBf16Gemm& gemm() { return gemm_; }
 

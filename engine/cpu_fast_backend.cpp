@@ -177,11 +177,30 @@ void CpuFastBackend::linear(const float* x, int64_t T, const WeightView& W, floa
   }
 }
 
+void CpuFastBackend::linear_multi(const float* x, int64_t T, std::span<const Proj> outs) {
+  bool fused = T <= cpu::kGemvMaxTokens;
+  for (const Proj& o : outs)
+    fused &= o.W->format == ref::WeightFormat::bf16 && o.W->cols == outs[0].W->cols;
+  if (!fused) {
+    for (const Proj& o : outs) linear(x, T, *o.W, o.y, o.round_out);
+    return;
+  }
+  Timed t(prof_, FastBackendProfile::gemv);
+  std::vector<cpu::Bf16Linear::Out> lo;
+  for (const Proj& o : outs) {
+    prof_.weight_bytes[FastBackendProfile::gemv] += double(o.W->rows) * double(o.W->cols) * 2.0;
+    prof_.flops[FastBackendProfile::gemv] +=
+        2.0 * double(T) * double(o.W->rows) * double(o.W->cols);
+    lo.push_back({o.W, o.y, o.round_out});
+  }
+  lin_.multi(x, T, outs[0].W->cols, lo);
+}
+
 void CpuFastBackend::glu_mlp(const float* x, const ref::GluMlp& m, float* y, int64_t T) {
   const int64_t I = m.gate.rows;
   std::vector<float> g(size_t(T * I)), u(size_t(T * I));
-  linear(x, T, m.gate, g.data(), true);  // round: GEMM outputs
-  linear(x, T, m.up, u.data(), true);
+  const Proj gu[2] = {{&m.gate, g.data(), true}, {&m.up, u.data(), true}};  // round: GEMM outputs
+  linear_multi(x, T, gu);
   {
     Timed t(prof_, FastBackendProfile::row_ops);
     cpu::glu_fast(model_.glu(), g.data(), u.data(), g.data(), T * I);  // round: GLU output
@@ -265,29 +284,32 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
       opt_.kda_form == KdaForm::chunked || (opt_.kda_form == KdaForm::automatic && T > 1);
 
   // 1–2. q, k, v projections (round: GEMM outputs), short causal conv + SiLU (round once).
-  std::vector<float> pre(size_t(T * P)), q(size_t(T * P)), kk(size_t(T * P)), v(size_t(T * P));
-  struct Branch {
-    const WeightView& proj;
-    const std::vector<float>& conv_w;
-    std::vector<float>& conv_state;
-    std::vector<float>& y;
-  };
-  const Branch branches[3] = {{w.q_proj, w.q_conv, st.conv_q, q},
-                              {w.k_proj, w.k_conv, st.conv_k, kk},
-                              {w.v_proj, w.v_conv, st.conv_v, v}};
-  for (const Branch& b : branches) {
-    linear(x, T, b.proj, pre.data(), true);
-    Timed t(prof_, FastBackendProfile::kda_core);
-    cpu::short_conv_silu_fast(pre.data(), b.conv_w.data(), b.conv_state.data(), b.y.data(), T, P,
-                              W);
+  // Every projection of x in one pass (the GEMV path), each output rounded (GEMM outputs).
+  std::vector<float> pq(size_t(T * P)), pk(size_t(T * P)), pv(size_t(T * P)), q(size_t(T * P)),
+      kk(size_t(T * P)), v(size_t(T * P)), f(size_t(T * w.f_a_proj.rows)), g(size_t(T * P)),
+      beta(size_t(T * H)), G(size_t(T * P)), ga;
+  std::vector<Proj> proj = {{&w.q_proj, pq.data(), true},
+                            {&w.k_proj, pk.data(), true},
+                            {&w.v_proj, pv.data(), true},
+                            {&w.f_a_proj, f.data(), true},
+                            {&w.b_proj, beta.data(), true}};
+  if (k.full_rank_output_gate) {
+    proj.push_back({&w.g_proj, G.data(), true});
+  } else {
+    ga.resize(size_t(T * w.g_a_proj.rows));
+    proj.push_back({&w.g_a_proj, ga.data(), true});
   }
-  // 3. decay logits through the rank-R bottleneck (round: both GEMM outputs), then the gate.
-  std::vector<float> f(size_t(T * w.f_a_proj.rows)), g(size_t(T * P));
-  linear(x, T, w.f_a_proj, f.data(), true);
+  linear_multi(x, T, proj);
+  // 1–2. short causal conv (with conv state) + SiLU (round once).
+  {
+    Timed t(prof_, FastBackendProfile::kda_core);
+    cpu::short_conv_silu_fast(pq.data(), w.q_conv.data(), st.conv_q.data(), q.data(), T, P, W);
+    cpu::short_conv_silu_fast(pk.data(), w.k_conv.data(), st.conv_k.data(), kk.data(), T, P, W);
+    cpu::short_conv_silu_fast(pv.data(), w.v_conv.data(), st.conv_v.data(), v.data(), T, P, W);
+  }
+  // 3. decay logits through the rank-R bottleneck (round: GEMM output), then the gate.
   linear(f.data(), T, w.f_b_proj, g.data(), true);
   dump(l, "kda_z", g.data(), T, {H, d});
-  std::vector<float> beta(size_t(T * H));
-  linear(x, T, w.b_proj, beta.data(), true);
   std::vector<float> o(size_t(T * P));
   {
     Timed t(prof_, FastBackendProfile::kda_core);
@@ -321,22 +343,15 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
     cpu::round_bf16_fast(o.data(), T * P);  // round: o is bf16 before o_norm (§4.9)
     dump(l, "kda_o", o.data(), T, {H, d});
   }
-  // 6–7. output gate (round: GEMM outputs) and the gated per-head RMSNorm (round once).
-  std::vector<float> G(size_t(T * P));
-  if (k.full_rank_output_gate) {
-    linear(x, T, w.g_proj, G.data(), true);
-  } else {
-    std::vector<float> ga(size_t(T * w.g_a_proj.rows));
-    linear(x, T, w.g_a_proj, ga.data(), true);
-    linear(ga.data(), T, w.g_b_proj, G.data(), true);
-  }
+  // 6–7. output gate (low rank: its second GEMM, round) and the gated per-head RMSNorm (round).
+  if (!k.full_rank_output_gate) linear(ga.data(), T, w.g_b_proj, G.data(), true);
   {
     Timed t(prof_, FastBackendProfile::kda_core);
-    cpu::gated_rms_norm_fast(o.data(), G.data(), w.o_norm.data(), pre.data(), T * H, d,
+    cpu::gated_rms_norm_fast(o.data(), G.data(), w.o_norm.data(), pq.data(), T * H, d,
                              c_.rms_norm_eps);
   }
   // 8. o_proj (round: GEMM output).
-  linear(pre.data(), T, w.o_proj, out, true);
+  linear(pq.data(), T, w.o_proj, out, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -354,24 +369,33 @@ void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float*
   dims.kv_lora = m.kv_lora_rank;
   // 1. queries: q-LoRA (q_a → RMSNorm eps 1e-6 → q_b) or the direct q_proj (round: GEMM outputs
   // and the norm).
-  std::vector<float> q(size_t(T * H * dims.q_dim()));
+  // The projections of x in one pass (GEMV path): q_a or q_proj, kv_a, the output gate.
+  const int64_t C = dims.cache_dim();
+  std::vector<float> q(size_t(T * H * dims.q_dim())), ckv(size_t(T * C)), cq, g;
+  std::vector<Proj> proj;
   if (m.q_lora_rank > 0) {
-    std::vector<float> cq(size_t(T * m.q_lora_rank));
-    linear(x, T, w.q_a_proj, cq.data(), true);
+    cq.resize(size_t(T * m.q_lora_rank));
+    proj.push_back({&w.q_a_proj, cq.data(), true});
+  } else {
+    proj.push_back({&w.q_proj, q.data(), true});
+  }
+  proj.push_back({&w.kv_a_proj, ckv.data(), true});
+  if (m.output_gate) {
+    g.resize(size_t(T * H * dims.v));
+    proj.push_back({&w.g_proj, g.data(), true});
+  }
+  linear_multi(x, T, proj);
+  // 1. queries: q-LoRA (q_a → RMSNorm eps 1e-6 → q_b; round: the norm and the GEMM output).
+  if (m.q_lora_rank > 0) {
     {
       Timed t(prof_, FastBackendProfile::row_ops);
       cpu::kimi_rms_norm_fast(cq.data(), w.q_a_norm.data(), cq.data(), T, m.q_lora_rank,
                               kMlaNormEps);
     }
     linear(cq.data(), T, w.q_b_proj, q.data(), true);
-  } else {
-    linear(x, T, w.q_proj, q.data(), true);
   }
   // 2–3. latent + shared rope key → normalised cache rows, appended to this layer's cache.
   MlaCache& cache = slot.mla[size_t(l)];
-  const int64_t C = dims.cache_dim();
-  std::vector<float> ckv(size_t(T * C));
-  linear(x, T, w.kv_a_proj, ckv.data(), true);
   std::vector<float> o(size_t(T * H * dims.v));
   {
     Timed t(prof_, FastBackendProfile::mla_core);
@@ -396,8 +420,6 @@ void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float*
   // 6. output gate sigmoid(g_proj x) before o_proj (K3; round: GEMM output, sigmoid, product),
   // 7. o_proj (round: GEMM output).
   if (m.output_gate) {
-    std::vector<float> g(size_t(T * H * dims.v));
-    linear(x, T, w.g_proj, g.data(), true);
     Timed t(prof_, FastBackendProfile::row_ops);
     cpu::sigmoid_gate_fast(o.data(), g.data(), int64_t(o.size()));
   }
@@ -413,9 +435,21 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   const auto& m = c_.moe;
   const int64_t D = c_.hidden_size, E = m.num_experts, K = m.top_k, Din = c_.expert_in_dim();
 
-  // Router: fp32 logits (never rounded), sigmoid, top-k with the selection bias.
-  std::vector<float> logits(size_t(T * E));
-  linear(x, T, w.router, logits.data(), false);
+  // All projections of x in one pass (GEMV path): the router's fp32 logits (never rounded), the
+  // latent down-projection and the shared experts' gate and up (round: GEMM outputs).
+  std::vector<float> logits(size_t(T * E)), z, sg, su;
+  std::vector<Proj> proj = {{&w.router, logits.data(), false}};
+  if (m.latent_size > 0) {
+    z.resize(size_t(T * Din));
+    proj.push_back({&w.latent_down, z.data(), true});
+  }
+  if (w.shared) {
+    sg.resize(size_t(T * w.shared->gate.rows));
+    su.resize(sg.size());
+    proj.push_back({&w.shared->gate, sg.data(), true});
+    proj.push_back({&w.shared->up, su.data(), true});
+  }
+  linear_multi(x, T, proj);
   MoeRouting r;
   {
     Timed t(prof_, FastBackendProfile::row_ops);
@@ -446,11 +480,8 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
     }
   }
   // Expert inputs: the latent projection (LatentMoE; round: GEMM output) or x itself.
-  std::vector<float> z;
   const float* zin = x;
   if (m.latent_size > 0) {
-    z.resize(size_t(T * Din));
-    linear(x, T, w.latent_down, z.data(), true);
     zin = z.data();
     dump(l, "moe_latent", zin, T, {Din});
   }
@@ -490,7 +521,11 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   // Shared experts: one GLU MLP on the full-width input, added unweighted (round: the add).
   if (w.shared) {
     std::vector<float> sh(size_t(T * D));
-    glu_mlp(x, *w.shared, sh.data(), T);
+    {
+      Timed t(prof_, FastBackendProfile::row_ops);
+      cpu::glu_fast(model_.glu(), sg.data(), su.data(), sg.data(), int64_t(sg.size()));  // round
+    }
+    linear(sg.data(), T, w.shared->down, sh.data(), true);  // round: GEMM output
     dump(l, "moe_shared", sh.data(), T, {D});
     Timed t(prof_, FastBackendProfile::row_ops);
     add_inplace(out, sh.data(), T * D);

@@ -88,6 +88,13 @@ class CpuFastBackend final : public Backend {
   };
   // y [T, W.rows] = x [T, W.cols] · Wᵀ, rounded to bf16 when `round` (a GEMM output).
   void linear(const float* x, int64_t T, const WeightView& W, float* y, bool round);
+  // Several linears of the same x: one fused GEMV pass for decode-sized steps.
+  struct Proj {
+    const WeightView* W;
+    float* y;
+    bool round_out;
+  };
+  void linear_multi(const float* x, int64_t T, std::span<const Proj> outs);
   void glu_mlp(const float* x, const cpu::ref::GluMlp& m, float* y, int64_t T);
   void kda(int l, Slot& st, const float* x, float* out, int64_t T);
   void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);

@@ -293,3 +293,42 @@ TEST_CASE("Bf16Linear dispatches GEMV up to its threshold and oneDNN above", "[b
     CHECK(compare(g.data(), N, e, T, N, K).worst <= 1.0);
   }
 }
+
+TEST_CASE("bf16 GEMV over several matrices of one x equals one call per matrix", "[bf16_linear]") {
+  // Odd row counts (groups of 8 cut inside a task), mixed rounding, a tiny and a large matrix.
+  const int64_t K = 1000;
+  const std::vector<int64_t> Ns = {13, 1, 600, 8, 2049};
+  std::vector<std::vector<uint16_t>> W;
+  for (size_t i = 0; i < Ns.size(); ++i) W.push_back(bf16_normals(size_t(Ns[i] * K), 70 + i));
+  for (int64_t T : {1, 3, 6}) {
+    const auto x = widen(bf16_normals(size_t(T * K), uint64_t(80 + T)));
+    for (auto isa : supported_isas()) {
+      std::vector<std::vector<float>> y(Ns.size()), ref_y(Ns.size());
+      std::vector<cpu::GemvOut> outs;
+      for (size_t i = 0; i < Ns.size(); ++i) {
+        y[i].assign(size_t(T * Ns[i]), std::numeric_limits<float>::quiet_NaN());
+        ref_y[i].resize(y[i].size());
+        const bool round = i % 2 == 0;
+        outs.push_back({W[i].data(), Ns[i], y[i].data(), round});
+        cpu::gemv_bf16(x.data(), T, W[i].data(), Ns[i], K, K, ref_y[i].data(), Ns[i], round, isa);
+      }
+      cpu::gemv_bf16_multi(x.data(), T, K, outs, isa);
+      INFO(cpu::gemv_isa_name(isa) << " T=" << T);
+      for (size_t i = 0; i < Ns.size(); ++i)
+        CHECK(std::memcmp(y[i].data(), ref_y[i].data(), y[i].size() * 4) == 0);
+    }
+  }
+  // Bf16Linear::multi above the GEMV threshold: one oneDNN call per matrix, same as alone.
+  cpu::Bf16Linear lin(cpu::GemvIsa::automatic, 2);
+  const int64_t T = 5;
+  const auto x = widen(bf16_normals(size_t(T * K), 90));
+  const auto w0 = ref::WeightView::bf16(W[2].data(), Ns[2], K);
+  const auto w1 = ref::WeightView::bf16(W[4].data(), Ns[4], K);
+  std::vector<float> a0(size_t(T * Ns[2])), a1(size_t(T * Ns[4])), b0(a0.size()), b1(a1.size());
+  const cpu::Bf16Linear::Out outs[2] = {{&w0, a0.data(), true}, {&w1, a1.data(), false}};
+  lin.multi(x.data(), T, K, outs);
+  lin(x.data(), T, w0, b0.data(), true);
+  lin(x.data(), T, w1, b1.data(), false);
+  CHECK(a0 == b0);
+  CHECK(a1 == b1);
+}
