@@ -137,48 +137,61 @@ void mla_absorbed_avx512(const float* q, const float* cache, int64_t S, const ui
   STRATA_ASSERT(C % 16 == 0 && d.rope % 16 == 0 && T <= S);
   const float scale = d.scale();
   const int64_t base = S - T;
-  tbb::parallel_for(int64_t(0), d.H, [&](int64_t h) {
-    std::vector<float> qlat(static_cast<size_t>(C)), ctx(static_cast<size_t>(C)),
-        sc(static_cast<size_t>(S));
-    const uint16_t* wuk = kv_b + h * Dkv * C;  // [nope, C]
-    const uint16_t* wuv = wuk + d.nope * C;    // [v, C]
+  // Heads in groups, one task each: a group streams the latent cache once (for its scores and
+  // again for its context) however many heads it holds; one task per head read the whole cache
+  // 2·H times per token (18% of a k3-mini decode step at 1K positions).
+  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t groups = std::min<int64_t>(d.H, 2 * threads), G = (d.H + groups - 1) / groups;
+  tbb::parallel_for(int64_t(0), (d.H + G - 1) / G, [&](int64_t gi) {
+    const int64_t h0 = gi * G, h1 = std::min(d.H, h0 + G), nh = h1 - h0;
+    std::vector<float> qlat(static_cast<size_t>(nh * C)), ctx(static_cast<size_t>(nh * C)),
+        sc(static_cast<size_t>(nh * S));
     for (int64_t t = 0; t < T; ++t) {
-      const float* qh = q + (t * d.H + h) * Dq;
-      // q_lat = W_UKᵀ q_nope, 256 latent columns (16 zmm) per pass over the W_UK rows.
-      for (int64_t c0 = 0; c0 < C; c0 += 256) {
-        const int nc = int(std::min<int64_t>(256, C - c0) / 16);
-        __m512 acc[16];
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < d.nope; ++i) {
-          const __m512 qi = _mm512_set1_ps(qh[i]);
-          const uint16_t* w = wuk + i * C + c0;
-          for (int j = 0; j < nc; ++j) acc[j] = _mm512_fmadd_ps(qi, widen16(w + 16 * j), acc[j]);
+      // q_lat = W_UKᵀ q_nope per head, 256 latent columns (16 zmm) per pass over the W_UK rows.
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* qh = q + (t * d.H + h) * Dq;
+        const uint16_t* wuk = kv_b + h * Dkv * C;  // [nope, C]
+        float* ql = qlat.data() + (h - h0) * C;
+        for (int64_t c0 = 0; c0 < C; c0 += 256) {
+          const int nc = int(std::min<int64_t>(256, C - c0) / 16);
+          __m512 acc[16];
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+          for (int64_t i = 0; i < d.nope; ++i) {
+            const __m512 qi = _mm512_set1_ps(qh[i]);
+            const uint16_t* w = wuk + i * C + c0;
+            for (int j = 0; j < nc; ++j) acc[j] = _mm512_fmadd_ps(qi, widen16(w + 16 * j), acc[j]);
+          }
+          for (int j = 0; j < nc; ++j) _mm512_storeu_ps(ql + c0 + 16 * j, acc[j]);
         }
-        for (int j = 0; j < nc; ++j) _mm512_storeu_ps(qlat.data() + c0 + 16 * j, acc[j]);
+        if (round_out) round_inplace(ql, C);  // a GEMM output in bf16 mode
       }
-      if (round_out) round_inplace(qlat.data(), C);  // a GEMM output in bf16 mode
       const int64_t n = base + t + 1;
       for (int64_t s = 0; s < n; ++s) {
         const float* row = cache + s * R;
-        sc[size_t(s)] = (dot(qlat.data(), row, C) + dot(qh + d.nope, row + C, d.rope)) * scale;
+        for (int64_t h = h0; h < h1; ++h)
+          sc[size_t((h - h0) * S + s)] = (dot(qlat.data() + (h - h0) * C, row, C) +
+                                          dot(q + (t * d.H + h) * Dq + d.nope, row + C, d.rope)) *
+                                         scale;
       }
-      softmax_inplace(sc.data(), n);
-      // ctx = Σ_s p_s ĉ_s, 256 columns per pass over the positions.
-      for (int64_t c0 = 0; c0 < C; c0 += 256) {
-        const int nc = int(std::min<int64_t>(256, C - c0) / 16);
-        __m512 acc[16];
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < n; ++s) {
-          const __m512 ps = _mm512_set1_ps(sc[size_t(s)]);
-          const float* row = cache + s * R + c0;
-          for (int j = 0; j < nc; ++j)
-            acc[j] = _mm512_fmadd_ps(ps, _mm512_loadu_ps(row + 16 * j), acc[j]);
+      for (int64_t h = 0; h < nh; ++h) softmax_inplace(sc.data() + h * S, n);
+      std::fill(ctx.begin(), ctx.end(), 0.0f);
+      for (int64_t s = 0; s < n; ++s) {
+        const float* row = cache + s * R;
+        for (int64_t h = 0; h < nh; ++h) {
+          const __m512 ps = _mm512_set1_ps(sc[size_t(h * S + s)]);
+          float* ch = ctx.data() + h * C;
+          for (int64_t c = 0; c < C; c += 16)
+            _mm512_storeu_ps(
+                ch + c, _mm512_fmadd_ps(ps, _mm512_loadu_ps(row + c), _mm512_loadu_ps(ch + c)));
         }
-        for (int j = 0; j < nc; ++j) _mm512_storeu_ps(ctx.data() + c0 + 16 * j, acc[j]);
       }
-      float* oh = out + (t * d.H + h) * d.v;
-      for (int64_t e = 0; e < d.v; ++e) oh[e] = dot_bf16(wuv + e * C, ctx.data(), C);
-      if (round_out) round_inplace(oh, d.v);
+      for (int64_t h = h0; h < h1; ++h) {
+        const uint16_t* wuv = kv_b + h * Dkv * C + d.nope * C;  // [v, C]
+        float* oh = out + (t * d.H + h) * d.v;
+        for (int64_t e = 0; e < d.v; ++e)
+          oh[e] = dot_bf16(wuv + e * C, ctx.data() + (h - h0) * C, C);
+        if (round_out) round_inplace(oh, d.v);
+      }
     }
   });
 }
@@ -189,33 +202,44 @@ void mla_expanded_attention_avx512(const float* q, const float* cache, int64_t S
   STRATA_ASSERT(d.nope % 16 == 0 && d.rope % 16 == 0 && d.v % 16 == 0 && d.v <= 256 && T <= S);
   const float scale = d.scale();
   const int64_t base = S - T;
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, T * d.H, 1), [&](const tbb::blocked_range<int64_t>& r) {
-        std::vector<float> sc(static_cast<size_t>(S));
-        for (int64_t th = r.begin(); th < r.end(); ++th) {
-          const int64_t t = th / d.H, h = th % d.H;
-          const int64_t n = base + t + 1;  // causal: positions 0 .. base + t
-          const float* qh = q + th * Dq;
-          for (int64_t s = 0; s < n; ++s) {
-            const float* ks = kv + (s * d.H + h) * Dkv;
-            sc[size_t(s)] =
-                (dot(qh, ks, d.nope) + dot(qh + d.nope, cache + s * R + C, d.rope)) * scale;
-          }
-          softmax_inplace(sc.data(), n);
-          const int nv = int(d.v / 16);
-          __m512 acc[16];
-          for (int j = 0; j < nv; ++j) acc[j] = _mm512_setzero_ps();
-          for (int64_t s = 0; s < n; ++s) {
-            const __m512 ps = _mm512_set1_ps(sc[size_t(s)]);
-            const float* vs = kv + (s * d.H + h) * Dkv + d.nope;
-            for (int j = 0; j < nv; ++j)
-              acc[j] = _mm512_fmadd_ps(ps, _mm512_loadu_ps(vs + 16 * j), acc[j]);
-          }
-          float* oh = out + th * d.v;
-          for (int j = 0; j < nv; ++j) _mm512_storeu_ps(oh + 16 * j, acc[j]);
-          if (round_out) round_inplace(oh, d.v);
-        }
-      });
+  // One task per head and block of Tb queries: each key and value row is read once per block
+  // (not once per query), the block's scores [Tb, S] stay in L2, and the softmax is the
+  // reference's over each query's whole row.
+  constexpr int64_t Tb = 32;
+  const int64_t blocks = (T + Tb - 1) / Tb;
+  const int nv = int(d.v / 16);
+  tbb::parallel_for(int64_t(0), d.H * blocks, [&](int64_t task) {
+    const int64_t h = task % d.H, t0 = (task / d.H) * Tb, t1 = std::min(T, t0 + Tb);
+    const int64_t nmax = base + t1;  // the last query of the block sees positions 0 .. nmax − 1
+    std::vector<float> sc(static_cast<size_t>((t1 - t0) * nmax)),
+        acc(static_cast<size_t>((t1 - t0) * d.v), 0.0f);
+    for (int64_t s = 0; s < nmax; ++s) {
+      const float* ks = kv + (s * d.H + h) * Dkv;
+      const float* kr = cache + s * R + C;
+      for (int64_t t = std::max(t0, s - base); t < t1; ++t) {  // causal: s ≤ base + t
+        const float* qh = q + (t * d.H + h) * Dq;
+        sc[size_t((t - t0) * nmax + s)] =
+            (dot(qh, ks, d.nope) + dot(qh + d.nope, kr, d.rope)) * scale;
+      }
+    }
+    for (int64_t t = t0; t < t1; ++t) softmax_inplace(sc.data() + (t - t0) * nmax, base + t + 1);
+    for (int64_t s = 0; s < nmax; ++s) {
+      const float* vs = kv + (s * d.H + h) * Dkv + d.nope;
+      __m512 vr[16];
+      for (int j = 0; j < nv; ++j) vr[j] = _mm512_loadu_ps(vs + 16 * j);
+      for (int64_t t = std::max(t0, s - base); t < t1; ++t) {
+        const __m512 ps = _mm512_set1_ps(sc[size_t((t - t0) * nmax + s)]);
+        float* a = acc.data() + (t - t0) * d.v;
+        for (int j = 0; j < nv; ++j)
+          _mm512_storeu_ps(a + 16 * j, _mm512_fmadd_ps(ps, vr[j], _mm512_loadu_ps(a + 16 * j)));
+      }
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      float* oh = out + (t * d.H + h) * d.v;
+      std::copy(acc.begin() + (t - t0) * d.v, acc.begin() + (t - t0 + 1) * d.v, oh);
+      if (round_out) round_inplace(oh, d.v);
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
