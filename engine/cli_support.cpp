@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/cpu_fast_backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/offload_executor.h"
 #include "kernels/runtime.h"
@@ -138,10 +139,11 @@ std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const Sessio
       return b;
     } catch (const Error& e) {
       if (in_.device == "gpu") throw;
-      device_line_ = std::string("GPU not used (") + e.what() + "); running on the CPU reference";
+      device_line_ = std::string("GPU not used (") + e.what() + "); running on the CPU";
     }
   }
-  return std::make_unique<CpuRefBackend>(m, so.backend(), slots);
+  // The CPU: the fast backend for bf16 + contract, the reference (the oracle) for fp32 or exact.
+  return make_cpu_backend(m, so.backend(), slots);
 }
 
 uint64_t peak_rss_bytes() {

@@ -7,14 +7,12 @@
 // reads DRAM). FLOPs = 2 · M · 3 · 3072 · 3584 per expert. Arithmetic intensity ≈ 3.8 · M FLOP
 // per weight byte, so M = 1 is memory-bound and large M compute-bound; each line states the
 // roofline peak that binds (memory below the ridge point, bf16 GEMM above).
-#include <dlfcn.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
 #include <vector>
 
@@ -24,6 +22,7 @@
 #include "offload/hw_measure.h"
 #include "storage/error.h"
 #include "tools/bench.h"
+#include "tools/bench_peaks.h"
 
 namespace strata::tools {
 
@@ -45,76 +44,6 @@ struct Options {
   std::string json;
 };
 
-double measure_read_gbps(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
-                         int repeats, BenchReport& rep) {
-  std::string note;
-  const offload::RateSample s = offload::measure_host_read(arena, topo, bytes, repeats, &note);
-  BenchLine l;
-  l.name = "memory read (peak)";
-  l.shape =
-      std::to_string(bytes >> 20) + " MiB stream, " + std::to_string(arena.threads()) + " thr";
-  l.time = {s.median_s, s.min_s, s.max_s, s.repeats};
-  l.bytes = s.bytes;
-  l.peak_name = "itself";
-  l.peak = l.gbps();
-  l.note = note;
-  rep.add(l);
-  return l.gbps();
-}
-
-// oneDNN (OpenMP inside) gets as many threads as the benchmark; libgomp is already loaded with
-// libdnnl, so its setter is found at run time (no -fopenmp needed here).
-void set_omp_threads(int n) {
-  using Fn = void (*)(int);
-  if (auto f = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) f(n);
-}
-
-double measure_bf16_tflops(int n, int threads, int repeats, BenchReport& rep) {
-  using namespace dnnl;
-  using dt = memory::data_type;
-  using tag = memory::format_tag;
-  set_omp_threads(threads);
-  engine eng(engine::kind::cpu, 0);
-  stream s(eng);
-  const memory::dims ad{n, n}, bd{n, n}, cd{n, n};
-  auto pd = matmul::primitive_desc(
-      matmul::desc(memory::desc(ad, dt::bf16, tag::ab), memory::desc(bd, dt::bf16, tag::any),
-                   memory::desc(cd, dt::f32, tag::ab)),
-      eng);
-  memory a(pd.src_desc(), eng), b_user({bd, dt::bf16, tag::ab}, eng), b(pd.weights_desc(), eng),
-      c(pd.dst_desc(), eng);
-  // bf16 0x3F80 = 1.0 with small random low bits: finite values, no denormals.
-  for (memory* m : {&a, &b_user}) {
-    auto* p = static_cast<uint16_t*>(m->get_data_handle());
-    for (size_t i = 0; i < size_t(n) * size_t(n); ++i)
-      p[i] = uint16_t(0x3F80 | (i * 2654435761u >> 28));
-  }
-  reorder(b_user, b).execute(s, b_user, b);  // pack once (format_tag::any), as the experts would
-  matmul mm(pd);
-  auto run = [&] {
-    mm.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-    s.wait();
-  };
-  BenchLine l;
-  l.name = "oneDNN bf16 matmul (peak)";
-  l.shape = std::to_string(n) + "^3 bf16->f32, " + std::to_string(threads) + " thr";
-  l.time = measure(run, repeats, 1);
-  l.flops = 2.0 * double(n) * double(n) * double(n);
-  l.peak_is_bandwidth = false;
-  // The peak is the best repeat (not the median shown in the line), so that the experts' "% of
-  // peak" is conservative: this line's own %peak is its median against its best.
-  const double best = l.flops / l.time.min_s / 1e12;
-  l.peak_name = "best repeat";
-  l.peak = best;
-  std::ostringstream ss;
-  ss.precision(3);
-  ss << "peak = best of " << l.time.repeats << " repeats, " << best << " TFLOP/s; impl "
-     << pd.impl_info_str();
-  l.note = ss.str();
-  rep.add(l);
-  return best;
-}
-
 int run(const Options& o) {
   cpu::Topology topo;
   const int threads = o.threads > 0 ? o.threads : topo.cores();
@@ -128,7 +57,8 @@ int run(const Options& o) {
            "); threads pinned one per core: " + std::to_string(threads));
 
   const double mem_gbps = measure_read_gbps(arena, topo, size_t(o.membw_mib) << 20, o.repeats, rep);
-  const double bf16_tflops = measure_bf16_tflops(o.gemm, threads, std::max(3, o.repeats / 2), rep);
+  const double bf16_tflops =
+      measure_bf16_tflops(o.gemm, o.gemm, o.gemm, threads, std::max(3, o.repeats / 2), rep);
   const double ridge = bf16_tflops * 1e12 / (mem_gbps * 1e9);  // FLOP per byte
   {
     std::ostringstream ss;

@@ -91,8 +91,9 @@ int run_logits(const LogitsOptions& o) {
   w.finish();
   setup.finish();
   offload.finish();
-  std::fprintf(stderr, "strata logits: %lld positions, %s %s -> %s (%s)\n", (long long)T,
-               name.c_str(), shape_str(shape).c_str(), o.out.c_str(), setup.describe().c_str());
+  std::fprintf(stderr, "strata logits: %lld positions, %s %s -> %s (%s; backend %s)\n",
+               (long long)T, name.c_str(), shape_str(shape).c_str(), o.out.c_str(),
+               setup.describe().c_str(), backend->name());
   return 0;
 }
 

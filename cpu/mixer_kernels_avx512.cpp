@@ -1,0 +1,459 @@
+// AVX-512 cores of cpu/mixer_kernels.h. One TBB task per head (per query and head for the
+// expanded attention); within a task every vector op runs over 16 fp32 lanes of the head's
+// key/latent dimension.
+//
+// KDA recurrence: a head's state row (K = 128 floats = 8 zmm) is loaded once per token, decayed,
+// dotted with k, updated and dotted with q in registers, and stored once: the state (64 KiB per
+// head) is read and written once per token instead of four passes of scalar code.
+// MLA absorbed: q_lat = W_UKᵀ q_nope accumulates 256 latent columns in 16 zmm while streaming the
+// bf16 rows of kv_b (widened by a 16-bit shift, exact); scores and the context run over the
+// cache rows; the output reads the W_UV rows the same way.
+//
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics headers as
+// (maybe-)uninitialized at -O3 (a known false positive); silence it for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/mixer_kernels.h"
+#include "cpu/vec_math_avx512.h"
+#include "storage/bf16.h"
+#include "storage/error.h"
+
+namespace strata::cpu::detail {
+
+namespace {
+
+inline __m512 widen16(const uint16_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// Σ a[i]·b[i], n a multiple of 16.
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  if (i < n) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+// Σ w[i]·x[i] with w bf16, n a multiple of 16.
+inline float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(widen16(w + i), _mm512_loadu_ps(x + i), s0);
+    s1 = _mm512_fmadd_ps(widen16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+  }
+  if (i < n) s0 = _mm512_fmadd_ps(widen16(w + i), _mm512_loadu_ps(x + i), s0);
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+// The references' softmax (max-subtracted, std::exp, double denominator).
+void softmax_inplace(float* s, int64_t n) {
+  float mx = s[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, s[i]);
+  double den = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = std::exp(s[i] - mx);
+    den += s[i];
+  }
+  for (int64_t i = 0; i < n; ++i) s[i] = float(s[i] / den);
+}
+
+void round_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
+// One head of the KDA recurrence with K = 16·KC (state rows of KC zmm).
+template <int KC>
+void kda_head(const float* q, const float* k, const float* v, const float* g, const float* beta,
+              float* S, float* o, int64_t T, int64_t H, int64_t h, int64_t V, float scale) {
+  constexpr int64_t K = 16 * KC;
+  alignas(64) float alpha[K], qs[K];
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t th = t * H + h;
+    const float* kt = k + th * K;
+    const float* vt = v + th * V;
+    const __m512 bt = _mm512_set1_ps(beta[th]);
+    for (int64_t d = 0; d < K; ++d) {
+      qs[d] = q[th * K + d] * scale;
+      alpha[d] = std::exp(g[th * K + d]);
+    }
+    __m512 kv[KC];
+    for (int i = 0; i < KC; ++i) kv[i] = _mm512_loadu_ps(kt + 16 * i);
+    float* ot = o + th * V;
+    for (int64_t j = 0; j < V; ++j) {
+      float* row = S + j * K;
+      __m512 r[KC];
+      __m512 p = _mm512_setzero_ps();
+      for (int i = 0; i < KC; ++i) {
+        r[i] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * i), _mm512_load_ps(alpha + 16 * i));
+        p = _mm512_fmadd_ps(r[i], kv[i], p);
+      }
+      // u = β(v_j − S_j·k), broadcast.
+      const __m512 u = _mm512_mul_ps(
+          bt, _mm512_sub_ps(_mm512_set1_ps(vt[j]), _mm512_set1_ps(_mm512_reduce_add_ps(p))));
+      __m512 out = _mm512_setzero_ps();
+      for (int i = 0; i < KC; ++i) {
+        r[i] = _mm512_fmadd_ps(kv[i], u, r[i]);
+        out = _mm512_fmadd_ps(r[i], _mm512_load_ps(qs + 16 * i), out);
+        _mm512_storeu_ps(row + 16 * i, r[i]);
+      }
+      ot[j] = _mm512_reduce_add_ps(out);
+    }
+  }
+}
+
+}  // namespace
+
+void kda_recurrent_avx512(const float* q, const float* k, const float* v, const float* g,
+                          const float* beta, float* state, float* o, int64_t T, int64_t H,
+                          int64_t K, int64_t V, float scale) {
+  STRATA_ASSERT(K == 64 || K == 128);
+  tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
+    std::vector<float> local;
+    float* S = state ? state + h * V * K : (local.assign(size_t(V * K), 0.0f), local.data());
+    if (K == 128)
+      kda_head<8>(q, k, v, g, beta, S, o, T, H, h, V, scale);
+    else
+      kda_head<4>(q, k, v, g, beta, S, o, T, H, h, V, scale);
+  });
+}
+
+void mla_absorbed_avx512(const float* q, const float* cache, int64_t S, const uint16_t* kv_b,
+                         const ref::MlaDims& d, float* out, int64_t T, bool round_out) {
+  const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora;
+  STRATA_ASSERT(C % 16 == 0 && d.rope % 16 == 0 && T <= S);
+  const float scale = d.scale();
+  const int64_t base = S - T;
+  // Heads in groups, one task each: a group streams the latent cache once (for its scores and
+  // again for its context) however many heads it holds; one task per head read the whole cache
+  // 2·H times per token (18% of a k3-mini decode step at 1K positions).
+  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t groups = std::min<int64_t>(d.H, 2 * threads), G = (d.H + groups - 1) / groups;
+  tbb::parallel_for(int64_t(0), (d.H + G - 1) / G, [&](int64_t gi) {
+    const int64_t h0 = gi * G, h1 = std::min(d.H, h0 + G), nh = h1 - h0;
+    std::vector<float> qlat(static_cast<size_t>(nh * C)), ctx(static_cast<size_t>(nh * C)),
+        sc(static_cast<size_t>(nh * S));
+    for (int64_t t = 0; t < T; ++t) {
+      // q_lat = W_UKᵀ q_nope per head, 256 latent columns (16 zmm) per pass over the W_UK rows.
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* qh = q + (t * d.H + h) * Dq;
+        const uint16_t* wuk = kv_b + h * Dkv * C;  // [nope, C]
+        float* ql = qlat.data() + (h - h0) * C;
+        for (int64_t c0 = 0; c0 < C; c0 += 256) {
+          const int nc = int(std::min<int64_t>(256, C - c0) / 16);
+          __m512 acc[16];
+          for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+          for (int64_t i = 0; i < d.nope; ++i) {
+            const __m512 qi = _mm512_set1_ps(qh[i]);
+            const uint16_t* w = wuk + i * C + c0;
+            for (int j = 0; j < nc; ++j) acc[j] = _mm512_fmadd_ps(qi, widen16(w + 16 * j), acc[j]);
+          }
+          for (int j = 0; j < nc; ++j) _mm512_storeu_ps(ql + c0 + 16 * j, acc[j]);
+        }
+        if (round_out) round_inplace(ql, C);  // a GEMM output in bf16 mode
+      }
+      const int64_t n = base + t + 1;
+      for (int64_t s = 0; s < n; ++s) {
+        const float* row = cache + s * R;
+        for (int64_t h = h0; h < h1; ++h)
+          sc[size_t((h - h0) * S + s)] = (dot(qlat.data() + (h - h0) * C, row, C) +
+                                          dot(q + (t * d.H + h) * Dq + d.nope, row + C, d.rope)) *
+                                         scale;
+      }
+      for (int64_t h = 0; h < nh; ++h) softmax_inplace(sc.data() + h * S, n);
+      std::fill(ctx.begin(), ctx.end(), 0.0f);
+      for (int64_t s = 0; s < n; ++s) {
+        const float* row = cache + s * R;
+        for (int64_t h = 0; h < nh; ++h) {
+          const __m512 ps = _mm512_set1_ps(sc[size_t(h * S + s)]);
+          float* ch = ctx.data() + h * C;
+          for (int64_t c = 0; c < C; c += 16)
+            _mm512_storeu_ps(
+                ch + c, _mm512_fmadd_ps(ps, _mm512_loadu_ps(row + c), _mm512_loadu_ps(ch + c)));
+        }
+      }
+      for (int64_t h = h0; h < h1; ++h) {
+        const uint16_t* wuv = kv_b + h * Dkv * C + d.nope * C;  // [v, C]
+        float* oh = out + (t * d.H + h) * d.v;
+        for (int64_t e = 0; e < d.v; ++e)
+          oh[e] = dot_bf16(wuv + e * C, ctx.data() + (h - h0) * C, C);
+        if (round_out) round_inplace(oh, d.v);
+      }
+    }
+  });
+}
+
+void mla_expanded_attention_avx512(const float* q, const float* cache, int64_t S, const float* kv,
+                                   const ref::MlaDims& d, float* out, int64_t T, bool round_out) {
+  const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora;
+  STRATA_ASSERT(d.nope % 16 == 0 && d.rope % 16 == 0 && d.v % 16 == 0 && d.v <= 256 && T <= S);
+  const float scale = d.scale();
+  const int64_t base = S - T;
+  // One task per head and block of Tb queries: each key and value row is read once per block
+  // (not once per query), the block's scores [Tb, S] stay in L2, and the softmax is the
+  // reference's over each query's whole row.
+  constexpr int64_t Tb = 32;
+  const int64_t blocks = (T + Tb - 1) / Tb;
+  const int nv = int(d.v / 16);
+  tbb::parallel_for(int64_t(0), d.H * blocks, [&](int64_t task) {
+    const int64_t h = task % d.H, t0 = (task / d.H) * Tb, t1 = std::min(T, t0 + Tb);
+    const int64_t nmax = base + t1;  // the last query of the block sees positions 0 .. nmax − 1
+    std::vector<float> sc(static_cast<size_t>((t1 - t0) * nmax)),
+        acc(static_cast<size_t>((t1 - t0) * d.v), 0.0f);
+    for (int64_t s = 0; s < nmax; ++s) {
+      const float* ks = kv + (s * d.H + h) * Dkv;
+      const float* kr = cache + s * R + C;
+      for (int64_t t = std::max(t0, s - base); t < t1; ++t) {  // causal: s ≤ base + t
+        const float* qh = q + (t * d.H + h) * Dq;
+        sc[size_t((t - t0) * nmax + s)] =
+            (dot(qh, ks, d.nope) + dot(qh + d.nope, kr, d.rope)) * scale;
+      }
+    }
+    for (int64_t t = t0; t < t1; ++t) softmax_inplace(sc.data() + (t - t0) * nmax, base + t + 1);
+    for (int64_t s = 0; s < nmax; ++s) {
+      const float* vs = kv + (s * d.H + h) * Dkv + d.nope;
+      __m512 vr[16];
+      for (int j = 0; j < nv; ++j) vr[j] = _mm512_loadu_ps(vs + 16 * j);
+      for (int64_t t = std::max(t0, s - base); t < t1; ++t) {
+        const __m512 ps = _mm512_set1_ps(sc[size_t((t - t0) * nmax + s)]);
+        float* a = acc.data() + (t - t0) * d.v;
+        for (int j = 0; j < nv; ++j)
+          _mm512_storeu_ps(a + 16 * j, _mm512_fmadd_ps(ps, vr[j], _mm512_loadu_ps(a + 16 * j)));
+      }
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      float* oh = out + (t * d.H + h) * d.v;
+      std::copy(acc.begin() + (t - t0) * d.v, acc.begin() + (t - t0 + 1) * d.v, oh);
+      if (round_out) round_inplace(oh, d.v);
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Chunked KDA (the WY/UT form of ref::kda_chunked, same steps and names). Per head and chunk of
+// n ≤ 64 rows, with Γ_r = exp(G_r) the cumulative decay from the chunk start:
+//  1. L[r,j] = β_r Σ_d k_r k_j e^(G_r − G_j) (j < r), A[r,j] = Σ_d q_r k_j e^(G_r − G_j) (j ≤ r).
+//     Pairs inside a block of 16 rows take the exponent of the difference directly; a pair with j
+//     in an earlier block factors it at the block start b: e^(G_r − G_b)·e^(G_b − G_j), both
+//     exponents ≤ 0 (G never increases), so nothing overflows, and each factor is computed once
+//     per row (or per row and block) instead of once per pair: the pairs become dot products.
+//  2. M = (I + L)^-1 Diag(β) by forward substitution, a row at a time over its 64 columns.
+//  3.–6. W = M(Γ ⊙ K), U = MV, Ṽ = U − W Sᵀ, O = (Γ ⊙ Q)Sᵀ + A Ṽ, S ← Diag(Γ_last) S + …: row
+//     times matrix products over the transposed state Sᵗ [K, V], kept for the whole call.
+namespace {
+
+struct ChunkBuffers {
+  static constexpr int64_t C = 64;
+  std::vector<float> G, qs, ak, aq, GQ, GK, cj, L, A, M, W, U, St, dec;
+  ChunkBuffers(int64_t K, int64_t V)
+      : G(size_t(C * K)),
+        qs(size_t(C * K)),
+        ak(size_t(C * K)),
+        aq(size_t(C * K)),
+        GQ(size_t(C * K)),
+        GK(size_t(C * K)),
+        cj(size_t(C * K)),
+        L(size_t(C * C)),
+        A(size_t(C * C)),
+        M(size_t(C * C)),
+        W(size_t(C * K)),
+        U(size_t(C * V)),
+        St(size_t(K * V)),
+        dec(size_t(C * K)) {}
+};
+
+inline float dot_k(const float* a, const float* b, int KC) {
+  __m512 s = _mm512_setzero_ps();
+  for (int i = 0; i < KC; ++i)
+    s = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * i), _mm512_loadu_ps(b + 16 * i), s);
+  return _mm512_reduce_add_ps(s);
+}
+
+// y[0 .. 16·NC) (+)= Σ_i c[i]·X[i, :] over i < m (rows of X with stride ldx).
+inline void row_combo(const float* c, int64_t m, const float* X, int64_t ldx, float* y, int NC,
+                      bool accumulate) {
+  __m512 acc[8];
+  for (int j = 0; j < NC; ++j)
+    acc[j] = accumulate ? _mm512_loadu_ps(y + 16 * j) : _mm512_setzero_ps();
+  for (int64_t i = 0; i < m; ++i) {
+    const __m512 ci = _mm512_set1_ps(c[i]);
+    const float* x = X + i * ldx;
+    for (int j = 0; j < NC; ++j) acc[j] = _mm512_fmadd_ps(ci, _mm512_loadu_ps(x + 16 * j), acc[j]);
+  }
+  for (int j = 0; j < NC; ++j) _mm512_storeu_ps(y + 16 * j, acc[j]);
+}
+
+void kda_chunked_head(const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, float* S, float* o, int64_t T, int64_t H, int64_t h,
+                      int64_t K, int64_t V, float scale, ChunkBuffers& B) {
+  constexpr int64_t C = ChunkBuffers::C;
+  const int KC = int(K / 16), VC = int(V / 16);
+  for (int64_t e = 0; e < V; ++e)
+    for (int64_t d = 0; d < K; ++d) B.St[size_t(d * V + e)] = S[e * K + d];
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t t0 = 0; t0 < T; t0 += C) {
+    const int64_t n = std::min(C, T - t0);
+    auto kr = [&](int64_t r) { return k + ((t0 + r) * H + h) * K; };
+    auto vr = [&](int64_t r) { return v + ((t0 + r) * H + h) * V; };
+    auto br = [&](int64_t r) { return beta[(t0 + r) * H + h]; };
+    // Cumulative decay, scaled q, Γ ⊙ q, Γ ⊙ k, and the block-start factors of step 1.
+    for (int64_t r = 0; r < n; ++r) {
+      const float* gr = g + ((t0 + r) * H + h) * K;
+      const float* qr = q + ((t0 + r) * H + h) * K;
+      const int64_t b = r / 16 * 16;
+      for (int i = 0; i < KC; ++i) {
+        const int64_t o16 = 16 * i;
+        __m512 G = _mm512_loadu_ps(gr + o16);
+        if (r > 0) G = _mm512_add_ps(G, _mm512_loadu_ps(&B.G[size_t((r - 1) * K + o16)]));
+        _mm512_storeu_ps(&B.G[size_t(r * K + o16)], G);
+        const __m512 qs = _mm512_mul_ps(_mm512_loadu_ps(qr + o16), vscale);
+        const __m512 kk = _mm512_loadu_ps(kr(r) + o16);
+        const __m512 gam = exp16(G);
+        _mm512_storeu_ps(&B.qs[size_t(r * K + o16)], qs);
+        _mm512_storeu_ps(&B.GQ[size_t(r * K + o16)], _mm512_mul_ps(qs, gam));
+        _mm512_storeu_ps(&B.GK[size_t(r * K + o16)], _mm512_mul_ps(kk, gam));
+        const __m512 eb = exp16(_mm512_sub_ps(G, _mm512_loadu_ps(&B.G[size_t(b * K + o16)])));
+        _mm512_storeu_ps(&B.ak[size_t(r * K + o16)], _mm512_mul_ps(kk, eb));
+        _mm512_storeu_ps(&B.aq[size_t(r * K + o16)], _mm512_mul_ps(qs, eb));
+      }
+    }
+    // 1. L and A.
+    for (int64_t b = 0; b < n; b += 16) {
+      const int64_t bend = std::min(n, b + 16);
+      for (int64_t r = b; r < bend; ++r) {
+        const float* Gr = &B.G[size_t(r * K)];
+        for (int64_t j = b; j <= r; ++j) {
+          const float* Gj = &B.G[size_t(j * K)];
+          const float* kj = kr(j);
+          __m512 lk = _mm512_setzero_ps(), aq = _mm512_setzero_ps();
+          for (int i = 0; i < KC; ++i) {
+            const int64_t o16 = 16 * i;
+            const __m512 kje = _mm512_mul_ps(
+                _mm512_loadu_ps(kj + o16),
+                exp16(_mm512_sub_ps(_mm512_loadu_ps(Gr + o16), _mm512_loadu_ps(Gj + o16))));
+            lk = _mm512_fmadd_ps(_mm512_loadu_ps(kr(r) + o16), kje, lk);
+            aq = _mm512_fmadd_ps(_mm512_loadu_ps(&B.qs[size_t(r * K + o16)]), kje, aq);
+          }
+          if (j < r) B.L[size_t(r * C + j)] = br(r) * _mm512_reduce_add_ps(lk);
+          B.A[size_t(r * C + j)] = _mm512_reduce_add_ps(aq);
+        }
+      }
+      if (b == 0) continue;
+      for (int64_t j = 0; j < b; ++j)
+        for (int i = 0; i < KC; ++i) {
+          const int64_t o16 = 16 * i;
+          const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(&B.G[size_t(b * K + o16)]),
+                                               _mm512_loadu_ps(&B.G[size_t(j * K + o16)])));
+          _mm512_storeu_ps(&B.cj[size_t(j * K + o16)],
+                           _mm512_mul_ps(_mm512_loadu_ps(kr(j) + o16), e));
+        }
+      for (int64_t r = b; r < bend; ++r)
+        for (int64_t j = 0; j < b; ++j) {
+          const float* c = &B.cj[size_t(j * K)];
+          B.L[size_t(r * C + j)] = br(r) * dot_k(&B.ak[size_t(r * K)], c, KC);
+          B.A[size_t(r * C + j)] = dot_k(&B.aq[size_t(r * K)], c, KC);
+        }
+    }
+    // 2. M = (I + L)^-1 Diag(β): row r = e_r − Σ_{i<r} L[r,i]·row i (rows zero past the diagonal).
+    const int NC = int((n + 15) / 16);
+    for (int64_t r = 0; r < n; ++r) {
+      float* mr = &B.M[size_t(r * C)];
+      for (int64_t j = 0; j < 16 * NC; ++j) mr[j] = 0.0f;
+      __m512 acc[4];
+      for (int j = 0; j < NC; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < r; ++i) {
+        const __m512 l = _mm512_set1_ps(B.L[size_t(r * C + i)]);
+        for (int j = 0; j < NC; ++j)
+          acc[j] = _mm512_fnmadd_ps(l, _mm512_loadu_ps(&B.M[size_t(i * C + 16 * j)]), acc[j]);
+      }
+      for (int j = 0; j < NC; ++j) _mm512_storeu_ps(mr + 16 * j, acc[j]);
+      mr[r] = 1.0f;
+      for (int64_t j = r + 1; j < 16 * NC; ++j) mr[j] = 0.0f;
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j <= r; ++j) B.M[size_t(r * C + j)] *= br(j);
+    // 3. W = M (Γ ⊙ K), U = M V;  4. Ṽ = U − W Sᵀ;  6. O = (Γ ⊙ Q) Sᵀ + A Ṽ.
+    for (int64_t r = 0; r < n; ++r) {
+      const float* mr = &B.M[size_t(r * C)];
+      row_combo(mr, r + 1, B.GK.data(), K, &B.W[size_t(r * K)], KC, false);
+      float* ur = &B.U[size_t(r * V)];
+      __m512 acc[8];
+      for (int j = 0; j < VC; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t i = 0; i <= r; ++i) {
+        const __m512 c = _mm512_set1_ps(mr[i]);
+        const float* x = vr(i);
+        for (int j = 0; j < VC; ++j)
+          acc[j] = _mm512_fmadd_ps(c, _mm512_loadu_ps(x + 16 * j), acc[j]);
+      }
+      const float* wr = &B.W[size_t(r * K)];
+      for (int64_t d = 0; d < K; ++d) {
+        const __m512 c = _mm512_set1_ps(wr[d]);
+        const float* x = &B.St[size_t(d * V)];
+        for (int j = 0; j < VC; ++j)
+          acc[j] = _mm512_fnmadd_ps(c, _mm512_loadu_ps(x + 16 * j), acc[j]);
+      }
+      for (int j = 0; j < VC; ++j) _mm512_storeu_ps(ur + 16 * j, acc[j]);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      float* orow = o + ((t0 + r) * H + h) * V;
+      row_combo(&B.GQ[size_t(r * K)], K, B.St.data(), V, orow, VC, false);
+      row_combo(&B.A[size_t(r * C)], r + 1, B.U.data(), V, orow, VC, true);
+    }
+    // 7. Sᵗ[d, :] ← exp(G_last[d])·Sᵗ[d, :] + Σ_r exp(G_last[d] − G_r[d])·k_r[d]·Ṽ[r, :].
+    const float* Gl = &B.G[size_t((n - 1) * K)];
+    for (int64_t r = 0; r < n; ++r)
+      for (int i = 0; i < KC; ++i) {
+        const int64_t o16 = 16 * i;
+        const __m512 e = exp16(
+            _mm512_sub_ps(_mm512_loadu_ps(Gl + o16), _mm512_loadu_ps(&B.G[size_t(r * K + o16)])));
+        _mm512_storeu_ps(&B.dec[size_t(r * K + o16)],
+                         _mm512_mul_ps(_mm512_loadu_ps(kr(r) + o16), e));
+      }
+    alignas(64) float gl[128];
+    for (int i = 0; i < KC; ++i) _mm512_store_ps(gl + 16 * i, exp16(_mm512_loadu_ps(Gl + 16 * i)));
+    for (int64_t d = 0; d < K; ++d) {
+      float* sd = &B.St[size_t(d * V)];
+      __m512 acc[8];
+      const __m512 gd = _mm512_set1_ps(gl[d]);
+      for (int j = 0; j < VC; ++j) acc[j] = _mm512_mul_ps(gd, _mm512_loadu_ps(sd + 16 * j));
+      for (int64_t r = 0; r < n; ++r) {
+        const __m512 c = _mm512_set1_ps(B.dec[size_t(r * K + d)]);
+        const float* x = &B.U[size_t(r * V)];
+        for (int j = 0; j < VC; ++j)
+          acc[j] = _mm512_fmadd_ps(c, _mm512_loadu_ps(x + 16 * j), acc[j]);
+      }
+      for (int j = 0; j < VC; ++j) _mm512_storeu_ps(sd + 16 * j, acc[j]);
+    }
+  }
+  for (int64_t e = 0; e < V; ++e)
+    for (int64_t d = 0; d < K; ++d) S[e * K + d] = B.St[size_t(d * V + e)];
+}
+
+}  // namespace
+
+void kda_chunked_avx512(const float* q, const float* k, const float* v, const float* g,
+                        const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
+                        int64_t V, float scale) {
+  STRATA_ASSERT(K % 16 == 0 && V % 16 == 0 && K <= 128 && V <= 128);
+  tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
+    ChunkBuffers B(K, V);
+    std::vector<float> local;
+    float* S = state ? state + h * V * K : (local.assign(size_t(V * K), 0.0f), local.data());
+    kda_chunked_head(q, k, v, g, beta, S, o, T, H, h, K, V, scale, B);
+  });
+}
+
+}  // namespace strata::cpu::detail

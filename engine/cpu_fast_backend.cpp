@@ -1,0 +1,543 @@
+// The fast CPU backend (engine/cpu_fast_backend.h). The sublayers follow engine/cpu_backend.cpp
+// step by step, with the same bf16 rounding points (each marked "round": spec §12.2) and the same
+// dump sites; the linear layers go through cpu/bf16_linear.h with the GEMM-output rounding fused.
+#include "engine/cpu_fast_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/mixer_kernels.h"
+#include "cpu/row_ops.h"
+#include "engine/routing.h"
+#include "storage/bf16.h"
+#include "storage/error.h"
+
+namespace strata::engine {
+
+namespace ref = cpu::ref;
+
+namespace {
+constexpr float kMlaNormEps = 1e-6f;  // q_a / kv_a layernorms (spec §3.1: class default)
+constexpr float kL2Eps = 1e-6f;       // KDA q/k L2 norm (spec §3.3)
+constexpr Precision kBf16 = Precision::bf16;
+
+// Adds the wall time of its scope to one profile bucket.
+class Timed {
+ public:
+  Timed(FastBackendProfile& p, FastBackendProfile::Kind k)
+      : p_(p), k_(k), t0_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    p_.seconds[k_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  FastBackendProfile& p_;
+  FastBackendProfile::Kind k_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+void add_inplace(float* a, const float* b, int64_t n) {
+  cpu::add_round_fast(a, b, n);  // round: residual add
+}
+}  // namespace
+
+const char* FastBackendProfile::name(Kind k) {
+  switch (k) {
+    case gemv:
+      return "linear (GEMV)";
+    case gemm:
+      return "linear (oneDNN)";
+    case kda_core:
+      return "KDA core";
+    case mla_core:
+      return "MLA core";
+    case experts:
+      return "routed experts";
+    case row_ops:
+      return "row ops";
+    case kinds:
+      break;
+  }
+  return "?";
+}
+
+CpuFastBackend::CpuFastBackend(const Model& model, BackendOptions options, int slots,
+                               cpu::GemvIsa isa)
+    : model_(model), c_(model.config()), opt_(std::move(options)), lin_(isa) {
+  STRATA_ASSERT(slots >= 1);
+  if (opt_.precision != Precision::bf16)
+    throw Error("the fast CPU backend computes the bf16 model; fp32 runs on the reference backend");
+  executor_ = make_expert_executor(opt_.experts, c_);
+  if (opt_.wrap_executor) executor_ = opt_.wrap_executor(std::move(executor_));
+  name_ = std::string("cpu-fast bf16, experts ") + expert_numerics_name(opt_.experts) + ", GEMV " +
+          cpu::gemv_isa_name(lin_.isa()) + ", oneDNN above " + std::to_string(cpu::kGemvMaxTokens) +
+          " rows";
+  slots_.resize(size_t(slots));
+  for (int i = 0; i < slots; ++i) reset_slot(i);
+}
+
+void CpuFastBackend::reset_slot(int slot) {
+  Slot& st = slots_[size_t(slot)];
+  st.pos = 0;
+  st.kda.assign(size_t(c_.num_layers), {});
+  st.mla.assign(size_t(c_.num_layers), {});
+  const int64_t H = c_.kda.num_heads, d = c_.kda.head_dim, P = c_.kda.proj_dim(),
+                W = c_.kda.conv_kernel;
+  for (int l = 0; l < c_.num_layers; ++l) {
+    if (!c_.is_kda(l)) continue;
+    KdaState& s = st.kda[size_t(l)];
+    s.S.assign(size_t(H * d * d), 0.0f);
+    s.conv_q.assign(size_t(P * (W - 1)), 0.0f);
+    s.conv_k = s.conv_q;
+    s.conv_v = s.conv_q;
+  }
+}
+
+const KdaState* CpuFastBackend::kda_state(int slot, int l) const {
+  return c_.is_kda(l) ? &slots_[size_t(slot)].kda[size_t(l)] : nullptr;
+}
+const MlaCache* CpuFastBackend::mla_cache(int slot, int l) const {
+  return c_.is_mla(l) ? &slots_[size_t(slot)].mla[size_t(l)] : nullptr;
+}
+
+uint64_t CpuFastBackend::state_bytes(int slot) const {
+  const Slot& st = slots_[size_t(slot)];
+  uint64_t n = 0;
+  for (const auto& s : st.kda)
+    n += (s.S.size() + s.conv_q.size() + s.conv_k.size() + s.conv_v.size()) * sizeof(float);
+  for (const auto& m : st.mla) n += uint64_t(m.len) * uint64_t(c_.mla.latent_cache_dim()) * 4;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step arena
+
+void CpuFastBackend::begin_step(const StepShape&) {
+  // The last step spilled over several blocks: one block of their total from now on, so a step of
+  // the same shape fits without allocating.
+  if (blocks_.size() > 1) {
+    blocks_.clear();
+    blocks_.emplace_back(step_floats_);
+  }
+  block_used_ = 0;
+  step_floats_ = 0;
+}
+
+Act CpuFastBackend::alloc(int64_t rows, int64_t cols) {
+  const size_t n = size_t(rows * cols), padded = (n + 15) / 16 * 16;  // 64-byte aligned starts
+  step_floats_ += padded;
+  if (blocks_.empty() || block_used_ + padded > blocks_.back().size()) {
+    blocks_.emplace_back(std::max(padded, size_t(1) << 20));
+    block_used_ = 0;
+  }
+  float* p = blocks_.back().data() + block_used_;
+  block_used_ += padded;
+  return Act{p, rows, cols};
+}
+
+void CpuFastBackend::commit_step(const StepShape& s) {
+  for (const SeqSpan& q : s.seqs) slots_[size_t(q.slot)].pos += q.T;
+}
+
+void CpuFastBackend::dump(int l, const char* site, const float* data, int64_t rows,
+                          const std::vector<int64_t>& row_shape) const {
+  if (!trace_ || !trace_->dumper) return;
+  const std::string name = site_name(l, site);
+  if (trace_->dumper->wants(name)) trace_->dumper->add(name, data, rows, row_shape);
+}
+
+void CpuFastBackend::to_host(Act a, float* dst) {
+  std::memcpy(dst, a.data, size_t(a.size()) * sizeof(float));
+}
+void CpuFastBackend::from_host(const float* src, Act a) {
+  std::memcpy(a.data, src, size_t(a.size()) * sizeof(float));
+}
+void CpuFastBackend::copy(Act src, Act dst) {
+  STRATA_ASSERT(src.size() == dst.size());
+  std::memcpy(dst.data, src.data, size_t(src.size()) * sizeof(float));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear layers and row ops
+
+void CpuFastBackend::linear(const float* x, int64_t T, const WeightView& W, float* y, bool round) {
+  const bool small = T <= cpu::kGemvMaxTokens;
+  const auto kind = small ? FastBackendProfile::gemv : FastBackendProfile::gemm;
+  Timed t(prof_, kind);
+  prof_.weight_bytes[kind] += double(W.rows) * double(W.cols) * 2.0;
+  prof_.flops[kind] += 2.0 * double(T) * double(W.rows) * double(W.cols);
+  if (W.format == ref::WeightFormat::bf16) {
+    lin_(x, T, W, y, round);
+  } else {
+    // F32-stored matrices (allowed by the loader): the reference linear, the same math.
+    ref::linear(x, W, y, T);
+    if (round) ref::round_bf16_inplace(y, T * W.rows);
+  }
+}
+
+void CpuFastBackend::linear_multi(const float* x, int64_t T, std::span<const Proj> outs) {
+  bool fused = T <= cpu::kGemvMaxTokens;
+  for (const Proj& o : outs)
+    fused &= o.W->format == ref::WeightFormat::bf16 && o.W->cols == outs[0].W->cols;
+  if (!fused) {
+    for (const Proj& o : outs) linear(x, T, *o.W, o.y, o.round_out);
+    return;
+  }
+  Timed t(prof_, FastBackendProfile::gemv);
+  std::vector<cpu::Bf16Linear::Out> lo;
+  for (const Proj& o : outs) {
+    prof_.weight_bytes[FastBackendProfile::gemv] += double(o.W->rows) * double(o.W->cols) * 2.0;
+    prof_.flops[FastBackendProfile::gemv] +=
+        2.0 * double(T) * double(o.W->rows) * double(o.W->cols);
+    lo.push_back({o.W, o.y, o.round_out});
+  }
+  lin_.multi(x, T, outs[0].W->cols, lo);
+}
+
+void CpuFastBackend::glu_mlp(const float* x, const ref::GluMlp& m, float* y, int64_t T) {
+  const int64_t I = m.gate.rows;
+  std::vector<float> g(size_t(T * I)), u(size_t(T * I));
+  const Proj gu[2] = {{&m.gate, g.data(), true}, {&m.up, u.data(), true}};  // round: GEMM outputs
+  linear_multi(x, T, gu);
+  {
+    Timed t(prof_, FastBackendProfile::row_ops);
+    cpu::glu_fast(model_.glu(), g.data(), u.data(), g.data(), T * I);  // round: GLU output
+  }
+  linear(g.data(), T, m.down, y, true);
+}
+
+// Embedding (§9): bf16 rows widen exactly.
+void CpuFastBackend::embed(std::span<const int32_t> ids, Act out) {
+  Timed t(prof_, FastBackendProfile::row_ops);
+  const int64_t D = c_.hidden_size;
+  for (size_t i = 0; i < ids.size(); ++i)
+    model_.weights().embed.widen_row(ids[i], out.data + int64_t(i) * D);
+}
+
+void CpuFastBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
+  Timed t(prof_, FastBackendProfile::row_ops);
+  const auto& w = model_.weights();
+  const AttnResWeights& m = site == MixSite::output ? *w.output_res
+                            : site == MixSite::attn ? *w.layers[size_t(layer)].attn_res
+                                                    : *w.layers[size_t(layer)].mlp_res;
+  std::vector<const float*> src;
+  for (const Act& a : sources) src.push_back(a.data);
+  cpu::attn_res_mix_fast(src.data(), int64_t(src.size()), m.norm.data(), m.proj.data(), out.data,
+                         out.rows, c_.hidden_size, c_.rms_norm_eps);
+}
+
+void CpuFastBackend::norm(int layer, NormSite site, Act x, Act out) {
+  Timed t(prof_, FastBackendProfile::row_ops);
+  const auto& w = model_.weights();
+  const std::vector<float>& nw = site == NormSite::final   ? w.final_norm
+                                 : site == NormSite::input ? w.layers[size_t(layer)].input_norm
+                                                           : w.layers[size_t(layer)].post_norm;
+  cpu::kimi_rms_norm_fast(x.data, nw.data(), out.data, x.rows, x.cols, c_.rms_norm_eps);
+}
+
+void CpuFastBackend::add(Act acc, Act b) {
+  Timed t(prof_, FastBackendProfile::row_ops);
+  STRATA_ASSERT(acc.size() == b.size());
+  add_inplace(acc.data, b.data, acc.size());
+}
+
+void CpuFastBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
+  const int64_t D = c_.hidden_size;
+  std::vector<float> in(rows.size() * size_t(D));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(in.data() + i * size_t(D), h.data + rows[i] * D, size_t(D) * sizeof(float));
+  linear(in.data(), int64_t(rows.size()), model_.weights().lm_head, out, true);  // round: GEMM
+}
+
+void CpuFastBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
+  const int64_t D = c_.hidden_size;
+  for (const SeqSpan& q : s.seqs) {
+    Slot& st = slots_[size_t(q.slot)];
+    const float* xs = x.data + q.row0 * D;
+    float* os = out.data + q.row0 * D;
+    if (c_.is_kda(l))
+      kda(l, st, xs, os, q.T);
+    else
+      mla(l, st, q.pos0, xs, os, q.T);
+  }
+}
+
+void CpuFastBackend::ffn(int l, const StepShape& s, Act x, Act out) {
+  const LayerWeights& L = model_.weights().layers[size_t(l)];
+  if (L.moe)
+    moe(l, s, x.data, out.data, x.rows);
+  else
+    glu_mlp(x.data, L.dense->mlp, out.data, x.rows);
+}
+
+// ---------------------------------------------------------------------------------------------
+// KDA (§4.2). x: normed input [T, D]; out: [T, D].
+
+void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t T) {
+  const KdaWeights& w = *model_.weights().layers[size_t(l)].kda;
+  const auto& k = c_.kda;
+  const int64_t H = k.num_heads, d = k.head_dim, P = k.proj_dim(), W = k.conv_kernel;
+  KdaState& st = slot.kda[size_t(l)];
+  const bool chunked =
+      opt_.kda_form == KdaForm::chunked || (opt_.kda_form == KdaForm::automatic && T > 1);
+
+  // 1–2. q, k, v projections (round: GEMM outputs), short causal conv + SiLU (round once).
+  // Every projection of x in one pass (the GEMV path), each output rounded (GEMM outputs).
+  std::vector<float> pq(size_t(T * P)), pk(size_t(T * P)), pv(size_t(T * P)), q(size_t(T * P)),
+      kk(size_t(T * P)), v(size_t(T * P)), f(size_t(T * w.f_a_proj.rows)), g(size_t(T * P)),
+      beta(size_t(T * H)), G(size_t(T * P)), ga;
+  std::vector<Proj> proj = {{&w.q_proj, pq.data(), true},
+                            {&w.k_proj, pk.data(), true},
+                            {&w.v_proj, pv.data(), true},
+                            {&w.f_a_proj, f.data(), true},
+                            {&w.b_proj, beta.data(), true}};
+  if (k.full_rank_output_gate) {
+    proj.push_back({&w.g_proj, G.data(), true});
+  } else {
+    ga.resize(size_t(T * w.g_a_proj.rows));
+    proj.push_back({&w.g_a_proj, ga.data(), true});
+  }
+  linear_multi(x, T, proj);
+  // 1–2. short causal conv (with conv state) + SiLU (round once).
+  {
+    Timed t(prof_, FastBackendProfile::kda_core);
+    cpu::short_conv_silu_fast(pq.data(), w.q_conv.data(), st.conv_q.data(), q.data(), T, P, W);
+    cpu::short_conv_silu_fast(pk.data(), w.k_conv.data(), st.conv_k.data(), kk.data(), T, P, W);
+    cpu::short_conv_silu_fast(pv.data(), w.v_conv.data(), st.conv_v.data(), v.data(), T, P, W);
+  }
+  // 3. decay logits through the rank-R bottleneck (round: GEMM output), then the gate.
+  linear(f.data(), T, w.f_b_proj, g.data(), true);
+  dump(l, "kda_z", g.data(), T, {H, d});
+  std::vector<float> o(size_t(T * P));
+  {
+    Timed t(prof_, FastBackendProfile::kda_core);
+    ref::KdaGate gate;
+    gate.A_log = w.A_log.data();
+    gate.dt_bias = w.dt_bias.data();
+    if (k.gate == KdaGateKind::bounded_sigmoid) {
+      gate.form = ref::KdaGateForm::bounded;
+      gate.lower_bound = k.gate_lower_bound;
+    } else {
+      gate.form = ref::KdaGateForm::softplus;
+    }
+    cpu::kda_gate_fast(gate, g.data(), g.data(), T, H, d);
+    // 4. beta.
+    ref::kda_beta(beta.data(), beta.data(), T * H);
+    // 5. L2 q, k (round in the chunk path only), the recurrence.
+    cpu::l2_norm_fast(q.data(), q.data(), T * H, d, kL2Eps, chunked);
+    cpu::l2_norm_fast(kk.data(), kk.data(), T * H, d, kL2Eps, chunked);
+    dump(l, "kda_q", q.data(), T, {H, d});
+    dump(l, "kda_k", kk.data(), T, {H, d});
+    dump(l, "kda_v", v.data(), T, {H, d});
+    dump(l, "kda_g", g.data(), T, {H, d});
+    dump(l, "kda_beta", beta.data(), T, {H});
+    const float scale = 1.0f / std::sqrt(float(d));
+    if (chunked)
+      cpu::kda_chunked_fast(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
+                            o.data(), T, H, d, d, scale);
+    else
+      cpu::kda_recurrent_fast(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
+                              o.data(), T, H, d, d, scale);
+    cpu::round_bf16_fast(o.data(), T * P);  // round: o is bf16 before o_norm (§4.9)
+    dump(l, "kda_o", o.data(), T, {H, d});
+  }
+  // 6–7. output gate (low rank: its second GEMM, round) and the gated per-head RMSNorm (round).
+  if (!k.full_rank_output_gate) linear(ga.data(), T, w.g_b_proj, G.data(), true);
+  {
+    Timed t(prof_, FastBackendProfile::kda_core);
+    cpu::gated_rms_norm_fast(o.data(), G.data(), w.o_norm.data(), pq.data(), T * H, d,
+                             c_.rms_norm_eps);
+  }
+  // 8. o_proj (round: GEMM output).
+  linear(pq.data(), T, w.o_proj, out, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated MLA (§5.2), NoPE, latent cache (§5.3).
+
+void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float* out, int64_t T) {
+  const MlaWeights& w = *model_.weights().layers[size_t(l)].mla;
+  const auto& m = c_.mla;
+  const int64_t H = m.num_heads;
+  ref::MlaDims dims;
+  dims.H = H;
+  dims.nope = m.qk_nope_head_dim;
+  dims.rope = m.qk_rope_head_dim;
+  dims.v = m.v_head_dim;
+  dims.kv_lora = m.kv_lora_rank;
+  // 1. queries: q-LoRA (q_a → RMSNorm eps 1e-6 → q_b) or the direct q_proj (round: GEMM outputs
+  // and the norm).
+  // The projections of x in one pass (GEMV path): q_a or q_proj, kv_a, the output gate.
+  const int64_t C = dims.cache_dim();
+  std::vector<float> q(size_t(T * H * dims.q_dim())), ckv(size_t(T * C)), cq, g;
+  std::vector<Proj> proj;
+  if (m.q_lora_rank > 0) {
+    cq.resize(size_t(T * m.q_lora_rank));
+    proj.push_back({&w.q_a_proj, cq.data(), true});
+  } else {
+    proj.push_back({&w.q_proj, q.data(), true});
+  }
+  proj.push_back({&w.kv_a_proj, ckv.data(), true});
+  if (m.output_gate) {
+    g.resize(size_t(T * H * dims.v));
+    proj.push_back({&w.g_proj, g.data(), true});
+  }
+  linear_multi(x, T, proj);
+  // 1. queries: q-LoRA (q_a → RMSNorm eps 1e-6 → q_b; round: the norm and the GEMM output).
+  if (m.q_lora_rank > 0) {
+    {
+      Timed t(prof_, FastBackendProfile::row_ops);
+      cpu::kimi_rms_norm_fast(cq.data(), w.q_a_norm.data(), cq.data(), T, m.q_lora_rank,
+                              kMlaNormEps);
+    }
+    linear(cq.data(), T, w.q_b_proj, q.data(), true);
+  }
+  // 2–3. latent + shared rope key → normalised cache rows, appended to this layer's cache.
+  MlaCache& cache = slot.mla[size_t(l)];
+  std::vector<float> o(size_t(T * H * dims.v));
+  {
+    Timed t(prof_, FastBackendProfile::mla_core);
+    STRATA_ASSERT(cache.len == pos0);
+    cache.rows.resize(size_t((cache.len + T) * C));
+    float* rows = cache.rows.data() + cache.len * C;
+    ref::mla_latent_rows(ckv.data(), w.kv_a_norm.data(), rows, T, dims, kMlaNormEps, kBf16);
+    cache.len += T;
+    dump(l, "mla_q", q.data(), T, {H, dims.q_dim()});
+    dump(l, "mla_latent", rows, T, {C});
+    // 4–5. causal attention of the T new queries over the whole cache.
+    const bool expanded =
+        opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && T > 1);
+    if (expanded)
+      cpu::mla_attention_expanded_fast(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
+                                       o.data(), T, kBf16, lin_);
+    else
+      cpu::mla_attention_absorbed_fast(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
+                                       o.data(), T, kBf16);
+    dump(l, "mla_attn", o.data(), T, {H, dims.v});
+  }
+  // 6. output gate sigmoid(g_proj x) before o_proj (K3; round: GEMM output, sigmoid, product),
+  // 7. o_proj (round: GEMM output).
+  if (m.output_gate) {
+    Timed t(prof_, FastBackendProfile::row_ops);
+    cpu::sigmoid_gate_fast(o.data(), g.data(), int64_t(o.size()));
+  }
+  linear(o.data(), T, w.o_proj, out, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoE (§7.1, §7.2): every sequence of the step routed and grouped together.
+
+void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, int64_t T) {
+  if (opt_.on_moe_input) opt_.on_moe_input(l, x, T);
+  const MoeWeights& w = *model_.weights().layers[size_t(l)].moe;
+  const auto& m = c_.moe;
+  const int64_t D = c_.hidden_size, E = m.num_experts, K = m.top_k, Din = c_.expert_in_dim();
+
+  // All projections of x in one pass (GEMV path): the router's fp32 logits (never rounded), the
+  // latent down-projection and the shared experts' gate and up (round: GEMM outputs).
+  std::vector<float> logits(size_t(T * E)), z, sg, su;
+  std::vector<Proj> proj = {{&w.router, logits.data(), false}};
+  if (m.latent_size > 0) {
+    z.resize(size_t(T * Din));
+    proj.push_back({&w.latent_down, z.data(), true});
+  }
+  if (w.shared) {
+    sg.resize(size_t(T * w.shared->gate.rows));
+    su.resize(sg.size());
+    proj.push_back({&w.shared->gate, sg.data(), true});
+    proj.push_back({&w.shared->up, su.data(), true});
+  }
+  linear_multi(x, T, proj);
+  MoeRouting r;
+  {
+    Timed t(prof_, FastBackendProfile::row_ops);
+    ref::RouterParams rp;
+    rp.E = E;
+    rp.topk = K;
+    rp.form = m.router_form == RouterWeightForm::bias_in_place ? ref::RouterForm::biased_in_place
+                                                               : ref::RouterForm::unbiased;
+    rp.renormalize = m.renormalize;
+    rp.scaling = m.routed_scaling_factor;
+    rp.bias = w.router_bias.data();
+    r.T = T;
+    r.top_k = K;
+    r.ids.resize(size_t(T * K));
+    r.weights.resize(size_t(T * K));
+    ref::route(logits.data(), rp, r.ids.data(), r.weights.data(), nullptr, T);
+    if (trace_ && s.single()) {
+      const int64_t pos0 = s.seqs[0].pos0;
+      if (trace_->replay_routing)
+        apply_replay(*trace_->replay_routing, l, pos0, logits.data(), c_, w.router_bias.data(), r);
+      if (trace_->record_routing) record_routing(*trace_->record_routing, l, pos0, r);
+    }
+    dump(l, "router_logits", logits.data(), T, {E});
+    if (trace_ && trace_->dumper) {
+      std::vector<float> ids_f(r.ids.begin(), r.ids.end());
+      dump(l, "moe_ids", ids_f.data(), T, {K});
+      dump(l, "moe_weights", r.weights.data(), T, {K});
+    }
+  }
+  // Expert inputs: the latent projection (LatentMoE; round: GEMM output) or x itself.
+  const float* zin = x;
+  if (m.latent_size > 0) {
+    zin = z.data();
+    dump(l, "moe_latent", zin, T, {Din});
+  }
+  // Routed experts through the executor, merged per token in increasing expert id, acc = acc +
+  // w·y in fp32 (docs/numerics.md §5), one rounding at the end (round).
+  std::vector<float> acc(size_t(T * Din), 0.0f);
+  {
+    Timed t(prof_, FastBackendProfile::experts);
+    std::vector<ExpertTask> tasks = group_by_expert(r);
+    std::vector<float> y(size_t(T * K * Din));
+    ExpertLayer el;
+    el.layer = l;
+    el.weights = &w;
+    el.config = &c_;
+    el.glu = model_.glu();
+    el.in_dim = Din;
+    el.intermediate = m.intermediate_size;
+    executor_->run(el, tasks, zin, y.data(), kBf16);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j)
+        ref::accumulate_weighted(acc.data() + t * Din, y.data() + (t * K + j) * Din,
+                                 r.weights[size_t(t * K + j)], Din);
+    cpu::round_bf16_fast(acc.data(), T * Din);
+  }
+  dump(l, "moe_routed", acc.data(), T, {Din});
+  // Stable LatentMoE: RMSNorm of the aggregate (round), then the up-projection (round: GEMM).
+  if (m.latent_size > 0) {
+    if (m.latent_norm) {
+      Timed t(prof_, FastBackendProfile::row_ops);
+      cpu::kimi_rms_norm_fast(acc.data(), w.latent_norm.data(), acc.data(), T, Din,
+                              c_.rms_norm_eps);
+    }
+    linear(acc.data(), T, w.latent_up, out, true);
+  } else {
+    std::copy(acc.begin(), acc.end(), out);
+  }
+  // Shared experts: one GLU MLP on the full-width input, added unweighted (round: the add).
+  if (w.shared) {
+    std::vector<float> sh(size_t(T * D));
+    {
+      Timed t(prof_, FastBackendProfile::row_ops);
+      cpu::glu_fast(model_.glu(), sg.data(), su.data(), sg.data(), int64_t(sg.size()));  // round
+    }
+    linear(sg.data(), T, w.shared->down, sh.data(), true);  // round: GEMM output
+    dump(l, "moe_shared", sh.data(), T, {D});
+    Timed t(prof_, FastBackendProfile::row_ops);
+    add_inplace(out, sh.data(), T * D);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, BackendOptions options, int slots) {
+  if (options.precision == Precision::bf16 && options.experts == ExpertNumerics::contract)
+    return std::make_unique<CpuFastBackend>(model, std::move(options), slots);
+  return std::make_unique<CpuRefBackend>(model, std::move(options), slots);
+}
+
+}  // namespace strata::engine

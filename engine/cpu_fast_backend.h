@@ -1,0 +1,126 @@
+// The fast CPU backend of the layer schedule (issue 23): the bf16 model of spec §12.2 with the
+// dense trunk at memory / matrix-unit speed. Every linear layer of the trunk (KDA and MLA
+// projections, dense MLP, shared experts, latent down/up, router, lm_head) goes through
+// cpu/bf16_linear.h (the AVX-512 BF16 GEMV for decode-sized steps, oneDNN bf16 matmuls above);
+// the row ops (norms, GLUs, gates, the AttnRes mix) and the KDA and MLA cores through the
+// reference ops (cpu/ref) while the profile says they do not matter; routed experts through the
+// ExpertExecutor of the options (contract numerics: the fast CPU expert kernels, bit-identical on
+// every executor).
+//
+// Numerics: the rounding points are the reference bf16 backend's (engine/cpu_backend.cpp), at the
+// same places; what differs is the fp32 summation order inside GEMMs, norms and dot products, so
+// results agree with the reference bf16 backend to bf16 rounding noise per layer, not bit for bit
+// (tests/engine/cpu_fast_backend_test.cpp states the tolerances). Router logits are fp32 sums of a
+// different order too, so a near-tie in the top-k can pick another expert than the reference.
+//
+// Not here: fp32 (the reference backend is the fp32 oracle; this one refuses fp32), the order of
+// the sublayers (engine/schedule.h), placement of experts (offload/).
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/bf16_linear.h"
+#include "engine/backend.h"
+#include "engine/cpu_backend.h"
+#include "engine/model.h"
+
+namespace strata::engine {
+
+// Wall time spent per kind of work since construction (or reset), for profiles and benchmarks.
+struct FastBackendProfile {
+  enum Kind {
+    gemv,      // linear layers run by the GEMV kernel (steps of ≤ kGemvMaxTokens rows)
+    gemm,      // linear layers run by oneDNN
+    kda_core,  // conv, gate, L2 norms, the recurrence and the gated norm
+    mla_core,  // latent rows and attention
+    experts,   // routed experts (executor) and their merge
+    row_ops,   // embed, mixes, norms, GLUs, adds, routing
+    kinds
+  };
+  std::array<double, kinds> seconds{};
+  std::array<double, kinds> weight_bytes{};  // gemv/gemm: bf16 weight bytes read
+  std::array<double, kinds> flops{};         // gemv/gemm: 2·T·N·K
+  static const char* name(Kind k);
+};
+
+class CpuFastBackend final : public Backend {
+ public:
+  // Throws strata::Error for precision fp32 (the reference backend computes fp32) or options the
+  // executor cannot run on this model.
+  CpuFastBackend(const Model& model, BackendOptions options, int slots = 1,
+                 cpu::GemvIsa isa = cpu::GemvIsa::automatic);
+
+  const char* name() const override { return name_.c_str(); }
+  const BackendOptions& options() const override { return opt_; }
+  int slots() const override { return int(slots_.size()); }
+  void reset_slot(int slot) override;
+  int64_t position(int slot) const override { return slots_[size_t(slot)].pos; }
+  uint64_t state_bytes(int slot) const override;
+  void set_trace(const Trace* t) override { trace_ = t; }
+
+  void begin_step(const StepShape& s) override;
+  Act alloc(int64_t rows, int64_t cols) override;
+  void commit_step(const StepShape& s) override;
+
+  void embed(std::span<const int32_t> ids, Act out) override;
+  void mix(int layer, MixSite site, std::span<const Act> sources, Act out) override;
+  void copy(Act src, Act dst) override;
+  void norm(int layer, NormSite site, Act x, Act out) override;
+  void token_mixer(int layer, const StepShape& s, Act x, Act out) override;
+  void ffn(int layer, const StepShape& s, Act x, Act out) override;
+  void add(Act acc, Act b) override;
+  void logits(Act h, std::span<const int64_t> rows, float* out) override;
+  void to_host(Act a, float* dst) override;
+  void from_host(const float* src, Act a) override;
+
+  const KdaState* kda_state(int slot, int l) const;
+  const MlaCache* mla_cache(int slot, int l) const;
+  const FastBackendProfile& profile() const { return prof_; }
+  void reset_profile() { prof_ = {}; }
+
+ private:
+  struct Slot {
+    int64_t pos = 0;
+    std::vector<KdaState> kda;
+    std::vector<MlaCache> mla;
+  };
+  // y [T, W.rows] = x [T, W.cols] · Wᵀ, rounded to bf16 when `round` (a GEMM output).
+  void linear(const float* x, int64_t T, const WeightView& W, float* y, bool round);
+  // Several linears of the same x: one fused GEMV pass for decode-sized steps.
+  struct Proj {
+    const WeightView* W;
+    float* y;
+    bool round_out;
+  };
+  void linear_multi(const float* x, int64_t T, std::span<const Proj> outs);
+  void glu_mlp(const float* x, const cpu::ref::GluMlp& m, float* y, int64_t T);
+  void kda(int l, Slot& st, const float* x, float* out, int64_t T);
+  void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);
+  void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);
+  void dump(int l, const char* site, const float* data, int64_t rows,
+            const std::vector<int64_t>& row_shape) const;
+
+  const Model& model_;
+  const ModelConfig& c_;
+  BackendOptions opt_;
+  std::string name_;
+  cpu::Bf16Linear lin_;
+  std::unique_ptr<ExpertExecutor> executor_;
+  std::vector<Slot> slots_;
+  const Trace* trace_ = nullptr;
+  FastBackendProfile prof_;
+  // Step arena: blocks handed out in order; begin_step merges them into one block sized for the
+  // whole of the last step, so a warm backend allocates nothing per step.
+  std::vector<std::vector<float>> blocks_;
+  size_t block_used_ = 0;
+  size_t step_floats_ = 0;
+};
+
+// The CPU backend for the options: the fast one for bf16 with contract experts (the default
+// combination), the reference backend (the oracle) for fp32 or exact experts.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, BackendOptions options,
+                                          int slots = 1);
+
+}  // namespace strata::engine

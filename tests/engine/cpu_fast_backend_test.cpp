@@ -1,0 +1,190 @@
+// The fast CPU backend (engine/cpu_fast_backend.h) layer by layer against the reference bf16
+// backend (engine/cpu_backend.h) with the same injected input: the reference bf16 session runs
+// each layer on the stream and records its routing; the fast session runs the same layer on a copy
+// of the same input with that routing replayed (so only arithmetic differs, DESIGN "Comparing
+// numerics paths"), and the reference fp32 session runs it too, as the yardstick.
+//
+// Tolerance: per layer, the relative L2 distance of the fast output from the bf16 reference must
+// not exceed the distance of the fp32 model from the bf16 reference on the same input. Both
+// backends round at the same points; the fast one sums in other orders (GEMMs, norms, dot
+// products), which moves an fp32 value across a bf16 rounding boundary now and then — a one-ulp
+// (2^-8 relative) change of that element that later layers carry. The fp32 model changes every
+// element at every rounding point, so its distance is the bf16 model's own noise level, and an
+// implementation error in a trunk sublayer (a wrong row, a missing term, a transposed weight) is
+// far above it. Missing or extra rounding points are caught separately: every schedule-level site
+// of the bf16 model (mixes, norms, mixer and FFN outputs, the stream) holds bf16 values only.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "engine/cpu_backend.h"
+#include "engine/cpu_fast_backend.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "engine/trace.h"
+#include "storage/bf16.h"
+#include "storage/error.h"
+#include "storage/synth.h"
+#include "test_util.h"
+
+using namespace strata;
+using namespace strata::engine;
+
+namespace {
+
+std::filesystem::path synth_model(const std::string& preset) {
+  std::filesystem::path d = test::scratch_dir("cpu_fast_" + preset);
+  SynthOptions o;
+  o.preset = preset;
+  o.tokenizer = false;
+  synth_checkpoint(o, d);
+  return d;
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double n = 0, d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = double(a[i]) - double(ref[i]);
+    n += e * e;
+    d += double(ref[i]) * double(ref[i]);
+  }
+  return std::sqrt(n / d);
+}
+
+bool all_finite(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+struct Sessions {
+  RoutingLog log;
+  std::unique_ptr<CpuRefBackend> ref16, ref32;
+  std::unique_ptr<CpuFastBackend> fast;
+  std::unique_ptr<Session> r16, r32, f;
+  Dumper dump_fast{
+      R"(blk\.[0-9]+\.(mix_attn|attn_norm|kda_out|mla_out|mix_mlp|ffn_norm|moe_out|mlp_out|out))"};
+  Sessions(const Model& m, ExpertNumerics e) {
+    BackendOptions b16;
+    b16.precision = Precision::bf16;
+    b16.experts = e;
+    BackendOptions b32 = b16;
+    b32.precision = Precision::fp32;
+    ref16 = std::make_unique<CpuRefBackend>(m, b16, 1);
+    ref32 = std::make_unique<CpuRefBackend>(m, b32, 1);
+    fast = std::make_unique<CpuFastBackend>(m, b16, 1);
+    SessionOptions rec, rep, rep32;
+    rec.record_routing = &log;
+    rep.replay_routing = &log;
+    rep.dumper = &dump_fast;
+    rep32.replay_routing = &log;
+    r16 = std::make_unique<Session>(m, *ref16, 0, rec);
+    r32 = std::make_unique<Session>(m, *ref32, 0, rep32);
+    f = std::make_unique<Session>(m, *fast, 0, rep);
+  }
+};
+
+// One step of `ids` layer by layer; returns the worst ratio fast/fp32 distance over the layers.
+double check_step(Sessions& s, const ModelConfig& c, const std::vector<int32_t>& ids) {
+  Stream st = s.r16->embed(ids);
+  double worst = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    Stream fa = st, f32 = st;
+    s.r16->run_layer(l, st);  // first: records layer l's routing for the others to replay
+    s.f->run_layer(l, fa);
+    s.r32->run_layer(l, f32);
+    const double df = rel_l2(fa.P, st.P), d32 = rel_l2(f32.P, st.P);
+    INFO("T=" << ids.size() << " layer " << l << ": fast vs bf16 ref " << df
+              << ", fp32 vs bf16 ref " << d32);
+    CHECK(all_finite(fa.P));
+    CHECK(fa.blocks.size() == st.blocks.size());
+    CHECK(df <= d32);
+    worst = std::max(worst, df / d32);
+  }
+  const std::vector<float> lr = s.r16->head(st, true), lf = s.f->head(st, true),
+                           l32 = s.r32->head(st, true);
+  INFO("T=" << ids.size() << " logits: fast vs bf16 ref " << rel_l2(lf, lr) << ", fp32 "
+            << rel_l2(l32, lr));
+  CHECK(rel_l2(lf, lr) <= rel_l2(l32, lr));
+  s.r16->advance(st.T);
+  s.f->advance(st.T);
+  s.r32->advance(st.T);
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("fast CPU backend: layer by layer within the bf16 noise of the reference",
+          "[engine][cpu_fast]") {
+  // k3-tiny with contract experts (the default combination), kimi-linear-tiny (SiLU, plain
+  // residual, bf16 experts) with exact ones.
+  for (auto [preset, numerics] : {std::pair{"k3-tiny", ExpertNumerics::contract},
+                                  std::pair{"kimi-linear-tiny", ExpertNumerics::exact}}) {
+    INFO(preset);
+    auto model = Model::load(synth_model(preset));
+    const ModelConfig& c = model->config();
+    Sessions s(*model, numerics);
+    std::mt19937 rng(3);
+    auto ids = [&](int n) {
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      for (auto& x : v) x = int32_t(rng() % uint32_t(c.vocab_size));
+      return v;
+    };
+    // A prefill past the GEMV threshold (oneDNN), a 5-token step (GEMV, several tokens), then
+    // decode steps (GEMV, one token; the recurrent KDA form and the absorbed MLA).
+    double worst = check_step(s, c, ids(2 * int(cpu::kGemvMaxTokens) + 3));
+    worst = std::max(worst, check_step(s, c, ids(5)));
+    for (int i = 0; i < 3; ++i) worst = std::max(worst, check_step(s, c, ids(1)));
+    INFO("worst fast/fp32 distance ratio " << worst);
+    CHECK(worst < 1.0);
+    // Rounding points: every schedule-level site of the fast backend holds bf16 values.
+    for (const std::string& name : s.dump_fast.names()) {
+      const std::vector<float>* v = s.dump_fast.find(name);
+      REQUIRE(v != nullptr);
+      bool bf16 = true;
+      for (float x : *v) bf16 &= round_bf16(x) == x;
+      INFO(name);
+      CHECK(bf16);
+    }
+    CHECK(s.dump_fast.names().size() >= size_t(c.num_layers) * 7);
+  }
+}
+
+TEST_CASE("fast CPU backend: chosen for bf16 + contract only, refuses fp32", "[engine][cpu_fast]") {
+  auto model = Model::load(synth_model("k3-tiny"));
+  BackendOptions o;
+  o.precision = Precision::bf16;
+  o.experts = ExpertNumerics::contract;
+  CHECK(dynamic_cast<CpuFastBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
+  o.experts = ExpertNumerics::exact;
+  CHECK(dynamic_cast<CpuRefBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
+  o.precision = Precision::fp32;
+  o.experts = ExpertNumerics::contract;
+  CHECK(dynamic_cast<CpuRefBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
+  CHECK_THROWS_AS(CpuFastBackend(*model, o), strata::Error);
+}
+
+TEST_CASE("fast CPU backend: decoding is deterministic and state follows the slot",
+          "[engine][cpu_fast]") {
+  auto model = Model::load(synth_model("k3-tiny"));
+  BackendOptions o;
+  o.precision = Precision::bf16;
+  o.experts = ExpertNumerics::contract;
+  CpuFastBackend be(*model, o, 2);
+  Session a(*model, be, 0), b(*model, be, 1);
+  const std::vector<int32_t> prompt = {5, 17, 300, 2, 999, 41, 7, 8, 9, 10, 11};
+  const std::vector<float> la = a.forward(prompt), lb = b.forward(prompt);
+  CHECK(la == lb);  // same input, same bits (threads split outputs, never a sum)
+  int32_t t = 3;
+  const std::vector<float> da = a.forward(std::span(&t, 1));
+  CHECK(be.position(0) == int64_t(prompt.size()) + 1);
+  CHECK(be.position(1) == int64_t(prompt.size()));
+  const std::vector<float> db = b.forward(std::span(&t, 1));
+  CHECK(da == db);
+  a.reset();
+  CHECK(be.position(0) == 0);
+  CHECK(a.forward(prompt) == la);
+  CHECK(be.state_bytes(1) > 0);
+}
