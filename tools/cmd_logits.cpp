@@ -96,8 +96,12 @@ int run_logits(const LogitsOptions& o) {
   w.finish();
   setup.finish();
   offload.finish();
-  std::fprintf(stderr, "strata logits: %lld positions, %s %s -> %s (%s)\n", (long long)T,
-               name.c_str(), shape_str(shape).c_str(), o.out.c_str(), setup.describe().c_str());
+  std::fprintf(stderr,
+               "strata logits: %lld positions, %s %s -> %s (%s; %.1f MiB of weights checked for "
+               "NaN/Inf%s)\n",
+               (long long)T, name.c_str(), shape_str(shape).c_str(), o.out.c_str(),
+               setup.describe().c_str(), double(model->scanned_weight_bytes()) / 1048576.0,
+               lo.check_weights ? ", --check-weights" : "");
   return 0;
 }
 

@@ -107,8 +107,10 @@ int run_generate(const RunOptions& o) {
   for (const auto& s : o.stop) max_stop = std::max(max_stop, s.size());
 
   // One typed config, printed at start-up (STYLE §10).
-  std::fprintf(stderr, "strata run: %s: %s; %s\n", o.model_dir.c_str(), describe_config(c).c_str(),
-               setup.describe().c_str());
+  std::fprintf(stderr, "strata run: %s: %s; %s; %.1f MiB of weights checked for NaN/Inf%s\n",
+               o.model_dir.c_str(), describe_config(c).c_str(), setup.describe().c_str(),
+               double(model->scanned_weight_bytes()) / 1048576.0,
+               lo.check_weights ? " (--check-weights)" : "");
   // Prefill.
   auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = engine::process_cpu_seconds();
