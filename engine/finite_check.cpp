@@ -23,8 +23,11 @@ inline bool bad16(uint16_t b) {
                        const std::string& where) {
   const std::string name = layer >= 0 ? site_name(layer, site) : std::string(site);
   throw Error("non-finite activation (" +
-              std::string(std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf") + ") at " + name +
-              " (" + where + std::to_string(pos) + ", element " + std::to_string(col) +
+              std::string(std::isnan(v) ? "NaN"
+                          : v > 0       ? "+Inf"
+                                        : "-Inf") +
+              ") at " + name + " (" + where + std::to_string(pos) + ", element " +
+              std::to_string(col) +
               "): the model's weights or config produce values outside float range; stopping "
               "rather than sampling from garbage (strata run --check-weights scans every weight)");
 }
@@ -67,8 +70,8 @@ int64_t first_non_finite_bf16(const uint16_t* x, int64_t n) {
   return -1;
 }
 
-void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site,
-                  int64_t pos0, const char* unit) {
+void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site, int64_t pos0,
+                  const char* unit) {
   const int64_t i = first_non_finite(x, T * D);
   if (i >= 0) fail(x[i], layer, site, pos0 + i / D, i % D, unit);
 }

@@ -25,8 +25,8 @@ int64_t first_non_finite_bf16(const uint16_t* x, int64_t n);
 // ..." when x [T, D] (rows at positions pos0, pos0+1, ...) holds a NaN or Inf. layer < 0 names a
 // model-level site ("embed", "logits").
 // `unit` names the row: "position " (default) or e.g. "logits row ".
-void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site,
-                  int64_t pos0, const char* unit = "position ");
+void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site, int64_t pos0,
+                  const char* unit = "position ");
 
 // The schedule's form: a [s.rows, D] in the backend's memory (Backend::first_non_finite decides
 // which rows it scans), the position (and slot, for several sequences) named from the step shape.
