@@ -114,6 +114,14 @@ class Backend {
 
   // Copies an activation to host memory (dumps, the layer-by-layer API, checks).
   virtual void to_host(Act a, float* dst) = 0;
+  // Index (row · cols + col) of the first NaN/Inf in a [s.rows, cols], −1 if none: the schedule's
+  // check of every sublayer output (engine/finite_check.h). The default copies to the host every
+  // row of a step of at most kFiniteCheckAllRows rows, else the last row of each sequence (a NaN
+  // anywhere in a sequence reaches its last row at the next token mixer, so a long prefill is
+  // stopped at most one sublayer later and never copies gigabytes). A backend whose activations
+  // are host memory scans every row in place; a device backend may reduce on the device.
+  static constexpr int64_t kFiniteCheckAllRows = 64;
+  virtual int64_t first_non_finite(Act a, const StepShape& s);
   virtual void from_host(const float* src, Act a) = 0;
 };
 

@@ -5,15 +5,18 @@
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "engine/cpu_fast_backend.h"
 #include "engine/cuda_backend.h"
 #include "engine/offload_executor.h"
 #include "kernels/runtime.h"
 #include "storage/error.h"
+#include "storage/files.h"
 
 namespace strata::engine {
 
@@ -29,13 +32,10 @@ const char* precision_name(Precision p) {
 
 std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_size) {
   const std::string where = "--ids " + file.string() + ": ";
-  std::ifstream in(file);
-  if (!in) throw Error(where + "cannot open the file");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_small_file(file, "--ids " + file.string());
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + "not valid JSON (" + std::string(e.what()) +
                 "); expected an array of token ids like [1, 2, 3]");
@@ -57,7 +57,60 @@ std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_
   return ids;
 }
 
-SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c) : in_(o) {
+int check_thread_count(const std::string& flag, int n) {
+  const int hw = std::max(1, int(std::thread::hardware_concurrency()));
+  if (n < 0 || n > hw)
+    throw Error(flag + " " + std::to_string(n) + ": expected 0 (all) or 1.." + std::to_string(hw) +
+                ", the hardware threads of this machine");
+  return n;
+}
+
+void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
+                       const std::string& model_dir, const std::vector<std::string>& inputs,
+                       std::vector<std::pair<std::string, std::string>> outputs) {
+  parse_precision(o.precision);
+  if (o.experts_numerics != "auto") parse_expert_numerics(o.experts_numerics);
+  if (o.device != "auto" && o.device != "cpu" && o.device != "gpu")
+    throw Error("--device: expected auto, cpu or gpu, got '" + o.device + "'");
+  check_thread_count("--threads", o.threads);
+  if (o.stop_after_layer < -1)
+    throw Error("--stop-after-layer " + std::to_string(o.stop_after_layer) +
+                ": expected a layer number >= 0");
+  if (!o.dump_sites.empty()) Dumper check(o.dump_sites);  // a bad regex fails now
+  std::vector<std::filesystem::path> in(inputs.begin(), inputs.end());
+  if (!o.replay_routing.empty()) in.push_back(o.replay_routing);
+  const std::vector<FileId> ids = input_file_ids(model_dir, in);
+  if (!o.record_routing.empty()) outputs.emplace_back("--record-routing", o.record_routing);
+  if (!o.dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.dump_dir, ec);
+    if (ec || !std::filesystem::is_directory(o.dump_dir))
+      throw Error("--dump " + o.dump_dir + ": cannot create the directory" +
+                  (ec ? ": " + ec.message() : ""));
+    outputs.emplace_back("--dump",
+                         (std::filesystem::path(o.dump_dir) / "dump.safetensors").string());
+  }
+  if (offload) {
+    // The config alone (a few KB) is enough to check the budget; a model directory that is not
+    // there is reported by the loader with its usual message.
+    const std::filesystem::path dir(model_dir);
+    const std::filesystem::path cfg =
+        std::filesystem::is_directory(dir) ? dir / "config.json" : dir;
+    if (std::filesystem::exists(cfg)) check_offload_options(*offload, load_config(cfg));
+  }
+  std::vector<std::filesystem::path> seen;
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    OutputPath out(flag, path, ids);
+    const std::filesystem::path abs = std::filesystem::weakly_canonical(path);
+    for (const auto& s : seen)
+      if (s == abs) throw Error(flag + " " + path + ": another output option writes the same file");
+    seen.push_back(abs);
+  }
+}
+
+SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c, PositionRange positions)
+    : in_(o) {
   opt_.precision = parse_precision(o.precision);
   if (o.experts_numerics == "auto")
     opt_.experts =
@@ -66,8 +119,7 @@ SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c) : in_(
     opt_.experts = parse_expert_numerics(o.experts_numerics);
   if (o.device != "auto" && o.device != "cpu" && o.device != "gpu")
     throw Error("--device: expected auto, cpu or gpu, got '" + o.device + "'");
-  if (o.threads < 0)
-    throw Error("--threads: expected a positive count, got " + std::to_string(o.threads));
+  check_thread_count("--threads", o.threads);
   num_threads_ = o.threads > 0 ? o.threads : int(tbb::info::default_concurrency());
   if (o.threads > 0)
     threads_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
@@ -86,10 +138,7 @@ SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c) : in_(
   }
   if (!o.replay_routing.empty()) {
     replay_ = std::make_unique<RoutingLog>(RoutingLog::load(o.replay_routing));
-    if (replay_->top_k != c.moe.top_k)
-      throw Error("--replay-routing " + o.replay_routing + ": top_k " +
-                  std::to_string(replay_->top_k) + " but the model routes to " +
-                  std::to_string(c.moe.top_k) + " experts");
+    replay_->check_against(c, o.replay_routing, positions.min, positions.max);
     opt_.replay_routing = replay_.get();
   }
 }

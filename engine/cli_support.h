@@ -24,6 +24,10 @@ const char* precision_name(Precision p);
 // [0, vocab_size), an empty list.
 std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_size);
 
+// --threads N: 0 (all) or 1..the hardware threads of this machine; more workers than hardware
+// threads only adds switching. Throws strata::Error naming `flag` and the limit. Returns N.
+int check_thread_count(const std::string& flag, int n);
+
 // The options every forward-running command accepts, as parsed by CLI11.
 struct InspectOptions {
   std::string precision = "bf16";
@@ -40,13 +44,33 @@ struct InspectOptions {
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;
   std::string record_routing, replay_routing;
+  bool check_weights = false;  // scan every weight for NaN/Inf at load (LoadOptions)
+};
+
+struct OffloadOptions;  // engine/offload_executor.h
+
+// Checks a forward-running command's options before anything is loaded (issue 17: bad input
+// fails at once, not after the run): numbers in range, and every output path (`outputs`: flag →
+// path, plus --dump DIR, --record-routing) writable and none of the files it reads (the model
+// directory's files, `inputs`, --replay-routing). Creates the --dump directory.
+// With `offload`, its options are checked against the model's config.json (read, not the
+// weights): see check_offload_options.
+void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
+                       const std::string& model_dir, const std::vector<std::string>& inputs,
+                       std::vector<std::pair<std::string, std::string>> outputs);
+
+// How many positions a command runs through the model: a replayed routing must cover exactly
+// these (logits: min == max == T; run: the prompt, up to prompt + n − 1 decode positions).
+struct PositionRange {
+  int64_t min = 0, max = 0;
 };
 
 // Everything a command needs to run a session with those options (owns the dumper, routing logs
 // and the TBB thread limit). finish() writes the dump and the recorded routing.
 class SessionSetup {
  public:
-  SessionSetup(const InspectOptions& o, const ModelConfig& c);
+  // `positions`: checked against a replayed routing (rows per MoE layer); {0, 0} skips the check.
+  SessionSetup(const InspectOptions& o, const ModelConfig& c, PositionRange positions = {});
   ~SessionSetup();
   SessionOptions options() const { return opt_; }
   void finish() const;

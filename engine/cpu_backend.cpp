@@ -5,6 +5,8 @@
 // moe_weights, moe_latent, moe_routed, moe_shared}.
 #include "engine/cpu_backend.h"
 
+#include "engine/finite_check.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -103,6 +105,9 @@ void CpuRefBackend::dump(int l, const char* site, const float* data, int64_t row
 
 void CpuRefBackend::to_host(Act a, float* dst) {
   std::memcpy(dst, a.data, size_t(a.size()) * sizeof(float));
+}
+int64_t CpuRefBackend::first_non_finite(Act a, const StepShape&) {
+  return engine::first_non_finite(a.data, a.size());  // host memory: every row, in place
 }
 void CpuRefBackend::from_host(const float* src, Act a) {
   std::memcpy(a.data, src, size_t(a.size()) * sizeof(float));

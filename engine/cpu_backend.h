@@ -51,6 +51,7 @@ class CpuRefBackend final : public Backend {
   void add(Act acc, Act b) override;
   void logits(Act h, std::span<const int64_t> rows, float* out) override;
   void to_host(Act a, float* dst) override;
+  int64_t first_non_finite(Act a, const StepShape& s) override;
   void from_host(const float* src, Act a) override;
 
   // The state of a slot's layer (nullptr for a layer of the other kind), for tests.

@@ -7,6 +7,8 @@
 // kernels, residual adds round. The routed experts' fp32 contract outputs are rounded to bf16 on
 // both executors before the merge (engine/contract_executor.cpp does the same), so the merge sees
 // the same bits whichever executor computed a row.
+// Without CUDA (-DSTRATA_CUDA=OFF) engine/cuda_backend_nocuda.cpp defines the class instead.
+#ifdef STRATA_HAVE_CUDA
 #include "engine/cuda_backend.h"
 
 #include <algorithm>
@@ -1244,3 +1246,4 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
 }
 
 }  // namespace strata::engine
+#endif  // STRATA_HAVE_CUDA

@@ -4,6 +4,9 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "engine/finite_check.h"
 
 #include "storage/error.h"
 
@@ -14,7 +17,14 @@ namespace {
 // Claims tensors of one checkpoint and wraps them as views / fp32 vectors.
 class Loader {
  public:
-  explicit Loader(Checkpoint& ckpt) : ckpt_(ckpt) {}
+  Loader(Checkpoint& ckpt, const LoadOptions& opt) : ckpt_(ckpt), opt_(opt) {}
+  uint64_t scanned_bytes() const { return scanned_; }
+
+  [[noreturn]] void non_finite(const std::string& name, int64_t i, int64_t cols, bool nan) {
+    throw Error("checkpoint " + ckpt_.dir().string() + ": tensor " + name + ": " +
+                (nan ? "NaN" : "Inf") + " at row " + std::to_string(i / cols) + ", column " +
+                std::to_string(i % cols) + " (a weight must be finite)");
+  }
 
   // A matrix [rows, cols] stored BF16 (or F32), as a view into the mmapped shard.
   WeightView mat(const std::string& name, int64_t rows, int64_t cols) {
@@ -25,14 +35,34 @@ class Loader {
     if (reinterpret_cast<uintptr_t>(p) % dtype_size(dt) != 0)
       throw Error("checkpoint " + ckpt_.dir().string() + ": tensor " + name +
                   " is not aligned to its element size in its shard");
+    if (opt_.check_weights || info.nbytes <= opt_.small_tensor_bytes) {
+      const int64_t n = rows * cols;
+      int64_t i;
+      bool nan;
+      if (dt == DType::F32) {
+        const float* f = reinterpret_cast<const float*>(p);
+        i = first_non_finite(f, n);
+        nan = i >= 0 && std::isnan(f[i]);
+      } else {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+        i = first_non_finite_bf16(h, n);
+        nan = i >= 0 && (h[i] & 0x7F) != 0;
+      }
+      if (i >= 0) non_finite(name, i, cols, nan);
+      scanned_ += info.nbytes;
+    }
     if (dt == DType::F32) return WeightView::f32(reinterpret_cast<const float*>(p), rows, cols);
     return WeightView::bf16(reinterpret_cast<const uint16_t*>(p), rows, cols);
   }
 
   // A small tensor of the given dtype and shape, widened to fp32.
   std::vector<float> vec(const std::string& name, DType dt, const std::vector<int64_t>& shape) {
-    ckpt_.claim(name, dt, shape);
-    return ckpt_.load_f32(name, shape);
+    const TensorInfo& info = ckpt_.claim(name, dt, shape);
+    std::vector<float> v = ckpt_.load_f32(name, shape);
+    const int64_t i = first_non_finite(v.data(), int64_t(v.size()));
+    if (i >= 0) non_finite(name, i, shape.empty() ? 1 : shape.back(), std::isnan(v[size_t(i)]));
+    scanned_ += info.nbytes;
+    return v;
   }
 
   AttnResWeights attn_res(const std::string& prefix, int64_t D) {
@@ -61,6 +91,8 @@ class Loader {
 
  private:
   Checkpoint& ckpt_;
+  LoadOptions opt_;
+  uint64_t scanned_ = 0;
 };
 
 KdaWeights load_kda(Loader& ld, const ModelConfig& c, const std::string& p) {
@@ -168,14 +200,14 @@ cpu::ref::Glu Model::glu() const {
   return g;
 }
 
-std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, LoadOptions opt) {
   std::unique_ptr<Model> m(new Model());
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
   Checkpoint& ckpt = *m->ckpt_;
   m->config_ = ckpt.config();
   const ModelConfig& c = m->config_;
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  Loader ld(ckpt);
+  Loader ld(ckpt, opt);
   ModelWeights& w = m->weights_;
   w.embed = ld.mat(c.tensor_prefix + "embed_tokens.weight", V, D);
   w.lm_head = ld.mat(c.lm_head_name, V, D);
@@ -204,6 +236,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     w.layers.push_back(std::move(L));
   }
   ckpt.check_all_claimed();
+  m->scanned_bytes_ = ld.scanned_bytes();
   return m;
 }
 

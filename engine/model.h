@@ -91,17 +91,31 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
+// How much of the weights Model::load scans for NaN/Inf (issue 17: one non-finite weight turns
+// every logit into NaN). Tensors copied to fp32 (norms, conv taps, gate parameters, biases) and
+// bf16/f32 matrices of at most kSmallTensorBytes are always scanned — a few MB per layer, also
+// for K3; check_weights scans every bf16/f32 matrix too (all of the dense trunk: ~113 GB for
+// K3, so not by default). MXFP4 experts hold no non-finite values except NaN scales, which the
+// checkpoint validates on open; products that overflow are caught in the activations.
+struct LoadOptions {
+  bool check_weights = false;
+  static constexpr uint64_t kSmallTensorBytes = 4ull << 20;
+  uint64_t small_tensor_bytes = kSmallTensorBytes;  // tests lower it to leave a tensor unscanned
+};
+
 // A loaded model: the checkpoint (kept open: the weight views point into its mmapped shards) and
 // the weights. Immutable after load, shared by any number of sessions.
 class Model {
  public:
   // Opens DIR, claims every tensor with its dtype and shape, and fails with "expected N tensors,
   // got M" if the checkpoint holds tensors the model does not use.
-  static std::unique_ptr<Model> load(const std::filesystem::path& dir);
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir, LoadOptions opt = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
+  // Bytes of weights scanned for NaN/Inf at load.
+  uint64_t scanned_weight_bytes() const { return scanned_bytes_; }
   cpu::ref::Glu glu() const;  // the GLU of every MLP/expert (SiTU β1/β2 or SiLU)
 
  private:
@@ -109,6 +123,7 @@ class Model {
   std::unique_ptr<Checkpoint> ckpt_;
   ModelConfig config_;
   ModelWeights weights_;
+  uint64_t scanned_bytes_ = 0;
 };
 
 }  // namespace strata::engine

@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "storage/error.h"
+#include "storage/files.h"
 
 namespace strata::engine {
 
@@ -31,8 +34,9 @@ uint64_t parse_size(const std::string& s, uint64_t percent_of, const char* flag)
   std::string unit = s.substr(used);
   if (!(v > 0) || !std::isfinite(v)) throw bad();
   double mult = 1;
+  // (Below 2^63 before converting: a larger double is undefined as an integer.)
   if (unit == "%") {
-    if (!expert_bytes) throw bad();
+    if (!expert_bytes || v > 1e6) throw bad();
     return uint64_t(double(expert_bytes) * v / 100.0);
   }
   if (unit.empty() || unit == "B")
@@ -55,7 +59,37 @@ uint64_t parse_size(const std::string& s, uint64_t percent_of, const char* flag)
     mult = 1e12;
   else
     throw bad();
+  if (v * mult >= 9.2e18) throw bad();
   return uint64_t(v * mult);
+}
+
+void check_offload_options(const OffloadOptions& o, const ModelConfig& c) {
+  parse_io_backend(o.io);
+  if (o.queue_depth < 1 || o.queue_depth > 4096)
+    throw Error("--io-depth " + std::to_string(o.queue_depth) +
+                ": expected 1..4096 expert reads in flight");
+  if (o.prefetch_depth < 0 || o.prefetch_depth > c.num_layers)
+    throw Error("--prefetch-depth " + std::to_string(o.prefetch_depth) + ": expected 0.." +
+                std::to_string(c.num_layers) + " layers (the model's depth)");
+  if (!(o.io_timeout_s >= 0) || !std::isfinite(o.io_timeout_s))
+    throw Error("--io-timeout: expected seconds >= 0 (0 = no limit)");
+  if (!o.enabled()) return;
+  const ModelCosts k = compute_costs(c);
+  const uint64_t expert_total = k.bytes_per_routed_expert * k.num_routed_experts_total;
+  if (expert_total == 0) throw Error("--host-mem: the model has no routed experts to cache");
+  const uint64_t budget = parse_host_mem(o.host_mem, expert_total);
+  // One slot holds one expert: its bytes plus the 4 KiB rounding of each of its spans.
+  if (budget < k.bytes_per_routed_expert)
+    throw Error("--host-mem " + o.host_mem + " = " + std::to_string(budget) +
+                " bytes holds no routed expert: one takes " +
+                std::to_string(k.bytes_per_routed_expert) + " bytes (" + c.source + ")");
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const uint64_t ram = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+  // The cache is min(budget, all experts): only that much is allocated.
+  if (ram > 0 && std::min(budget, expert_total) > ram)
+    throw Error("--host-mem " + o.host_mem + ": " + std::to_string(std::min(budget, expert_total)) +
+                " bytes of cache, more than this machine's " + std::to_string(ram) +
+                " bytes of memory");
 }
 
 StoreExpertExecutor::StoreExpertExecutor(std::unique_ptr<ExpertExecutor> inner,
@@ -119,13 +153,15 @@ void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTa
 
 OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)
     : model_(model), opt_(o) {
+  check_offload_options(o, model.config());
   if (!o.enabled()) return;
-  if (o.prefetch_depth < 0) throw Error("--prefetch-depth: expected 0 or more layers");
   offload::ExpertLayout layout = offload::ExpertLayout::from_checkpoint(model.checkpoint());
   offload::StoreConfig sc;
   sc.host_budget_bytes = parse_host_mem(o.host_mem, layout.total_expert_bytes());
   sc.io.backend = parse_io_backend(o.io);
   sc.io.queue_depth = o.queue_depth;
+  sc.io.faults = o.faults;
+  sc.demand_timeout_s = o.io_timeout_s;
   sc.gpu = 0;
   store_ = std::make_unique<offload::ExpertStore>(std::move(layout), sc);
   if (o.prefetch_depth > 0) {
@@ -186,11 +222,9 @@ void OffloadRuntime::finish() const {
   offload::TierTelemetry t = telemetry();
   std::fprintf(stderr, "strata: %s\n", t.line().c_str());
   if (!opt_.stats_json.empty()) {
-    std::ofstream f(opt_.stats_json);
-    if (!f) throw Error("--stats-json: cannot write " + opt_.stats_json);
     nlohmann::json j;
     j["experts"] = t.json();
-    f << j.dump(2) << "\n";
+    write_file_atomic(opt_.stats_json, j.dump(2) + "\n", "--stats-json " + opt_.stats_json);
   }
 }
 

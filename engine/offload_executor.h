@@ -15,6 +15,7 @@
 #include "engine/session.h"
 #include "offload/expert_store.h"
 #include "offload/prefetcher.h"
+#include "storage/expert_reader.h"
 
 namespace strata::engine {
 
@@ -22,10 +23,18 @@ struct OffloadOptions {
   std::string host_mem;  // empty: experts stay in the mmapped checkpoint (no store)
   std::string io = "auto";
   int queue_depth = 32;
-  int prefetch_depth = 2;  // 0: no prefetch
+  int prefetch_depth = 2;    // 0: no prefetch
+  double io_timeout_s = 60;  // a demand read not done after this long is an error (0: no limit)
   std::string stats_json;
+  FaultConfig faults;  // tests only: injected read faults (no command-line flag)
   bool enabled() const { return !host_mem.empty(); }
 };
+
+// Checks the options against the model's config before any weight is loaded: --io, --io-depth
+// (1..4096), --prefetch-depth (0..layers), --io-timeout, and a --host-mem that parses, holds at
+// least one routed expert and is no larger than this machine's memory. Throws strata::Error
+// naming the flag.
+void check_offload_options(const OffloadOptions& o, const ModelConfig& c);
 
 // "64GiB", "512MiB", "1.5GB", "123456" (bytes), or "30%" of `expert_bytes` (the model's routed
 // expert bytes). Throws strata::Error naming --host-mem.

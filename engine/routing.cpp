@@ -15,7 +15,10 @@ void apply_replay(const RoutingLog& log, int layer, int64_t pos0, const float* l
   const bool in_place = m.router_form == RouterWeightForm::bias_in_place;
   for (int64_t t = 0; t < r.T; ++t) {
     const std::vector<int>* forced = log.forced(layer, int(pos0 + t));
-    if (!forced) continue;
+    if (!forced)  // never fall back to the router silently: the run would mix both
+      throw Error("--replay-routing: no routing for layer " + std::to_string(layer) + " position " +
+                  std::to_string(pos0 + t) + " (the file covers positions 0.." +
+                  std::to_string(log.rows() - 1) + ")");
     const std::string where = "--replay-routing: layer " + std::to_string(layer) + " position " +
                               std::to_string(pos0 + t);
     if (int64_t(forced->size()) != K)

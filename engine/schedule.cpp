@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "engine/finite_check.h"
 #include "storage/error.h"
 
 namespace strata::engine {
@@ -62,6 +63,7 @@ ActStream Schedule::embed(const StepShape& s, std::span<const int32_t> ids) {
   st.P = b_.alloc(s.rows, D);
   b_.embed(ids, st.P);
   dump("embed", st.P, {D});
+  check_finite(b_, st.P, s, -1, "embed");
   return st;
 }
 
@@ -86,7 +88,10 @@ void Schedule::run_layer(int l, const StepShape& s, ActStream& st) {
   b_.norm(l, NormSite::input, x, h_);
   dump(l, "attn_norm", h_, {D});
   b_.token_mixer(l, s, h_, a_);
-  dump(l, c_.is_kda(l) ? "kda_out" : "mla_out", a_, {D});
+  const char* mixer_site = c_.is_kda(l) ? "kda_out" : "mla_out";
+  dump(l, mixer_site, a_, {D});
+  // Non-finite values stop the step where they first appear (issue 17: never sample from NaN).
+  check_finite(b_, a_, s, l, mixer_site);
   if (!st.P.data) {
     st.P = a_;  // the mixer output starts the new partial sum
     a_ = b_.alloc(s.rows, D);
@@ -105,7 +110,9 @@ void Schedule::run_layer(int l, const StepShape& s, ActStream& st) {
   b_.norm(l, NormSite::post, x, h_);
   dump(l, "ffn_norm", h_, {D});
   b_.ffn(l, s, h_, a_);
-  dump(l, c_.is_moe(l) ? "moe_out" : "mlp_out", a_, {D});
+  const char* ffn_site = c_.is_moe(l) ? "moe_out" : "mlp_out";
+  dump(l, ffn_site, a_, {D});
+  check_finite(b_, a_, s, l, ffn_site);
   b_.add(st.P, a_);
   dump(l, "out", st.P, {D});
 }
@@ -123,6 +130,8 @@ void Schedule::head(const ActStream& st, std::span<const int64_t> rows, float* o
   b_.norm(-1, NormSite::final, h, h_);
   dump("final_norm", h_, {D});
   b_.logits(h_, rows, out);
+  // Host logits, every row (named by its index among the rows asked for, and the token id).
+  check_finite(out, int64_t(rows.size()), c_.vocab_size, -1, "logits", 0, "logits row ");
   if (opt_.dumper && single_ && opt_.dumper->wants("logits"))
     opt_.dumper->add("logits", out, int64_t(rows.size()), {c_.vocab_size});
 }

@@ -57,6 +57,9 @@ Session::Session(const Model& model, Backend& backend, int slot, SessionOptions 
 }
 
 std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logits) {
+  // A shard truncated, rewritten or replaced since load stops the run here, with its name,
+  // before any weight of it is read again (a truncated mapping would raise SIGBUS).
+  model_.checkpoint().check_unchanged();
   backend_->set_trace(&trace_);
   // Prompts longer than one step of the backend run in chunks (chunked prefill); only the last
   // chunk's last row gives logits unless all rows are wanted.
@@ -120,6 +123,7 @@ void Session::download(const ActStream& a, Stream& st) {
 
 Stream Session::embed(std::span<const int32_t> ids) {
   if (ids.empty()) throw Error("forward: empty token list");
+  model_.checkpoint().check_unchanged();
   backend_->set_trace(&trace_);
   StepShape s = shape(int64_t(ids.size()));
   ActStream a = schedule_.embed(s, ids);

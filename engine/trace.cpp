@@ -2,11 +2,13 @@
 #include "engine/trace.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "storage/error.h"
+#include "storage/files.h"
 #include "storage/safetensors.h"
 
 namespace strata::engine {
@@ -87,40 +89,35 @@ void RoutingLog::save(const std::filesystem::path& file) const {
   nlohmann::json jl = nlohmann::json::object();
   for (const auto& [l, rows] : layers) jl[std::to_string(l)] = rows;
   j["layers"] = jl;
-  std::ofstream out(file);
-  if (!out) throw Error("routing log " + file.string() + ": cannot open for writing");
-  out << j.dump() << "\n";
-  if (!out) throw Error("routing log " + file.string() + ": write failed");
+  write_file_atomic(file, j.dump() + "\n", "routing log " + file.string());
 }
 
 RoutingLog RoutingLog::load(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw Error("routing log " + file.string() + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string where = "routing log " + file.string() + ": ";
+  const std::string text = read_small_file(file, "routing log " + file.string(), 4ull << 30);
+  return parse(text, "routing log " + file.string() + ": ");
+}
+
+RoutingLog RoutingLog::parse(const std::string& text, const std::string& where) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + "not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object() || j.value("format", "") != "strata-routing-v1")
     throw Error(where + "expected an object with \"format\": \"strata-routing-v1\"");
   RoutingLog log;
-  if (!j.contains("top_k") || !j["top_k"].is_number_integer() || j["top_k"].get<int>() <= 0)
-    throw Error(where + "field top_k must be a positive integer");
+  if (!j.contains("top_k") || !j["top_k"].is_number_integer() || j["top_k"].get<int64_t>() <= 0 ||
+      j["top_k"].get<int64_t>() > 1024)
+    throw Error(where + "field top_k must be a positive integer (at most 1024)");
   log.top_k = j["top_k"].get<int>();
   if (!j.contains("layers") || !j["layers"].is_object())
     throw Error(where + "field layers must be an object {\"layer\": [[ids], ...]}");
   for (const auto& [key, rows] : j["layers"].items()) {
     int layer = -1;
-    try {
-      size_t used = 0;
-      layer = std::stoi(key, &used);
-      if (used != key.size()) layer = -1;
-    } catch (...) {
-    }
+    if (!key.empty() && key.size() <= 6 &&
+        std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      layer = std::stoi(key);
     if (layer < 0) throw Error(where + "layer key '" + key + "' is not a layer number");
     if (!rows.is_array()) throw Error(where + "layers." + key + " must be an array of id lists");
     auto& out = log.layers[layer];
@@ -130,12 +127,13 @@ RoutingLog RoutingLog::load(const std::filesystem::path& file) {
       if (!r.is_array())
         throw Error(where + "layers." + key + "[" + std::to_string(p) + "] must be a list of ids");
       for (const auto& e : r) {
-        if (!e.is_number_integer() || e.get<int>() < 0)
-          throw Error(where + "layers." + key + "[" + std::to_string(p) +
-                      "] holds a non-integer or negative expert id");
-        ids.push_back(e.get<int>());
+        // get<int64_t> first: get<int> of 4294967296 would silently give expert 0.
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX)
+          throw Error(where + "layers." + key + "[" + std::to_string(p) + "] holds " + e.dump() +
+                      ", not an expert id (a non-negative integer)");
+        ids.push_back(int(e.get<int64_t>()));
       }
-      if (!ids.empty() && int(ids.size()) != log.top_k)
+      if (int(ids.size()) != log.top_k)
         throw Error(where + "layers." + key + "[" + std::to_string(p) + "] has " +
                     std::to_string(ids.size()) +
                     " ids, expected top_k = " + std::to_string(log.top_k));
@@ -146,6 +144,40 @@ RoutingLog RoutingLog::load(const std::filesystem::path& file) {
     }
   }
   return log;
+}
+
+void RoutingLog::check_against(const ModelConfig& c, const std::string& file, int64_t min_rows,
+                               int64_t max_rows, int last_layer) const {
+  const std::string where = "--replay-routing " + file + ": ";
+  if (top_k != c.moe.top_k)
+    throw Error(where + "top_k " + std::to_string(top_k) + " but the model routes to " +
+                std::to_string(c.moe.top_k) + " experts");
+  for (const auto& [l, rows] : layers)
+    if (l >= c.num_layers || !c.is_moe(l))
+      throw Error(where + "layer " + std::to_string(l) + " is not a MoE layer of this model (" +
+                  std::to_string(c.num_layers) + " layers)");
+  for (int l = 0; l < c.num_layers && (last_layer < 0 || l <= last_layer); ++l)
+    if (c.is_moe(l) && !layers.count(l))
+      throw Error(where + "no routing for MoE layer " + std::to_string(l));
+  const int64_t n = rows();
+  for (const auto& [l, rows] : layers) {
+    if (int64_t(rows.size()) != n)
+      throw Error(where + "layer " + std::to_string(l) + " has " + std::to_string(rows.size()) +
+                  " rows, layer " + std::to_string(layers.begin()->first) + " has " +
+                  std::to_string(n) + " (every layer needs one row per position)");
+    for (size_t p = 0; p < rows.size(); ++p)
+      for (int e : rows[p])
+        if (e >= c.moe.num_experts)
+          throw Error(where + "layer " + std::to_string(l) + " position " + std::to_string(p) +
+                      ": expert " + std::to_string(e) + " does not exist (the model has " +
+                      std::to_string(c.moe.num_experts) + ")");
+  }
+  if (max_rows > 0 && (n < min_rows || n > max_rows))
+    throw Error(where + std::to_string(n) + " positions per layer, but this run uses " +
+                (min_rows == max_rows
+                     ? std::to_string(min_rows)
+                     : std::to_string(min_rows) + ".." + std::to_string(max_rows)) +
+                " (missing or extra rows: was it recorded with the same prompt and -n?)");
 }
 
 }  // namespace strata::engine

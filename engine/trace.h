@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "storage/config.h"
+
 namespace strata::engine {
 
 // Site name of a per-layer intermediate, e.g. site_name(3, "kda_out") = "blk.3.kda_out".
@@ -58,8 +60,19 @@ class RoutingLog {
   const std::vector<int>* forced(int layer, int position) const;
 
   void save(const std::filesystem::path& file) const;
-  // Throws strata::Error naming the file and what was wrong (bad JSON, ids not a list, ...).
+  // Throws strata::Error naming the file and what was wrong (bad JSON, ids not a list, an empty
+  // or repeated id list, an id that is negative or does not fit an int, ...).
   static RoutingLog load(const std::filesystem::path& file);
+  // The same from the file's text; `where` prefixes every message.
+  static RoutingLog parse(const std::string& text, const std::string& where);
+  // Checks the log against the model and the run before it is used: top_k equals the model's,
+  // every layer is a MoE layer and every MoE layer up to `last_layer` (−1: all) is present, ids are
+  // below num_experts, every layer has the same number of rows, and that number lies in
+  // [min_rows, max_rows] (the positions the command will run; max_rows 0 skips this check).
+  // Throws strata::Error naming the file, layer and row.
+  void check_against(const ModelConfig& c, const std::string& file, int64_t min_rows,
+                     int64_t max_rows, int last_layer = -1) const;
+  int64_t rows() const { return layers.empty() ? 0 : int64_t(layers.begin()->second.size()); }
 };
 
 }  // namespace strata::engine

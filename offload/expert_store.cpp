@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "storage/error.h"
@@ -335,8 +336,24 @@ ExpertHandle ExpertStore::acquire(int layer, int e) {
   STRATA_ASSERT(en.claims > 0);  // acquire only what was required
   if (en.state != State::host) {
     auto t0 = Clock::now();
-    ready_cv_.wait(lk, [&] { return en.state == State::host || !en.error.empty(); });
+    auto ready = [&] { return en.state == State::host || !en.error.empty(); };
+    bool done = true;
+    if (config_.demand_timeout_s > 0)
+      done = ready_cv_.wait_for(lk, std::chrono::duration<double>(config_.demand_timeout_s), ready);
+    else
+      ready_cv_.wait(lk, ready);
     tel_.blocked_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!done) {
+      // The read stays in flight (its slot is released when it completes); this claim ends.
+      en.claims--;
+      const FileSpan& sp = layout_.spans[i].front();
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.3g", config_.demand_timeout_s);
+      throw Error("expert store: layer " + std::to_string(layer) + " expert " + std::to_string(e) +
+                  ": the read from " + layout_.files[size_t(sp.file)].string() + " at offset " +
+                  std::to_string(sp.offset) + " has not completed after " + buf +
+                  " s (disk stalled or far too slow; --io-timeout sets the limit)");
+    }
   }
   if (en.state != State::host) {
     en.claims--;  // the error stays for other claims of this read; a new read clears it

@@ -9,7 +9,8 @@
 //                             them is promoted), and claimed experts are never evicted;
 //   acquire(layer, e)         waits until e is in host memory, returns a handle (the claim becomes
 //                             the handle); throws strata::Error naming file and offset if the read
-//                             failed — a half-read expert is never handed out;
+//                             failed — a half-read expert is never handed out — or if it did
+//                             not complete within demand_timeout_s (a stalled disk);
 //   handle destroyed          the expert becomes evictable again.
 // A consumer must acquire in the order it required and release before acquiring more experts
 // than slots() (demand reads wait, first come first served, for a slot to free).
@@ -64,6 +65,9 @@ struct StoreConfig {
   int gpu = 0;                      // the GPU whose NUMA node holds the cache (-1: none)
   double half_life_steps = 64;      // frequency decay half-life, in require() calls
   bool poison_freed_slots = false;  // 0xFF over evicted / failed slots (tests: STYLE §3)
+  // acquire() gives up on a read that has not completed after this many seconds (0: waits
+  // forever): a stalled disk becomes an error naming the expert and file instead of a hang.
+  double demand_timeout_s = 0;
 };
 
 class ExpertStore;

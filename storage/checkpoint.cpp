@@ -11,6 +11,7 @@
 
 #include "storage/bf16.h"
 #include "storage/error.h"
+#include "storage/files.h"
 #include "storage/mxfp4.h"
 
 namespace strata {
@@ -142,11 +143,7 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c) {
 namespace {
 
 std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_small_file(p, p.string());
 }
 
 // A shard name from the index must stay inside the checkpoint directory: relative, no "..", and
@@ -282,6 +279,10 @@ void Checkpoint::open_shards() {
     by_name_.emplace(tensors_[i]->name, i);
   }
   claimed_.assign(tensors_.size(), 0);
+}
+
+void Checkpoint::check_unchanged() const {
+  for (const auto& f : files_) f->check_unchanged();
 }
 
 uint64_t Checkpoint::total_file_bytes() const {

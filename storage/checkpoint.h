@@ -85,6 +85,9 @@ class Checkpoint {
   const std::filesystem::path& file_path(int i) const { return files_[i]->path(); }
   int file_fd(int i) const { return files_[i]->fd(); }
   uint64_t total_file_bytes() const;  // sum of shard sizes
+  // Throws strata::Error naming the shard when one changed on disk since it was opened
+  // (SafetensorsFile::check_unchanged): truncated, written or replaced while in use.
+  void check_unchanged() const;
 
   size_t num_tensors() const { return tensors_.size(); }
   const std::vector<const TensorInfo*>& tensors() const { return tensors_; }  // name order

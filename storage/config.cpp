@@ -4,6 +4,7 @@
 #include "storage/config.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -13,10 +14,29 @@
 
 #include "storage/checkpoint.h"
 #include "storage/error.h"
+#include "storage/files.h"
 
 namespace strata {
 
 using json = nlohmann::json;
+
+// Upper limits of config dimensions (K3's values in comments). A config beyond them is refused at
+// parse time, naming the field, instead of failing later with an allocation of billions of
+// tensors or an overflowing width.
+namespace kLimits {
+constexpr int64_t vocab = 1 << 22;         // 163,840
+constexpr int64_t hidden = 1 << 16;        // 7168
+constexpr int64_t layers = 1024;           // 93
+constexpr int64_t heads = 1024;            // 96 (KDA and MLA)
+constexpr int64_t head_dim = 2048;         // 128 (KDA), 128/64/128 (MLA nope/rope/v)
+constexpr int64_t conv_kernel = 64;        // 4
+constexpr int64_t rank = 1 << 16;          // q_lora 1536, kv_lora 512, latent 3584
+constexpr int64_t intermediate = 1 << 20;  // 3072 (routed), 18432 (dense)
+constexpr int64_t experts = 1 << 16;       // 896
+constexpr int64_t routed_total = 1 << 18;  // 82,432 = 896 experts x 92 MoE layers
+constexpr int64_t top_k = 1024;            // 16
+constexpr int64_t shared_experts = 64;     // 1
+}  // namespace kLimits
 
 const char* layer_kind_name(LayerKind k) {
   return k == LayerKind::kda ? "kda" : "mla";
@@ -79,32 +99,37 @@ class Fields {
     const json& v = at(key);
     if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>();
     // Some exporters write 4.0 for 4; accept exact integral floats.
+    // (|v| < 2^62 first: converting a larger double to int64 is undefined.)
     if (v.is_number_float() && std::isfinite(v.get<double>()) &&
-        v.get<double>() == std::floor(v.get<double>()))
+        std::fabs(v.get<double>()) < 4.6e18 && v.get<double>() == std::floor(v.get<double>()))
       return int64_t(v.get<double>());
     fail(key, std::string("expected an integer, got ") + json_type(v));
   }
-  int positive(const std::string& key) const {
+  // Integers in [lo, hi]. The upper limits (kLimits below) are far above any released model
+  // and keep every size the engine derives from them (tensor shapes, counts, byte sizes) within
+  // the integer types that hold them; the message names the limit.
+  int in_range(const std::string& key, int64_t lo, int64_t hi) const {
     const int64_t v = integer(key);
-    if (v <= 0 || v > (int64_t(1) << 30))
-      fail(key, "expected a positive integer, got " + std::to_string(v));
+    if (v < lo || v > hi)
+      fail(key, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                    (v > hi ? " (strata's limit for this field)" : "") + ", got " +
+                    std::to_string(v));
     return int(v);
   }
-  int positive_or(const std::string& key, int dflt) const {
-    return has(key) ? positive(key) : dflt;
+  int positive(const std::string& key, int64_t hi) const { return in_range(key, 1, hi); }
+  int positive_or(const std::string& key, int dflt, int64_t hi) const {
+    return has(key) ? positive(key, hi) : dflt;
   }
-  int nonnegative_or(const std::string& key, int dflt) const {
-    if (!has(key)) return dflt;
-    const int64_t v = integer(key);
-    if (v < 0 || v > (int64_t(1) << 30))
-      fail(key, "expected a non-negative integer, got " + std::to_string(v));
-    return int(v);
+  int nonnegative_or(const std::string& key, int dflt, int64_t hi) const {
+    return has(key) ? in_range(key, 0, hi) : dflt;
   }
+  // A number the engine holds as a float: finite and within float range.
   double number(const std::string& key) const {
     const json& v = at(key);
     if (!v.is_number()) fail(key, std::string("expected a number, got ") + json_type(v));
     const double d = v.get<double>();
-    if (!std::isfinite(d)) fail(key, "expected a finite number");
+    if (!std::isfinite(d) || std::fabs(d) > 3.0e38)
+      fail(key, "expected a finite number within float range, got " + v.dump());
     return d;
   }
   double number_or(const std::string& key, double dflt) const {
@@ -216,11 +241,15 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.tensor_prefix = c.wrapped ? "language_model.model." : "model.";
   c.lm_head_name = c.wrapped ? "language_model.lm_head.weight" : "lm_head.weight";
 
-  c.vocab_size = t.positive("vocab_size");
-  c.hidden_size = t.positive("hidden_size");
-  c.num_layers = t.positive("num_hidden_layers");
+  c.vocab_size = t.positive("vocab_size", kLimits::vocab);
+  c.hidden_size = t.positive("hidden_size", kLimits::hidden);
+  c.num_layers = t.positive("num_hidden_layers", kLimits::layers);
   c.rms_norm_eps = float(t.number("rms_norm_eps"));
-  if (!(c.rms_norm_eps > 0.f)) t.fail("rms_norm_eps", "expected a positive number");
+  // An epsilon is a small guard against division by zero; one near 1 or above swamps the mean
+  // square and flattens every activation (and 1e300 is inf as a float).
+  if (!(c.rms_norm_eps > 0.f && c.rms_norm_eps <= 0.1f))
+    t.fail("rms_norm_eps",
+           "expected a small positive number (0 < eps <= 0.1), got " + t.at("rms_norm_eps").dump());
   if (t.boolean_or("tie_word_embeddings", false) ||
       (c.wrapped && top.boolean_or("tie_word_embeddings", false)))
     t.fail("tie_word_embeddings", "tied embeddings are not supported (both released models untie)");
@@ -242,9 +271,9 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   // Token mixers.
   const Fields lac = t.sub("linear_attn_config");
   parse_layer_map(lac, c.num_layers, c);
-  c.kda.num_heads = lac.positive("num_heads");
-  c.kda.head_dim = lac.positive("head_dim");
-  c.kda.conv_kernel = lac.positive("short_conv_kernel_size");
+  c.kda.num_heads = lac.positive("num_heads", kLimits::heads);
+  c.kda.head_dim = lac.positive("head_dim", kLimits::head_dim);
+  c.kda.conv_kernel = lac.positive("short_conv_kernel_size", kLimits::conv_kernel);
   if (lac.has("gate_lower_bound")) {
     c.kda.gate = KdaGateKind::bounded_sigmoid;
     c.kda.gate_lower_bound = float(lac.number("gate_lower_bound"));
@@ -256,41 +285,51 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   c.kda.full_rank_output_gate = lac.boolean_or("use_full_rank_gate", false);
   c.kda.gate_rank = c.kda.head_dim;
 
-  c.mla.num_heads = t.positive("num_attention_heads");
+  c.mla.num_heads = t.positive("num_attention_heads", kLimits::heads);
   if (t.has("num_key_value_heads") && t.integer("num_key_value_heads") != c.mla.num_heads)
     t.fail("num_key_value_heads", "expected " + std::to_string(c.mla.num_heads) +
                                       " (= num_attention_heads; MLA has no GQA)");
-  c.mla.q_lora_rank = t.nonnegative_or("q_lora_rank", 0);
-  c.mla.kv_lora_rank = t.positive("kv_lora_rank");
-  c.mla.qk_nope_head_dim = t.positive("qk_nope_head_dim");
-  c.mla.qk_rope_head_dim = t.nonnegative_or("qk_rope_head_dim", 0);
-  c.mla.v_head_dim = t.positive("v_head_dim");
+  c.mla.q_lora_rank = t.nonnegative_or("q_lora_rank", 0, kLimits::rank);
+  c.mla.kv_lora_rank = t.positive("kv_lora_rank", kLimits::rank);
+  c.mla.qk_nope_head_dim = t.positive("qk_nope_head_dim", kLimits::head_dim);
+  c.mla.qk_rope_head_dim = t.nonnegative_or("qk_rope_head_dim", 0, kLimits::head_dim);
+  c.mla.v_head_dim = t.positive("v_head_dim", kLimits::head_dim);
   c.mla.output_gate = t.boolean_or("mla_use_output_gate", false);
   if (!t.boolean_or("mla_use_nope", true))
     t.fail("mla_use_nope", "rotary MLA is not supported (both released models set true)");
 
   // Residual stream.
-  c.attn_res_block_size = t.nonnegative_or("attn_res_block_size", 0);
+  c.attn_res_block_size = t.nonnegative_or("attn_res_block_size", 0, kLimits::layers);
 
   // FFNs.
-  c.first_k_dense = t.nonnegative_or("first_k_dense_replace", 0);
+  c.first_k_dense = t.nonnegative_or("first_k_dense_replace", 0, kLimits::layers);
   if (c.first_k_dense > c.num_layers)
     t.fail("first_k_dense_replace",
            "expected at most num_hidden_layers (" + std::to_string(c.num_layers) + ")");
-  if (c.first_k_dense > 0) c.dense_intermediate_size = t.positive("intermediate_size");
-  c.moe.layer_freq = t.positive_or("moe_layer_freq", 1);
-  c.moe.num_experts = t.positive("num_experts");
-  c.moe.top_k = t.positive("num_experts_per_token");
+  if (c.first_k_dense > 0)
+    c.dense_intermediate_size = t.positive("intermediate_size", kLimits::intermediate);
+  c.moe.layer_freq = t.positive_or("moe_layer_freq", 1, kLimits::layers);
+  c.moe.num_experts = t.positive("num_experts", kLimits::experts);
+  if (int64_t(c.moe.num_experts) * c.num_moe_layers() > kLimits::routed_total)
+    t.fail("num_experts",
+           std::to_string(c.moe.num_experts) + " experts x " + std::to_string(c.num_moe_layers()) +
+               " MoE layers = " + std::to_string(int64_t(c.moe.num_experts) * c.num_moe_layers()) +
+               " routed experts, more than strata's limit of " +
+               std::to_string(kLimits::routed_total));
+  c.moe.top_k = t.positive("num_experts_per_token", kLimits::top_k);
   if (c.moe.top_k > c.moe.num_experts)
     t.fail("num_experts_per_token",
            "expected at most num_experts (" + std::to_string(c.moe.num_experts) + ")");
-  c.moe.num_shared_experts = t.nonnegative_or("num_shared_experts", 0);
-  c.moe.intermediate_size = t.positive("moe_intermediate_size");
-  c.moe.latent_size = t.nonnegative_or("routed_expert_hidden_size", 0);
+  c.moe.num_shared_experts = t.nonnegative_or("num_shared_experts", 0, kLimits::shared_experts);
+  c.moe.intermediate_size = t.positive("moe_intermediate_size", kLimits::intermediate);
+  c.moe.latent_size = t.nonnegative_or("routed_expert_hidden_size", 0, kLimits::rank);
   c.moe.latent_norm = t.boolean_or("latent_moe_use_norm", false);
   if (c.moe.latent_norm && c.moe.latent_size == 0)
     t.fail("latent_moe_use_norm", "true needs routed_expert_hidden_size (the latent width)");
   c.moe.routed_scaling_factor = float(t.number_or("routed_scaling_factor", 1.0));
+  if (!(c.moe.routed_scaling_factor > 0.f && c.moe.routed_scaling_factor <= 1e4f))
+    t.fail("routed_scaling_factor",
+           "expected a positive number up to 1e4, got " + t.at("routed_scaling_factor").dump());
   c.moe.renormalize = t.boolean_or("moe_renormalize", true);
   const std::string router = t.string("moe_router_activation_func");
   if (router != "sigmoid")
@@ -325,9 +364,11 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   }
 
   auto token = [&](const char* key) -> int {
-    if (t.has(key)) return int(t.integer(key));
-    if (top.has(key)) return int(top.integer(key));
-    return -1;
+    const Fields& f = t.has(key) ? t : top;
+    if (!f.has(key)) return -1;
+    // Not checked against vocab_size: an id the model never produces is harmless, and synth
+    // rewrites the template's ids after shrinking the vocabulary.
+    return f.in_range(key, -1, INT32_MAX);
   };
   c.bos_token_id = token("bos_token_id");
   c.eos_token_id = token("eos_token_id");
@@ -336,11 +377,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
 }
 
 ModelConfig load_config(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json, std::ios::binary);
-  if (!in) throw Error(config_json.string() + ": cannot open (expected a config.json file)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), config_json.string());
+  return parse_config(read_small_file(config_json, config_json.string()), config_json.string());
 }
 
 std::string describe_config(const ModelConfig& c) {

@@ -390,8 +390,14 @@ void ExpertReader::complete_block(Block& b, int res) {
           }
           retry();
         } else {
-          fail("short read (" + std::to_string(res) + " bytes, expected " +
-               std::to_string(want - (b.done - uint64_t(res))) + ")");
+          // A file that shrank since it was opened explains the short read: say so.
+          struct stat now {};
+          std::string why = "short read (" + std::to_string(res) + " bytes, expected " +
+                            std::to_string(want - (b.done - uint64_t(res))) + ")";
+          if (::fstat(f.fd, &now) == 0 && uint64_t(now.st_size) < f.size)
+            why += ": the file is now " + std::to_string(now.st_size) + " bytes, it was " +
+                   std::to_string(f.size) + " when opened (truncated while in use)";
+          fail(why);
           block_done = true;
         }
       }

@@ -2,11 +2,13 @@
 #include "storage/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -14,6 +16,7 @@
 #include <unordered_set>
 
 #include "storage/error.h"
+#include "storage/files.h"
 
 namespace strata {
 
@@ -39,7 +42,73 @@ std::string errno_str() {
   return std::strerror(errno);
 }
 
+// The mappings the SIGBUS handler knows: fixed slots, published with atomics (the handler may
+// run on any thread at any time and must not lock or allocate).
+struct MappedRange {
+  const uint8_t* base;
+  uint64_t size;
+  char path[512];
+};
+constexpr int kMaxMapped = 4096;
+std::atomic<MappedRange*> g_mapped[kMaxMapped];
+
+int register_mapping(const uint8_t* base, uint64_t size, const std::filesystem::path& path) {
+  auto* r = new MappedRange{base, size, {}};
+  std::strncpy(r->path, path.c_str(), sizeof r->path - 1);
+  for (int i = 0; i < kMaxMapped; ++i) {
+    MappedRange* expected = nullptr;
+    if (g_mapped[i].compare_exchange_strong(expected, r)) return i;
+  }
+  delete r;  // more files than slots: the handler cannot name this one (default action)
+  return -1;
+}
+
+void unregister_mapping(int slot) {
+  if (slot < 0) return;
+  // Not freed: a handler running on another thread may still read it (a few hundred bytes per
+  // file ever opened).
+  g_mapped[slot].store(nullptr);
+}
+
+void write_str(const char* s) {
+  size_t n = 0;
+  while (s[n]) ++n;
+  while (n > 0) {
+    const ssize_t w = ::write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  const auto* addr = static_cast<const uint8_t*>(info->si_addr);
+  for (int i = 0; i < kMaxMapped; ++i) {
+    const MappedRange* r = g_mapped[i].load();
+    if (r && addr >= r->base && addr < r->base + r->size) {
+      write_str("strata: error: ");
+      write_str(r->path);
+      write_str(
+          ": the file became shorter while strata had it mapped (truncated or rewritten "
+          "in place while in use); its weights cannot be read. Restore the file and run "
+          "again.\n");
+      ::_exit(1);
+    }
+  }
+  // Not one of ours: the default action (core dump with the real cause).
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 }  // namespace
+
+void install_sigbus_handler() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, nullptr);
+}
 
 size_t dtype_size(DType t) {
   for (const auto& r : kDTypes)
@@ -87,12 +156,17 @@ uint64_t TensorDecl::nbytes() const {
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, int file_index)
     : path_(path), file_index_(file_index) {
   const std::string where = path.string();
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in place of a shard must not block the open (it is refused below).
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd_ < 0) throw Error(where + ": cannot open: " + errno_str());
   try {
     struct stat st;
     if (::fstat(fd_, &st) != 0) throw Error(where + ": cannot stat: " + errno_str());
-    if (!S_ISREG(st.st_mode)) throw Error(where + ": not a regular file");
+    if (!S_ISREG(st.st_mode))
+      throw Error(where + ": not a regular file (a directory, FIFO or device cannot be a shard)");
+    id_ = {uint64_t(st.st_dev), uint64_t(st.st_ino), uint64_t(st.st_size),
+           int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
     size_ = uint64_t(st.st_size);
     if (size_ < 8)
       throw Error(where + ": truncated: " + std::to_string(size_) +
@@ -111,6 +185,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, int file_ind
     void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
     if (m == MAP_FAILED) throw Error(where + ": mmap failed: " + errno_str());
     base_ = static_cast<const uint8_t*>(m);
+    map_slot_ = register_mapping(base_, size_, path_);
 
     nlohmann::json h;
     try {
@@ -206,7 +281,27 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, int file_ind
   }
 }
 
+void SafetensorsFile::check_unchanged() const {
+  if (fd_ < 0) return;
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0)
+    throw Error(path_.string() + ": cannot stat an open shard: " + errno_str());
+  const int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const std::string tail = " while the model was loaded; restart strata to load it again";
+  if (uint64_t(st.st_size) != id_.size)
+    throw Error(path_.string() + ": changed size on disk (" + std::to_string(id_.size) + " -> " +
+                std::to_string(st.st_size) + " bytes)" + tail);
+  if (mtime != id_.mtime_ns) throw Error(path_.string() + ": was modified on disk" + tail);
+  struct stat now {};
+  if (::stat(path_.c_str(), &now) != 0)
+    throw Error(path_.string() + ": was removed or renamed" + tail);
+  if (uint64_t(now.st_dev) != id_.dev || uint64_t(now.st_ino) != id_.ino)
+    throw Error(path_.string() + ": was replaced by another file" + tail);
+}
+
 void SafetensorsFile::close() {
+  unregister_mapping(map_slot_);
+  map_slot_ = -1;
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
   base_ = nullptr;
   if (fd_ >= 0) ::close(fd_);
@@ -228,6 +323,8 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
     file_index_ = o.file_index_;
     fd_ = std::exchange(o.fd_, -1);
     base_ = std::exchange(o.base_, nullptr);
+    map_slot_ = std::exchange(o.map_slot_, -1);
+    id_ = o.id_;
     size_ = o.size_;
     data_start_ = o.data_start_;
     tensors_ = std::move(o.tensors_);
@@ -293,8 +390,7 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
   while ((8 + hs.size()) % 8 != 0) hs.push_back(' ');  // align the data buffer to 8 bytes
   data_start_ = 8 + hs.size();
 
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(tmp_path_.string() + ": cannot create: " + errno_str());
+  fd_ = open_partial_for_write(tmp_path_, path_.string());
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
   buf_.reserve(kWriteBuffer);
@@ -365,6 +461,11 @@ void SafetensorsWriter::finish() {
     throw Error(tmp_path_.string() + ": close failed: " + errno_str());
   }
   fd_ = -1;
+  // Never rename over a directory, device, FIFO or socket (callers check up front with
+  // OutputPath; this is the last line of defence).
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error(path_.string() + ": exists and is not a regular file; not replacing it");
   std::error_code ec;
   std::filesystem::rename(tmp_path_, path_, ec);
   if (ec)

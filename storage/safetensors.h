@@ -58,8 +58,17 @@ class SafetensorsFile {
   const TensorInfo* find(std::string_view name) const;
   std::span<const uint8_t> bytes(const TensorInfo& t) const { return {base_ + t.offset, t.nbytes}; }
 
+  // Throws strata::Error naming the file when it changed on disk since it was opened: its size
+  // or modification time (written or truncated in place) or the file at its path (replaced by
+  // another, e.g. a new download renamed over it). Two syscalls; the engine calls it per step.
+  void check_unchanged() const;
+
  private:
   void close();
+  struct Identity {
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0;
+  } id_;
   std::filesystem::path path_;
   int file_index_ = 0;
   int fd_ = -1;
@@ -69,7 +78,14 @@ class SafetensorsFile {
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> by_name_;
   std::map<std::string, std::string> metadata_;
+  int map_slot_ = -1;  // in the SIGBUS handler's table
 };
+
+// A shard truncated while it is mapped makes the pages past its new end unreadable: touching
+// one raises SIGBUS, which would kill the process with no word of why. This handler (installed
+// once by the CLI) turns a SIGBUS inside a mapped safetensors file into one line naming the file
+// and exit status 1; other SIGBUS signals keep the default action. Async-signal-safe.
+void install_sigbus_handler();
 
 struct TensorDecl {
   std::string name;

@@ -37,9 +37,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include <sys/statvfs.h>
 #include "storage/bf16.h"
 #include "storage/checkpoint.h"
+
 #include "storage/error.h"
+#include "storage/files.h"
 #include "storage/safetensors.h"
 #include "storage/tiktoken_files.h"
 
@@ -210,10 +213,9 @@ ojson preset_json(const std::string& name) {
 }
 
 ojson read_json_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error(p.string() + ": cannot open (expected a config.json file)");
+  const std::string text = read_small_file(p, p.string());
   try {
-    return ojson::parse(in);
+    return ojson::parse(text);
   } catch (const ojson::parse_error& e) {
     throw Error(p.string() + ": invalid JSON: " + e.what());
   }
@@ -487,6 +489,16 @@ SynthResult synth_checkpoint(const SynthOptions& opt, const fs::path& out_dir,
   uint64_t total = 0;
   for (const Shard& s : shards) total += s.bytes;
 
+  // Fail before writing, not when the disk is full half-way.
+  {
+    struct statvfs vs {};
+    if (::statvfs(out_dir.c_str(), &vs) == 0) {
+      const uint64_t free_bytes = uint64_t(vs.f_bavail) * uint64_t(vs.f_frsize);
+      if (total > free_bytes)
+        throw Error("synth: the checkpoint needs " + std::to_string(total) + " bytes, " +
+                    out_dir.string() + " has " + std::to_string(free_bytes) + " free");
+    }
+  }
   const int threads =
       opt.threads > 0 ? opt.threads : std::max(1, int(std::thread::hardware_concurrency()));
   constexpr int64_t kChunkElems = 4 << 20;

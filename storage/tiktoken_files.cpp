@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "storage/error.h"
+#include "storage/files.h"
 
 namespace strata {
 namespace {
@@ -76,12 +77,9 @@ std::string b64_encode(std::string_view bytes) {
 }
 
 std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw Error(p.string() + ": cannot open (a Kimi tokenizer directory needs it)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error(p.string() + ": read failed");
-  return ss.str();
+  if (!fs::exists(p))
+    throw Error(p.string() + ": cannot open (a Kimi tokenizer directory needs it)");
+  return read_small_file(p, p.string());
 }
 
 void write_file(const fs::path& p, std::string_view data) {

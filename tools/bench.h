@@ -16,6 +16,13 @@ struct BenchStats {
   int repeats = 0;
 };
 
+// Option checks run before a benchmark allocates or writes anything: `flag v` must lie in
+// [lo, hi] (NaN never does); throws strata::Error "--repeats 0: expected 1..10000".
+void check_option(const std::string& flag, double v, double lo, double hi);
+// --json FILE: a regular file in a writable directory (storage/files.h OutputPath), checked
+// before the benchmark runs.
+void check_json_output(const std::string& path);
+
 // Runs fn() `warmup` times, then `repeats` times, timing each; returns median/min/max seconds.
 BenchStats measure(const std::function<void()>& fn, int repeats = 5, int warmup = 1);
 

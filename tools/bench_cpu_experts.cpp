@@ -46,6 +46,16 @@ struct Options {
 
 int run(const Options& o) {
   cpu::Topology topo;
+  // Every option in range before memory is allocated (threads are pinned one per core).
+  check_option("--threads", o.threads, 0, topo.cores());
+  check_option("--experts", o.experts, 1, 1024);
+  check_option("--repeats", o.repeats, 1, 10000);
+  check_option("--gemm", o.gemm, 64, 32768);
+  check_option("--membw-mib", o.membw_mib, 1, 1 << 20);
+  for (int t : o.tokens) check_option("--tokens", t, 1, 1 << 16);
+  for (int p : o.prefetch) check_option("--prefetch", p, -1, 1 << 20);
+  for (int p : o.pass_tokens) check_option("--amx-pass-tokens", p, -1, 1 << 16);
+  check_json_output(o.json);
   const int threads = o.threads > 0 ? o.threads : topo.cores();
   const cpu::ExpertIsa isa = cpu::resolve_isa(cpu::parse_isa(o.isa, "--isa"));
   if (o.experts < 1) throw Error("--experts: expected ≥ 1");

@@ -10,6 +10,7 @@
 // start, experts back to back); with -m DIR the checkpoint's real expert spans instead.
 // Napkin: 16 experts = 280.8 MB per repeat ≈ 0.2 s at the ~1.2–1.5 GB/s of these VMs' virtio
 // disks; the disk, not the CPU, is the bound, so the store should reach the raw line.
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,7 +69,30 @@ std::vector<std::pair<int, int>> pick_experts(const std::vector<std::pair<int, i
   return cand;
 }
 
+// Every option in range before the 2 GiB file is written; the file must also fit the disk.
+void check_options(const Options& o) {
+  check_option("--experts", o.experts, 1, 4096);
+  check_option("--repeats", o.repeats, 1, 10000);
+  check_option("--block-kib", double(o.block_kib), 4, 1 << 20);
+  if (o.block_kib % 4)
+    throw Error("--block-kib " + std::to_string(o.block_kib) + ": must be a multiple of 4");
+  check_option("--qd", o.qd, 1, 4096);
+  check_option("--pread-threads", o.pread_threads, 1, 1024);
+  check_json_output(o.json);
+  if (!o.model.empty()) return;
+  check_option("--file-gib", o.file_gib, 0.1, 65536);
+  const fs::path dir = o.dir.empty() ? fs::temp_directory_path() : fs::path(o.dir);
+  struct statvfs vs {};
+  if (::statvfs(dir.c_str(), &vs) != 0)
+    throw Error("--dir " + dir.string() + ": cannot use: " + std::strerror(errno));
+  const double free_gib = double(vs.f_bavail) * double(vs.f_frsize) / double(1ull << 30);
+  if (o.file_gib > free_gib)
+    throw Error("--file-gib " + std::to_string(o.file_gib) + ": " + dir.string() + " has only " +
+                std::to_string(free_gib) + " GiB free");
+}
+
 int run(const Options& o) {
+  check_options(o);
   BenchReport rep("bench io: expert streaming vs raw O_DIRECT");
   std::unique_ptr<Checkpoint> ck;
   offload::ExpertLayout L;

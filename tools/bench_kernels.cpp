@@ -369,6 +369,7 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   app.add_flag("--quick", *quick, "small shapes (a smoke run)");
   return [=]() -> int {
+    check_json_output(*json);
 #ifndef STRATA_HAVE_CUDA
     throw Error(
         "bench kernels: this strata was built without CUDA (configure with STRATA_CUDA=ON)");

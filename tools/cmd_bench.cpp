@@ -8,6 +8,7 @@
 
 #include "offload/hw_measure.h"
 #include "storage/error.h"
+#include "storage/files.h"
 #include "tools/bench.h"
 #include "tools/command.h"
 
@@ -16,6 +17,20 @@ namespace strata::tools {
 std::vector<BenchInfo>& bench_registry() {
   static std::vector<BenchInfo> r;
   return r;
+}
+
+void check_option(const std::string& flag, double v, double lo, double hi) {
+  if (v >= lo && v <= hi) return;
+  auto num = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return std::string(b);
+  };
+  throw Error(flag + " " + num(v) + ": expected " + num(lo) + ".." + num(hi));
+}
+
+void check_json_output(const std::string& path) {
+  if (!path.empty()) OutputPath("--json", path, {});
 }
 
 BenchStats measure(const std::function<void()>& fn, int repeats, int warmup) {
@@ -77,9 +92,7 @@ void BenchReport::write_json(const std::string& path) const {
                           {"pct_of_peak", l.pct_of_peak()},
                           {"note", l.note}});
   }
-  std::ofstream f(path);
-  if (!f) throw Error("bench: cannot write " + path);
-  f << j.dump(2) << "\n";
+  write_file_atomic(path, j.dump(2) + "\n", "--json " + path);
 }
 
 namespace {

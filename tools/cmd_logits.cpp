@@ -46,6 +46,8 @@ void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
   app.add_option("--stop-after-layer", o.stop_after_layer, "stop the forward after layer N");
   app.add_option("--record-routing", o.record_routing, "write every MoE layer's routing (JSON)");
   app.add_option("--replay-routing", o.replay_routing, "force the routing of a recorded file");
+  app.add_flag("--check-weights", o.check_weights,
+               "scan every weight for NaN/Inf at load (small tensors are always scanned)");
 }
 
 namespace {
@@ -57,10 +59,17 @@ struct LogitsOptions {
 };
 
 int run_logits(const LogitsOptions& o) {
-  auto model = engine::Model::load(o.model_dir);
+  // -o is replaced if it is a regular file (that is what -o asks for); never a directory, device,
+  // FIFO, or a file this command reads (the model's, --ids, --replay-routing).
+  engine::check_before_load(o.inspect, &o.offload, o.model_dir, {o.ids_file},
+                            {{"-o", o.out}, {"--stats-json", o.offload.stats_json}});
+  engine::LoadOptions lo;
+  lo.check_weights = o.inspect.check_weights;
+  auto model = engine::Model::load(o.model_dir, lo);
   const ModelConfig& c = model->config();
   std::vector<int32_t> ids = engine::read_ids_file(o.ids_file, c.vocab_size);
-  engine::SessionSetup setup(o.inspect, c);
+  const int64_t T = int64_t(ids.size());
+  engine::SessionSetup setup(o.inspect, c, {T, T});
   engine::OffloadRuntime offload(*model, o.offload);  // --host-mem: experts from the store
   for (const auto& line : offload.describe()) std::fprintf(stderr, "strata: %s\n", line.c_str());
   engine::SessionOptions sopt = setup.options();
@@ -72,7 +81,6 @@ int run_logits(const LogitsOptions& o) {
   std::vector<float> out;
   std::string name;
   std::vector<int64_t> shape;
-  const int64_t T = int64_t(ids.size());
   if (o.inspect.stop_after_layer >= 0) {
     engine::Stream s = session.embed(ids);
     for (int l = 0; l <= o.inspect.stop_after_layer; ++l) session.run_layer(l, s);
@@ -91,9 +99,13 @@ int run_logits(const LogitsOptions& o) {
   w.finish();
   setup.finish();
   offload.finish();
-  std::fprintf(stderr, "strata logits: %lld positions, %s %s -> %s (%s; backend %s)\n",
+  std::fprintf(stderr,
+               "strata logits: %lld positions, %s %s -> %s (%s; backend %s; %.1f MiB of weights "
+               "checked for NaN/Inf%s)\n",
                (long long)T, name.c_str(), shape_str(shape).c_str(), o.out.c_str(),
-               setup.describe().c_str(), backend->name());
+               setup.describe().c_str(), backend->name(),
+               double(model->scanned_weight_bytes()) / 1048576.0,
+               lo.check_weights ? ", --check-weights" : "");
   return 0;
 }
 
@@ -104,7 +116,10 @@ STRATA_COMMAND("logits", "Logits of every prompt position (F32 [T, vocab]) to a 
                  auto o = std::make_shared<LogitsOptions>();
                  app.add_option("-m,--model", o->model_dir, "model directory")->required();
                  app.add_option("--ids", o->ids_file, "prompt token ids: a JSON array")->required();
-                 app.add_option("-o,--output", o->out, "output .safetensors file")->required();
+                 app.add_option("-o,--output", o->out,
+                                "output .safetensors file (an existing regular file is replaced; "
+                                "a directory, device, FIFO or a file of the model is refused)")
+                     ->required();
                  add_inspect_options(app, o->inspect);
                  add_offload_options(app, o->offload);
                  return [o] { return run_logits(*o); };

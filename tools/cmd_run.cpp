@@ -43,7 +43,19 @@ int run_generate(const RunOptions& o) {
   if (o.prompt.empty() == o.ids_file.empty())
     throw Error("strata run: give exactly one of -p TEXT or --ids FILE.json");
   if (o.n_predict < 0) throw Error("-n: expected a token count >= 0");
-  auto model = engine::Model::load(o.model_dir);
+  for (const auto& s : o.stop)
+    if (s.empty()) throw Error("--stop: an empty stop string would stop before the first token");
+  engine::SamplerConfig sc;
+  sc.temperature = o.temp;
+  sc.top_k = o.top_k;
+  sc.top_p = o.top_p;
+  sc.seed = o.seed;
+  engine::Sampler sampler(sc);  // checks the sampling options before anything is loaded
+  engine::check_before_load(o.inspect, &o.offload, o.model_dir, {o.ids_file},
+                            {{"--stats-json", o.offload.stats_json}});
+  engine::LoadOptions lo;
+  lo.check_weights = o.inspect.check_weights;
+  auto model = engine::Model::load(o.model_dir, lo);
   const ModelConfig& c = model->config();
 
   std::optional<engine::Tokenizer> tok;
@@ -70,7 +82,12 @@ int run_generate(const RunOptions& o) {
     }
   }
 
-  engine::SessionSetup setup(o.inspect, c);
+  // A replayed routing must cover exactly the positions this run can reach: the prompt, then
+  // up to n − 1 decode steps (the last generated token is never fed back).
+  const int64_t P = int64_t(prompt.size());
+  const engine::PositionRange positions{
+      P, o.inspect.stop_after_layer >= 0 ? P : P + std::max(0, o.n_predict - 1)};
+  engine::SessionSetup setup(o.inspect, c, positions);
   engine::SessionOptions sopt = setup.options();
   engine::OffloadRuntime offload(*model, o.offload);  // --host-mem: experts from the store
   for (const auto& line : offload.describe()) std::fprintf(stderr, "strata: %s\n", line.c_str());
@@ -79,12 +96,6 @@ int run_generate(const RunOptions& o) {
   if (!setup.device_line().empty())
     std::fprintf(stderr, "strata: %s\n", setup.device_line().c_str());
   engine::Session session(*model, *backend, 0, sopt);
-  engine::SamplerConfig sc;
-  sc.temperature = o.temp;
-  sc.top_k = o.top_k;
-  sc.top_p = o.top_p;
-  sc.seed = o.seed;
-  engine::Sampler sampler(sc);
   engine::StopRules stop;
   stop.stop_strings = o.stop;
   if (!o.ignore_eos) {
@@ -96,8 +107,11 @@ int run_generate(const RunOptions& o) {
   for (const auto& s : o.stop) max_stop = std::max(max_stop, s.size());
 
   // One typed config, printed at start-up (STYLE §10).
-  std::fprintf(stderr, "strata run: %s: %s; %s; backend %s\n", o.model_dir.c_str(),
-               describe_config(c).c_str(), setup.describe().c_str(), backend->name());
+  std::fprintf(stderr,
+               "strata run: %s: %s; %s; backend %s; %.1f MiB of weights checked for NaN/Inf%s\n",
+               o.model_dir.c_str(), describe_config(c).c_str(), setup.describe().c_str(),
+               backend->name(), double(model->scanned_weight_bytes()) / 1048576.0,
+               lo.check_weights ? " (--check-weights)" : "");
   // Prefill.
   auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = engine::process_cpu_seconds();

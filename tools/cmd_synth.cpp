@@ -1,6 +1,8 @@
 // `strata synth`: write a synthetic checkpoint in the released layout (storage/synth.h).
 #include <cstdio>
 
+#include "engine/cli_support.h"
+#include "storage/error.h"
 #include "storage/synth.h"
 #include "tools/command.h"
 
@@ -34,6 +36,10 @@ strata::tools::CommandRun setup(CLI::App& app) {
   app.add_flag("-q,--quiet", a->quiet, "no progress lines");
   app.add_option("-o,--output", a->out, "output directory (new or empty)")->required();
   return [a]() -> int {
+    strata::engine::check_thread_count("--threads", a->opt.threads);
+    if (!(a->shard_mb == 0 || (a->shard_mb >= 0.01 && a->shard_mb <= 1 << 20)))
+      throw strata::Error("--shard-mb " + std::to_string(a->shard_mb) +
+                          ": expected 0.01..1048576 MiB (0: the default)");
     a->opt.config_path = a->config;
     a->opt.tokenizer = !a->no_tokenizer;
     a->opt.shard_bytes = uint64_t(a->shard_mb * 1048576.0);

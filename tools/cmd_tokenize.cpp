@@ -9,6 +9,7 @@
 
 #include "engine/tokenizer.h"
 #include "storage/error.h"
+#include "storage/files.h"
 #include "tools/command.h"
 
 namespace strata::tools {
@@ -25,9 +26,7 @@ struct TokenizeOptions {
 
 std::string read_input(const std::string& path) {
   if (path == "-") return std::string(std::istreambuf_iterator<char>(std::cin), {});
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot open the text to tokenize");
-  return std::string(std::istreambuf_iterator<char>(f), {});
+  return read_small_file(path, "-f " + path, 1ull << 32);
 }
 
 std::vector<int> parse_ids(const std::string& s) {

@@ -14,6 +14,9 @@ void add_offload_options(CLI::App& app, engine::OffloadOptions& o) {
   app.add_option("--prefetch-depth", o.prefetch_depth,
                  "router lookahead in layers (0 = no prefetch)")
       ->capture_default_str();
+  app.add_option("--io-timeout", o.io_timeout_s,
+                 "seconds to wait for one expert read before stopping with an error (0 = no limit)")
+      ->capture_default_str();
   app.add_option("--stats-json", o.stats_json, "write the tier telemetry as JSON to FILE");
 }
 

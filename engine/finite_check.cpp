@@ -1,0 +1,107 @@
+// engine/finite_check.h, and the default Backend::first_non_finite.
+#include "engine/finite_check.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "engine/trace.h"
+#include "storage/error.h"
+
+namespace strata::engine {
+
+namespace {
+// Exponent all ones: Inf or NaN. Integer compares, so the loop vectorises without fast-math.
+inline bool bad32(uint32_t b) {
+  return (b & 0x7F800000u) == 0x7F800000u;
+}
+inline bool bad16(uint16_t b) {
+  return (b & 0x7F80u) == 0x7F80u;
+}
+
+[[noreturn]] void fail(float v, int layer, const char* site, int64_t pos, int64_t col,
+                       const std::string& where) {
+  const std::string name = layer >= 0 ? site_name(layer, site) : std::string(site);
+  throw Error("non-finite activation (" +
+              std::string(std::isnan(v) ? "NaN"
+                          : v > 0       ? "+Inf"
+                                        : "-Inf") +
+              ") at " + name + " (" + where + std::to_string(pos) + ", element " +
+              std::to_string(col) +
+              "): the model's weights or config produce values outside float range; stopping "
+              "rather than sampling from garbage (strata run --check-weights scans every weight)");
+}
+}  // namespace
+
+int64_t first_non_finite(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 1024;
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t i1 = std::min(n, i0 + kBlock);
+    uint32_t any = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      uint32_t b;
+      std::memcpy(&b, x + i, 4);
+      any |= uint32_t(bad32(b));
+    }
+    if (any)
+      for (int64_t i = i0; i < i1; ++i)
+        if (!std::isfinite(x[i])) return i;
+  }
+  return -1;
+}
+
+int64_t first_non_finite_bf16(const uint16_t* x, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t i1 = std::min(n, i0 + kBlock);
+    uint32_t any = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      uint16_t b;
+      std::memcpy(&b, x + i, 2);
+      any |= uint32_t(bad16(b));
+    }
+    if (any)
+      for (int64_t i = i0; i < i1; ++i) {
+        uint16_t b;
+        std::memcpy(&b, x + i, 2);
+        if (bad16(b)) return i;
+      }
+  }
+  return -1;
+}
+
+void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site, int64_t pos0,
+                  const char* unit) {
+  const int64_t i = first_non_finite(x, T * D);
+  if (i >= 0) fail(x[i], layer, site, pos0 + i / D, i % D, unit);
+}
+
+int64_t Backend::first_non_finite(Act a, const StepShape& s) {
+  std::vector<float> host;
+  auto scan = [&](int64_t row0, int64_t n) -> int64_t {
+    host.resize(size_t(n * a.cols));
+    to_host(Act{a.data + row0 * a.cols, n, a.cols}, host.data());
+    const int64_t i = engine::first_non_finite(host.data(), int64_t(host.size()));
+    return i < 0 ? -1 : row0 * a.cols + i;
+  };
+  if (a.rows <= kFiniteCheckAllRows) return scan(0, a.rows);
+  for (const SeqSpan& q : s.seqs)
+    if (q.T > 0)
+      if (const int64_t i = scan(q.row0 + q.T - 1, 1); i >= 0) return i;
+  return -1;
+}
+
+void check_finite(Backend& b, Act a, const StepShape& s, int layer, const char* site) {
+  const int64_t i = b.first_non_finite(a, s);
+  if (i < 0) return;
+  const int64_t row = i / a.cols;
+  float v = 0;
+  b.to_host(Act{a.data + i, 1, 1}, &v);
+  for (const SeqSpan& q : s.seqs)
+    if (row >= q.row0 && row < q.row0 + q.T)
+      fail(v, layer, site, q.pos0 + (row - q.row0), i % a.cols,
+           s.single() ? "position " : "slot " + std::to_string(q.slot) + ", position ");
+  fail(v, layer, site, row, i % a.cols, "row ");
+}
+
+}  // namespace strata::engine
