@@ -6,42 +6,49 @@
 #include <cstdio>
 #include <deque>
 
+#include "engine/schedule.h"
 #include "storage/error.h"
 
 namespace strata::engine {
 
 namespace {
 
-class SessionRunner final : public StepRunner {
+class ScheduleRunner final : public StepRunner {
  public:
-  SessionRunner(const Model& model, const SessionOptions& o, int slots) {
-    STRATA_ASSERT(slots >= 1);
-    for (int i = 0; i < slots; ++i) sessions_.push_back(std::make_unique<Session>(model, o));
-  }
-  int slots() const override { return int(sessions_.size()); }
-  void reset(int slot) override { sessions_.at(size_t(slot))->reset(); }
+  ScheduleRunner(Backend& b, const ModelConfig& c) : b_(b), schedule_(b, c) {}
+  int slots() const override { return b_.slots(); }
+  void reset(int slot) override { b_.reset_slot(slot); }
+  int64_t max_step_rows() const override { return b_.max_step_rows(); }
   std::vector<std::vector<float>> step(std::span<const StepChunk> chunks) override {
-    std::vector<std::vector<float>> out;
+    chunks_.clear();
     for (const StepChunk& c : chunks) {
-      std::vector<float> logits = sessions_.at(size_t(c.slot))->forward(c.ids, false);
-      if (c.want_logits) out.push_back(std::move(logits));
+      SeqChunk q;
+      q.slot = c.slot;
+      q.ids = c.ids;
+      q.want_logits = c.want_logits;
+      chunks_.push_back(q);
     }
+    std::vector<std::vector<float>> all = schedule_.step(chunks_);
+    std::vector<std::vector<float>> out;
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (chunks[i].want_logits) out.push_back(std::move(all[i]));
     return out;
   }
   std::string describe() const override {
-    return std::to_string(sessions_.size()) + " single-sequence session" +
-           (sessions_.size() == 1 ? "" : "s");
+    return std::string(b_.name()) + ", " + std::to_string(b_.slots()) + " slot" +
+           (b_.slots() == 1 ? "" : "s");
   }
 
  private:
-  std::vector<std::unique_ptr<Session>> sessions_;
+  Backend& b_;
+  Schedule schedule_;
+  std::vector<SeqChunk> chunks_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepRunner> make_session_runner(const Model& model, const SessionOptions& o,
-                                                int slots) {
-  return std::make_unique<SessionRunner>(model, o, slots);
+std::unique_ptr<StepRunner> make_schedule_runner(Backend& backend, const ModelConfig& c) {
+  return std::make_unique<ScheduleRunner>(backend, c);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -153,6 +160,7 @@ bool BatchScheduler::run(const std::function<std::optional<GenRequest>()>& next,
   const auto t0 = std::chrono::steady_clock::now();
   const double seconds0 = stats_.seconds;
   const int nslots = runner_.slots();
+  const int64_t max_rows = std::max<int64_t>(1, runner_.max_step_rows());
   std::vector<std::unique_ptr<Seq>> slots(static_cast<size_t>(nslots));
   std::optional<GenRequest> waiting;  // taken from `next` but not yet admitted (memory)
   bool exhausted = false;
@@ -209,25 +217,32 @@ bool BatchScheduler::run(const std::function<std::optional<GenRequest>()>& next,
     chunks.clear();
     wants.clear();
     int64_t rows = 0, prompt_rows = 0;
+    // Decode rows first (one each), then prefill chunks in slot order while the step has room.
     for (auto& sp : slots) {
-      if (!sp) continue;
+      if (!sp || sp->prefilled < sp->req.prompt.size() || rows >= max_rows) continue;
+      StepChunk c;
+      c.slot = sp->slot;
+      c.ids = std::span<const int32_t>(sp->feed);
+      c.want_logits = true;
+      ++rows;
+      chunks.push_back(c);
+    }
+    for (auto& sp : slots) {
+      if (!sp || sp->prefilled >= sp->req.prompt.size() || rows >= max_rows) continue;
       Seq& s = *sp;
+      const size_t n = std::min(
+          {s.req.prompt.size() - s.prefilled, size_t(o_.prefill_chunk), size_t(max_rows - rows)});
       StepChunk c;
       c.slot = s.slot;
-      if (s.prefilled < s.req.prompt.size()) {
-        const size_t n = std::min(s.req.prompt.size() - s.prefilled, size_t(o_.prefill_chunk));
-        c.ids = std::span<const int32_t>(s.req.prompt.data() + s.prefilled, n);
-        s.prefilled += n;
-        c.want_logits = s.prefilled == s.req.prompt.size();
-        prompt_rows += int64_t(n);
-      } else {
-        c.ids = std::span<const int32_t>(s.feed);
-        c.want_logits = true;
-      }
-      rows += int64_t(c.ids.size());
+      c.ids = std::span<const int32_t>(s.req.prompt.data() + s.prefilled, n);
+      s.prefilled += n;
+      c.want_logits = s.prefilled == s.req.prompt.size();
+      prompt_rows += int64_t(n);
+      rows += int64_t(n);
       chunks.push_back(c);
-      if (c.want_logits) wants.push_back(&s);
     }
+    for (const StepChunk& c : chunks)
+      if (c.want_logits) wants.push_back(slots[size_t(c.slot)].get());
     std::vector<std::vector<float>> logits = runner_.step(chunks);
     STRATA_ASSERT(logits.size() == wants.size());
     ++stats_.steps;

@@ -1,6 +1,8 @@
 // Continuous batching for `strata batch`: several sequences in flight, one slot each; every step
-// runs the next chunk of each sequence (a prefill chunk of at most `prefill_chunk` prompt tokens,
-// or the one token sampled last); a finished sequence hands its slot to the next request at once.
+// runs the next chunk of each sequence (the one token sampled last, or a prefill chunk of at most
+// `prefill_chunk` prompt tokens), at most the runner's max_step_rows rows in all (decode rows
+// first, then prefill chunks in slot order); a finished sequence hands its slot to the next
+// request at once.
 // Sampling and stop rules are per request, so a request's tokens do not depend on what else is
 // in flight as long as the step runner computes every sequence's rows independently (the CPU
 // reference does). Also the memory a sequence needs (state, MLA cache, prefill working set), so a
@@ -17,9 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/sampler.h"
-#include "engine/session.h"
 #include "engine/tokenizer.h"
+#include "storage/config.h"
 
 namespace strata::engine {
 
@@ -39,12 +42,13 @@ class StepRunner {
   virtual void reset(int slot) = 0;  // a fresh sequence
   // Runs one step; returns the logits [V] of each chunk that wants them, in chunk order.
   virtual std::vector<std::vector<float>> step(std::span<const StepChunk> chunks) = 0;
+  virtual int64_t max_step_rows() const { return INT64_MAX; }  // rows one step may hold
   virtual std::string describe() const = 0;
 };
 
-// Slots backed by single-sequence Sessions, each chunk run by its own Session::forward.
-std::unique_ptr<StepRunner> make_session_runner(const Model& model, const SessionOptions& o,
-                                                int slots);
+// The layer schedule over a backend's slots (engine/schedule.h): one step runs every chunk at
+// once, so a MoE layer routes all rows together and computes each selected expert once.
+std::unique_ptr<StepRunner> make_schedule_runner(Backend& backend, const ModelConfig& c);
 
 // Memory one sequence of `tokens` tokens needs at its peak, prefilled in chunks of
 // `prefill_chunk`, on the CPU reference (fp32 state and cache): the KDA recurrent and conv state

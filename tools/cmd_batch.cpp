@@ -31,6 +31,8 @@ namespace strata::tools {
 
 namespace fs = std::filesystem;
 
+void add_engine_options(CLI::App& app, engine::InspectOptions& o);  // cmd_logits.cpp
+
 namespace {
 
 struct BatchOptions {
@@ -44,9 +46,8 @@ struct BatchOptions {
   std::string think_effort = "max";
   std::string progress = "auto";
   double log_every_s = 10;
-  std::string precision = "fp32", experts_numerics = "exact";
-  int threads = 0;
-  std::string shard;  // "R/N": run one shard without an MPI launcher
+  engine::InspectOptions engine_opts;  // device, precision, numerics, GPU budget, threads
+  std::string shard;                   // "R/N": run one shard without an MPI launcher
   // merge
   std::string merge_output;
   std::vector<std::string> merge_parts;
@@ -320,19 +321,21 @@ int run_batch(const BatchOptions& o, MpiJob& mpi) {
   }
   if (tok.eos_id() >= 0 && tok.eos_id() != c.eos_token_id) eos_completion.push_back(tok.eos_id());
 
-  const uint64_t mem_limit =
-      o.mem_limit.empty() ? engine::available_memory_bytes()
-                          : engine::parse_bytes(o.mem_limit, "--mem-limit", "the machine's memory",
-                                                engine::total_memory_bytes());
-  engine::InspectOptions io;
-  io.precision = o.precision;
-  io.experts_numerics = o.experts_numerics;
-  io.threads = o.threads;
-  engine::SessionSetup setup(io, c);
-  auto runner = engine::make_session_runner(*model, setup.options(), o.slots);
+  const uint64_t mem_limit = o.mem_limit.empty()
+                                 ? engine::available_memory_bytes()
+                                 : engine::parse_size(o.mem_limit, 0, "--mem-limit");
+  engine::SessionSetup setup(o.engine_opts, c);
+  const engine::SessionOptions sopt = setup.options();
+  auto backend = setup.make_backend(*model, sopt, o.slots);
+  if (!setup.device_line().empty())
+    std::fprintf(stderr, "strata: %s%s\n", prefix.c_str(), setup.device_line().c_str());
+  auto runner = engine::make_schedule_runner(*backend, c);
+  // Backends that size each slot's state up front (the GPU) hold max_context positions; the CPU
+  // reference grows its state, limited by the memory for sequences.
+  const int64_t max_context = backend->max_context();
   engine::SchedulerOptions so;
   so.prefill_chunk = o.prefill_chunk;
-  so.mem_limit_bytes = mem_limit;
+  so.mem_limit_bytes = max_context == INT64_MAX ? mem_limit : 0;
   engine::BatchScheduler sched(*runner, &tok, so);
 
   std::fprintf(
@@ -408,15 +411,22 @@ int run_batch(const BatchOptions& o, MpiJob& mpi) {
       }
       const int64_t tokens = int64_t(ids.size()) + r.max_tokens;
       const engine::SequenceMemory need = engine::sequence_memory(c, tokens, o.prefill_chunk);
-      if (mem_limit > 0 && need.total() > mem_limit) {
+      std::string cannot;  // why the request cannot fit, if it cannot
+      if (tokens > max_context)
+        cannot = std::to_string(ids.size()) + " prompt + " + std::to_string(r.max_tokens) +
+                 " max tokens = " + std::to_string(tokens) +
+                 " positions, more than the backend's --max-context " +
+                 std::to_string(max_context) + " (" + backend->name() + ")";
+      else if (max_context == INT64_MAX && mem_limit > 0 && need.total() > mem_limit)
+        cannot = std::to_string(ids.size()) + " prompt + " + std::to_string(r.max_tokens) +
+                 " max tokens need " + need.describe() + " at --prefill-chunk " +
+                 std::to_string(o.prefill_chunk) + ", more than the memory limit of " +
+                 engine::format_bytes(mem_limit) +
+                 (o.mem_limit.empty() ? " (MemAvailable; --mem-limit)" : " (--mem-limit)");
+      if (!cannot.empty()) {
         commit(line,
-               engine::error_record(engine::request_error(
-                   r, "insufficient_memory",
-                   "the request cannot fit: " + std::to_string(ids.size()) + " prompt + " +
-                       std::to_string(r.max_tokens) + " max tokens need " + need.describe() +
-                       " at --prefill-chunk " + std::to_string(o.prefill_chunk) +
-                       ", more than the memory limit of " + engine::format_bytes(mem_limit) +
-                       " (--mem-limit)")),
+               engine::error_record(engine::request_error(r, "context_length_exceeded",
+                                                          "the request cannot fit: " + cannot)),
                true);
         continue;
       }
@@ -546,10 +556,7 @@ CommandRun setup_batch(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--log-every", o->log_every_s, "seconds between progress log lines")
       ->capture_default_str();
-  app.add_option("--precision", o->precision, "fp32|bf16")->capture_default_str();
-  app.add_option("--experts-numerics", o->experts_numerics, "exact|contract")
-      ->capture_default_str();
-  app.add_option("--threads", o->threads, "CPU threads (0 = all cores)");
+  add_engine_options(app, o->engine_opts);
   app.add_option("--shard", o->shard,
                  "R/N: answer the lines i with i % N == R (what rank R of mpirun -np N does)");
   CLI::App* merge = app.add_subcommand(
