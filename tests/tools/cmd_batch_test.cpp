@@ -419,3 +419,166 @@ TEST_CASE("strata batch: a request's record is the same alone and among others i
   for (const auto& [k, v] : recs[1]) differ += recs[4].at(k) != v;
   CHECK(differ == 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scale-out: mpirun -np 2 shards the input, merge restores input order, a dead rank resumes.
+
+namespace {
+
+std::string which(const std::string& prog) {
+  FILE* p = popen(("command -v " + prog + " 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return "";
+  char buf[512] = {0};
+  const size_t n = fread(buf, 1, sizeof buf - 1, p);
+  pclose(p);
+  std::string s(buf, n);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::vector<std::string> mpirun_args(const std::string& mpirun, std::vector<std::string> batch) {
+  std::vector<std::string> a = {mpirun,  "-np", "2",       "--oversubscribe", "--allow-run-as-root",
+                                "--mca", "btl", "self,tcp"};
+  a.insert(a.end(), batch.begin(), batch.end());
+  return a;
+}
+
+int wait_exit(pid_t pid, int timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// The pid of the strata process of MPI rank `rank` among `parent`'s descendants (mpirun starts
+// the local ranks itself), or -1.
+pid_t rank_pid(pid_t parent, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = slurp(e.path() / "stat");
+    const size_t rp = stat.rfind(')');
+    if (rp == std::string::npos || stat.find("(strata)") == std::string::npos) continue;
+    std::istringstream rest(stat.substr(rp + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    const std::string env = slurp(e.path() / "environ");
+    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos)
+      return pid_t(std::stoi(name));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("strata batch under mpirun -np 2: shards, merge in input order, a dead rank resumes",
+          "[tools][batch][mpi]") {
+  const std::string mpirun = which("mpirun");
+  if (mpirun.empty()) {
+    WARN("skipped: mpirun not found (scripts/install-deps.sh installs openmpi-bin)");
+    return;
+  }
+  const fs::path d = strata::test::scratch_dir("batch_mpi");
+  // Enough documents that each rank runs for a few seconds (room to kill one mid-job).
+  std::string in;
+  for (int k = 0; k < 48; ++k) {
+    json ids = json::array();
+    for (int i = 0; i < 4 + (k * 13) % 40; ++i) ids.push_back((k * 53 + i * 29) % 900 + 3);
+    in += request("doc-" + std::to_string(k),
+                  {{"prompt", ids}, {"max_tokens", 3 + k % 5}, {"temperature", 0}}) +
+          "\n";
+    if (k == 17) in += "not json\n";
+  }
+  write_file(d / "in.jsonl", in);
+  auto batch = [&](const std::string& out) {
+    std::vector<std::string> a = batch_args(d / "in.jsonl", d / out);
+    return a;
+  };
+
+  // Reference: one process, merged into input order.
+  REQUIRE(wait_exit(spawn(batch("ref.jsonl"), d / "ref.log"), 120) == 0);
+  REQUIRE(run_cli("batch merge -o " + (d / "ref-merged.jsonl").string() + " " +
+                  (d / "ref.jsonl").string())
+              .status == 0);
+  const std::string want = slurp(d / "ref-merged.jsonl");
+  REQUIRE(std::count(want.begin(), want.end(), '\n') == 49);
+
+  // Two ranks: each writes its part; merge gives the reference byte for byte.
+  {
+    const int rc = wait_exit(spawn(mpirun_args(mpirun, batch("mpi.jsonl")), d / "mpi.log"), 180);
+    INFO(slurp(d / "mpi.log"));
+    REQUIRE(rc == 0);
+    CHECK(slurp(d / "mpi.log").find("job of 2 ranks: 49/49 answered") != std::string::npos);
+    CHECK_FALSE(fs::exists(d / "mpi.jsonl"));
+    const auto m = run_cli("batch merge -o " + (d / "mpi-merged.jsonl").string() + " " +
+                           (d / "mpi.jsonl.rank-1-of-2").string() + " " +
+                           (d / "mpi.jsonl.rank-0-of-2").string());
+    INFO(m.out);
+    REQUIRE(m.status == 0);
+    CHECK(slurp(d / "mpi-merged.jsonl") == want);
+    // Rank 0 answered the even input lines, rank 1 the odd ones.
+    for (const auto& [line, rec] :
+         strata::engine::read_job_part(d / "mpi.jsonl.rank-1-of-2").records)
+      CHECK(line % 2 == 0);  // 1-based line numbers of 0-based odd lines
+  }
+
+  // A rank that fails at start-up ends the whole job (MPI_Abort), naming itself.
+  {
+    const int rc = wait_exit(spawn(mpirun_args(mpirun,
+                                               [&] {
+                                                 auto a = batch("mpi.jsonl");
+                                                 a.erase(std::find(a.begin(), a.end(), "--resume"));
+                                                 return a;
+                                               }()),
+                                   d / "exists.log"),
+                             120);
+    CHECK(rc != 0);
+    CHECK(slurp(d / "exists.log").find("exists; add --resume") != std::string::npos);
+  }
+
+  // Rank 1 dies (SIGKILL) after committing some results; mpirun ends the job; rerunning it with
+  // --resume completes both parts and the merge is again the reference.
+  {
+    const pid_t mp = spawn(mpirun_args(mpirun, batch("dead.jsonl")), d / "dead.log");
+    const fs::path part1 = d / "dead.jsonl.rank-1-of-2";
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    pid_t victim = -1;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (fs::exists(strata::engine::journal_path(part1)) &&
+          !strata::engine::read_job_part(part1).records.empty()) {
+        victim = rank_pid(mp, 1);
+        break;
+      }
+      int st = 0;
+      if (waitpid(mp, &st, WNOHANG) == mp) FAIL("mpirun ended before rank 1 committed anything");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE(victim > 0);
+    kill(victim, SIGKILL);
+    const int rc = wait_exit(mp, 120);
+    INFO(slurp(d / "dead.log"));
+    const size_t done1 = strata::engine::read_job_part(part1).records.size();
+    CHECK(rc != 0);
+    CHECK(done1 < 24);  // it died mid-job
+    const int rc2 =
+        wait_exit(spawn(mpirun_args(mpirun, batch("dead.jsonl")), d / "dead2.log"), 180);
+    INFO(slurp(d / "dead2.log"));
+    REQUIRE(rc2 == 0);
+    CHECK(slurp(d / "dead2.log").find("rank 1/2: ") != std::string::npos);
+    CHECK(slurp(d / "dead2.log").find(std::to_string(done1) + " already answered") !=
+          std::string::npos);
+    REQUIRE(run_cli("batch merge -o " + (d / "dead-merged.jsonl").string() + " " +
+                    (d / "dead.jsonl.rank-0-of-2").string() + " " + part1.string())
+                .status == 0);
+    CHECK(slurp(d / "dead-merged.jsonl") == want);
+  }
+}
