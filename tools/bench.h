@@ -50,6 +50,10 @@ class BenchReport {
   bool header_printed_ = false;
 };
 
+// The oneDNN bf16 matmul peak (N×N×N, `threads` OpenMP threads): adds its line to `rep` and
+// returns the best repeat in TFLOP/s (tools/bench_cpu_experts.cpp).
+double measure_onednn_bf16_tflops(int n, int threads, int repeats, BenchReport& rep);
+
 using BenchSetup = std::function<std::function<int()>(CLI::App& app)>;
 struct BenchInfo {
   std::string name, description;

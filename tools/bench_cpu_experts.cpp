@@ -27,49 +27,14 @@
 
 namespace strata::tools {
 
-namespace {
-
-constexpr int kH = offload::kK3ExpertHidden, kI = offload::kK3ExpertInter;
-
-struct Options {
-  int threads = 0;
-  int experts = 16;
-  std::vector<int> tokens = {1, 4, 16, 64, 256};
-  std::string isa = "auto";
-  std::vector<int> prefetch = {-1};
-  std::vector<int> pass_tokens = {-1};
-  bool no_workspace = false;
-  int repeats = 5;
-  int gemm = 4096;
-  int membw_mib = 2048;
-  std::string json;
-};
-
-double measure_read_gbps(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
-                         int repeats, BenchReport& rep) {
-  std::string note;
-  const offload::RateSample s = offload::measure_host_read(arena, topo, bytes, repeats, &note);
-  BenchLine l;
-  l.name = "memory read (peak)";
-  l.shape =
-      std::to_string(bytes >> 20) + " MiB stream, " + std::to_string(arena.threads()) + " thr";
-  l.time = {s.median_s, s.min_s, s.max_s, s.repeats};
-  l.bytes = s.bytes;
-  l.peak_name = "itself";
-  l.peak = l.gbps();
-  l.note = note;
-  rep.add(l);
-  return l.gbps();
-}
-
 // oneDNN (OpenMP inside) gets as many threads as the benchmark; libgomp is already loaded with
 // libdnnl, so its setter is found at run time (no -fopenmp needed here).
-void set_omp_threads(int n) {
+static void set_omp_threads(int n) {
   using Fn = void (*)(int);
   if (auto f = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) f(n);
 }
 
-double measure_bf16_tflops(int n, int threads, int repeats, BenchReport& rep) {
+double measure_onednn_bf16_tflops(int n, int threads, int repeats, BenchReport& rep) {
   using namespace dnnl;
   using dt = memory::data_type;
   using tag = memory::format_tag;
@@ -115,6 +80,41 @@ double measure_bf16_tflops(int n, int threads, int repeats, BenchReport& rep) {
   return best;
 }
 
+namespace {
+
+constexpr int kH = offload::kK3ExpertHidden, kI = offload::kK3ExpertInter;
+
+struct Options {
+  int threads = 0;
+  int experts = 16;
+  std::vector<int> tokens = {1, 4, 16, 64, 256};
+  std::string isa = "auto";
+  std::vector<int> prefetch = {-1};
+  std::vector<int> pass_tokens = {-1};
+  bool no_workspace = false;
+  int repeats = 5;
+  int gemm = 4096;
+  int membw_mib = 2048;
+  std::string json;
+};
+
+double measure_read_gbps(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
+                         int repeats, BenchReport& rep) {
+  std::string note;
+  const offload::RateSample s = offload::measure_host_read(arena, topo, bytes, repeats, &note);
+  BenchLine l;
+  l.name = "memory read (peak)";
+  l.shape =
+      std::to_string(bytes >> 20) + " MiB stream, " + std::to_string(arena.threads()) + " thr";
+  l.time = {s.median_s, s.min_s, s.max_s, s.repeats};
+  l.bytes = s.bytes;
+  l.peak_name = "itself";
+  l.peak = l.gbps();
+  l.note = note;
+  rep.add(l);
+  return l.gbps();
+}
+
 int run(const Options& o) {
   cpu::Topology topo;
   const int threads = o.threads > 0 ? o.threads : topo.cores();
@@ -128,7 +128,8 @@ int run(const Options& o) {
            "); threads pinned one per core: " + std::to_string(threads));
 
   const double mem_gbps = measure_read_gbps(arena, topo, size_t(o.membw_mib) << 20, o.repeats, rep);
-  const double bf16_tflops = measure_bf16_tflops(o.gemm, threads, std::max(3, o.repeats / 2), rep);
+  const double bf16_tflops =
+      measure_onednn_bf16_tflops(o.gemm, threads, std::max(3, o.repeats / 2), rep);
   const double ridge = bf16_tflops * 1e12 / (mem_gbps * 1e9);  // FLOP per byte
   {
     std::ostringstream ss;
