@@ -582,3 +582,33 @@ TEST_CASE("strata batch under mpirun -np 2: shards, merge in input order, a dead
     CHECK(slurp(d / "dead-merged.jsonl") == want);
   }
 }
+
+TEST_CASE("strata batch: progress as log lines, as a bar, and a final summary", "[tools][batch]") {
+  const fs::path m = tiny_model();
+  const fs::path d = strata::test::scratch_dir("batch_progress");
+  std::string in;
+  for (int k = 0; k < 3; ++k)
+    in += request("p" + std::to_string(k),
+                  {{"prompt", {1 + k, 2, 3}}, {"max_tokens", 3}, {"temperature", 0}}) +
+          "\n";
+  write_file(d / "in.jsonl", in);
+  const std::string base = "batch -m " + m.string() + " --input " + (d / "in.jsonl").string() +
+                           " --device cpu --slots 2 --output ";
+  const auto log = run_cli(base + (d / "a.jsonl").string() + " --progress log --log-every 0");
+  REQUIRE(log.status == 0);
+  CHECK(log.out.find("strata batch: 0/3 docs") != std::string::npos);  // after the first step
+  CHECK(log.out.find("strata batch: 3/3 docs") != std::string::npos);
+  CHECK(log.out.find("ETA") != std::string::npos);
+  CHECK(log.out.find("\r") == std::string::npos);  // plain lines when not a bar
+  // The summary: results, rates, in flight.
+  CHECK(log.out.find("3 results this run (3 generated, 0 error records), 3/3 answered") !=
+        std::string::npos);
+  CHECK(log.out.find("docs/s, prompt") != std::string::npos);
+  CHECK(log.out.find("at most 2 in flight") != std::string::npos);
+  const auto bar = run_cli(base + (d / "b.jsonl").string() + " --progress bar");
+  REQUIRE(bar.status == 0);
+  CHECK(bar.out.find("\r\033[K[########################] 3/3 docs") != std::string::npos);
+  const auto none = run_cli(base + (d / "c.jsonl").string() + " --progress none");
+  CHECK(none.out.find("docs, prompt") == std::string::npos);
+  CHECK(run_cli(base + (d / "e.jsonl").string() + " --progress fancy").status == 1);
+}
