@@ -96,6 +96,9 @@ class Backend {
   virtual void commit_step(const StepShape& s) = 0;
   // The most rows one step may hold (callers split longer prompts into chunks).
   virtual int64_t max_step_rows() const { return INT64_MAX; }
+  // The most positions one slot can hold (backends that size their state up front); callers refuse
+  // longer sequences before they start.
+  virtual int64_t max_context() const { return INT64_MAX; }
 
   // Sublayers (spec/model.md §2.2). Shapes: x, out [rows, D] unless stated.
   virtual void embed(std::span<const int32_t> ids, Act out) = 0;  // ids validated by the caller

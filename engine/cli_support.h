@@ -96,4 +96,7 @@ uint64_t peak_rss_bytes();
 // tells a slow run from a starved one on a shared machine.
 double process_cpu_seconds();
 
+// /proc/meminfo's MemAvailable, bytes (0 when unreadable).
+uint64_t available_memory_bytes();
+
 }  // namespace strata::engine

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
   Act alloc(int64_t rows, int64_t cols) override;
   void commit_step(const StepShape& s) override;
   int64_t max_step_rows() const override { return cuda_.max_step_rows; }
+  int64_t max_context() const override { return cuda_.max_context; }
 
   void embed(std::span<const int32_t> ids, Act out) override;
   void mix(int layer, MixSite site, std::span<const Act> sources, Act out) override;

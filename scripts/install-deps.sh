@@ -5,9 +5,11 @@
 set -euo pipefail
 # ocl-icd-opencl-dev: oneDNN's CMake package (dnnl-config.cmake) calls find_package(OpenCL REQUIRED),
 # and libdnnl-dev only recommends the OpenCL headers (we install without recommends).
+# libopenmpi-dev + openmpi-bin: `strata batch` under mpirun (optional at build time, tested in CI).
 pkgs=(build-essential cmake pkg-config ninja-build git
       liburing-dev libhwloc-dev libtbb-dev libdnnl-dev ocl-icd-opencl-dev catch2
-      nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev)
+      nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -470,9 +470,12 @@ SynthResult synth_checkpoint(const SynthOptions& opt, const fs::path& out_dir,
     if (!opt.preset.empty() || opt.vocab > 0) {
       // Presets take their special ids from the stand-in tokenizer just written.
       const TokenizerFiles tf = load_tokenizer_files(out_dir);
+      // The chat eos, as in the released configs: K3's turn end <|end_of_msg|>
+      // (spec/chat-format.md), Kimi-Linear's <|im_end|>.
+      const std::string chat_eos = cfg.wrapped ? "<|end_of_msg|>" : "<|im_end|>";
       int eos = tf.eos_id;
       for (const auto& [id, text] : tf.specials)
-        if (text == "<|im_end|>") eos = id;  // the chat eos, as in the released configs
+        if (text == chat_eos) eos = id;
       for (ojson* o : {&j, &t}) {
         (*o)["bos_token_id"] = tf.bos_id;
         (*o)["eos_token_id"] = eos;

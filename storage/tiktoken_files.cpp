@@ -368,6 +368,14 @@ std::vector<std::string> standin_vocab(int num_merges) {
   return vocab;
 }
 
+// K3's four chat tokens (spec/chat-format.md); the stand-in tokenizer puts them after the Kimi
+// names.
+const std::vector<std::pair<int, std::string>>& k3_chat_offsets() {
+  static const std::vector<std::pair<int, std::string>> v = {
+      {24, "<|open|>"}, {25, "<|sep|>"}, {26, "<|close|>"}, {27, "<|end_of_msg|>"}};
+  return v;
+}
+
 // Names at the Kimi offsets (golden/tokenizer/README.md §2); other offsets are reserved names.
 const std::vector<std::pair<int, std::string>>& kimi_named_offsets() {
   static const std::vector<std::pair<int, std::string>> v = {
@@ -469,6 +477,9 @@ void write_standin_tokenizer(const fs::path& dir, int vocab_size) {
   const int n = num_mergeable;
   for (int i = 0; i < num_specials; ++i) files.specials[n + i] = reserved_name(n + i);
   for (const auto& [off, name] : kimi_named_offsets()) files.specials[n + off] = name;
+  // K3's chat framing tokens (spec/chat-format.md), at offsets the Kimi list leaves free, so the
+  // chat path (`run --chat`, `batch` chat requests) runs end to end on synthetic checkpoints.
+  for (const auto& [off, name] : k3_chat_offsets()) files.specials[n + off] = name;
   files.specials[n + num_specials - 2] = "[UNK]";
   files.specials[n + num_specials - 1] = "[PAD]";
   files.bos_id = n + 0;

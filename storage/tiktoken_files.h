@@ -45,7 +45,8 @@ void write_tokenizer_files(const std::filesystem::path& dir, const TokenizerFile
 // A valid Kimi-format tokenizer for a synthetic model with vocab_size ids: the 256 single bytes,
 // BPE merges learnt deterministically from a small built-in English/code text (then extended
 // with longer byte strings until the vocabulary is full), and the special tokens at the top
-// ([BOS] [EOS] <|im_end|> ... at offsets +0.., [UNK] [PAD] at the last two ids), so every id the
+// ([BOS] [EOS] <|im_end|> ... at offsets +0.., K3's chat tokens <|open|> <|sep|> <|close|>
+// <|end_of_msg|> at +24..+27, [UNK] [PAD] at the last two ids), so every id the
 // tokenizer can produce is < vocab_size and the tokenizer's vocabulary is exactly vocab_size.
 // vocab_size >= 4096 gets the real 256 specials; smaller vocabularies get vocab_size/8 (at least
 // 32, at most vocab_size-256). Throws strata::Error when vocab_size < 256 + 32.

@@ -16,7 +16,8 @@ namespace strata::tools {
 void add_offload_options(CLI::App& app, engine::OffloadOptions& o);  // offload_options.cpp
 
 // The options of every forward-running command (also used by cmd_run.cpp).
-void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
+// The engine's options (device, numerics, GPU budget, threads), shared with `strata batch`.
+void add_engine_options(CLI::App& app, engine::InspectOptions& o) {
   app.add_option("--device", o.device,
                  "auto (the GPU when present, for bf16 + contract), cpu or gpu")
       ->capture_default_str();
@@ -39,6 +40,10 @@ void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
                  "tokens per GPU step (prefill chunk); longer prompts run in chunks")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "worker threads (0 = all cores)")->capture_default_str();
+}
+
+void add_inspect_options(CLI::App& app, engine::InspectOptions& o) {
+  add_engine_options(app, o);
   app.add_option("--dump", o.dump_dir, "write matching intermediates to DIR/dump.safetensors");
   app.add_option("--dump-sites", o.dump_sites,
                  "regex of site names to dump, e.g. 'blk\\.3\\..*' or 'blk\\.[0-9]+\\.out'")

@@ -2,11 +2,14 @@
 // decode token by token with the sampler; stream text as it is generated; end with a stats line
 // (prompt tokens, prefill and decode tok/s, peak RSS). The prompt is text (-p, tokenized with the
 // checkpoint's tokenizer) or a JSON array of ids (--ids); --print-ids prints the generated ids as
-// one JSON array instead of text.
+// one JSON array instead of text. --chat sends -p as one user message in K3's chat format
+// (engine/chat_format.h) and prints the generated turn as it comes (think channel, framing tags and
+// response channel).
 #include <chrono>
 #include <cstdio>
 #include <optional>
 
+#include "engine/chat_format.h"
 #include "engine/cli_support.h"
 #include "engine/model.h"
 #include "engine/offload_executor.h"
@@ -26,6 +29,8 @@ namespace {
 struct RunOptions {
   std::string model_dir, prompt, ids_file;
   bool print_ids = false, ignore_eos = false;
+  bool chat = false, no_think = false;
+  std::string think_effort = "max";
   int n_predict = 256;
   float temp = 0.7f, top_p = 0.95f;
   int top_k = 0;
@@ -42,6 +47,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int run_generate(const RunOptions& o) {
   if (o.prompt.empty() == o.ids_file.empty())
     throw Error("strata run: give exactly one of -p TEXT or --ids FILE.json");
+  if (o.chat && o.prompt.empty()) throw Error("--chat: needs the user message as -p TEXT");
+  if (!o.chat && (o.no_think || o.think_effort != "max"))
+    throw Error("--no-think / --think-effort: only with --chat");
   if (o.n_predict < 0) throw Error("-n: expected a token count >= 0");
   for (const auto& s : o.stop)
     if (s.empty()) throw Error("--stop: an empty stop string would stop before the first token");
@@ -62,7 +70,23 @@ int run_generate(const RunOptions& o) {
   std::vector<int32_t> prompt;
   if (!o.prompt.empty()) {
     tok = engine::Tokenizer::load(o.model_dir);
-    std::vector<int> enc = tok->encode(o.prompt);
+    std::string text = o.prompt;
+    if (o.chat) {
+      // One user message in K3's chat format (spec/chat-format.md).
+      for (const char* t :
+           {engine::kChatOpen, engine::kChatSep, engine::kChatClose, engine::kChatEndOfMsg})
+        if (tok->special_id(t) < 0)
+          throw Error("--chat: the tokenizer of " + o.model_dir + " has no " + t +
+                      " token (K3's chat format needs <|open|> <|sep|> <|close|> <|end_of_msg|>)");
+      engine::ChatOptions co;
+      co.thinking = !o.no_think;
+      auto effort = engine::parse_thinking_effort(o.think_effort);
+      if (!effort)
+        throw Error("--think-effort '" + o.think_effort + "': expected low, medium, high or max");
+      co.effort = *effort;
+      text = engine::render_chat({{"user", o.prompt, "", ""}}, co);
+    }
+    std::vector<int> enc = tok->encode(text);
     if (enc.empty()) throw Error("-p: empty prompt (no tokens)");
     for (int id : enc) {
       if (id >= c.vocab_size)
@@ -100,7 +124,9 @@ int run_generate(const RunOptions& o) {
   stop.stop_strings = o.stop;
   if (!o.ignore_eos) {
     if (c.eos_token_id >= 0) stop.eos_ids.push_back(c.eos_token_id);
-    if (tok && tok->eos_id() >= 0 && tok->eos_id() != c.eos_token_id)
+    // A chat turn ends only at the model's eos (<|end_of_msg|> for K3); the tokenizer's [EOS]
+    // ends documents (spec/chat-format.md).
+    if (!o.chat && tok && tok->eos_id() >= 0 && tok->eos_id() != c.eos_token_id)
       stop.eos_ids.push_back(tok->eos_id());
   }
   size_t max_stop = 0;
@@ -207,6 +233,13 @@ STRATA_COMMAND(
       app.add_option("--seed", o->seed, "sampling seed")->capture_default_str();
       app.add_option("--stop", o->stop, "stop string (repeatable)");
       app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at the EOS token");
+      app.add_flag("--chat", o->chat,
+                   "send -p as one user message in K3's chat format (thinking on by default)");
+      app.add_flag("--no-think", o->no_think,
+                   "--chat: thinking off (the reply starts in the "
+                   "response channel)");
+      app.add_option("--think-effort", o->think_effort, "--chat: low|medium|high|max")
+          ->capture_default_str();
       add_inspect_options(app, o->inspect);
       add_offload_options(app, o->offload);
       return [o] { return run_generate(*o); };
