@@ -17,9 +17,10 @@ using namespace strata::test::cuda_checks;
 
 namespace {
 
-const std::filesystem::path& mini() {
-  static std::filesystem::path dir = [] {
-    std::filesystem::path d = test::scratch_dir("gpu_k3_mini");
+// Each case synthesizes into its own directory: ctest runs cases as parallel processes.
+const std::filesystem::path& mini(const std::string& name) {
+  static std::filesystem::path dir = [&] {
+    std::filesystem::path d = test::scratch_dir("gpu_k3_mini_" + name);
     SynthOptions o;
     o.preset = "k3-mini";
     o.tokenizer = false;
@@ -41,14 +42,14 @@ const std::filesystem::path& mini() {
 TEST_CASE("cuda backend: every layer matches the CPU bf16 reference on the same input",
           "[gpu][engine]") {
   test::skip_without_gpu();
-  auto model = Model::load(mini());
+  auto model = Model::load(mini("layers"));
   check_layers(*model, "k3-mini", 24, 3e-2);
 }
 
 TEST_CASE("cuda backend: end to end with replayed routing, and placement invariance",
           "[gpu][engine]") {
   test::skip_without_gpu();
-  auto model = Model::load(mini());
+  auto model = Model::load(mini("e2e"));
   const Reference ref = reference_run(*model, 40, 16);
   check_replay(*model, "k3-mini", ref, 0.15);
   check_placements(*model, "k3-mini", ref, 64);
@@ -57,7 +58,7 @@ TEST_CASE("cuda backend: end to end with replayed routing, and placement invaria
 TEST_CASE("cuda backend: several sequences per step give each sequence its own logits",
           "[gpu][engine]") {
   test::skip_without_gpu();
-  auto model = Model::load(mini());
+  auto model = Model::load(mini("slots"));
   CudaBackend gb(*model, bf16_contract(), quiet(-1, 3));
   Schedule s(gb, model->config());
   const int V = model->config().vocab_size;
@@ -82,7 +83,7 @@ TEST_CASE("cuda backend: several sequences per step give each sequence its own l
 
 TEST_CASE("cuda backend: refusals name the reason", "[gpu][engine]") {
   test::skip_without_gpu();
-  auto model = Model::load(mini());
+  auto model = Model::load(mini("refusals"));
   BackendOptions fp32;
   CHECK_THROWS_WITH(CudaBackend(*model, fp32, CudaBackendOptions{}),
                     Catch::Contains("CPU reference"));

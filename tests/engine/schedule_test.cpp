@@ -17,9 +17,10 @@ using namespace strata;
 using namespace strata::engine;
 
 namespace {
-std::filesystem::path tiny_model() {
-  static std::filesystem::path dir = [] {
-    std::filesystem::path d = test::scratch_dir("schedule_k3_tiny");
+// Each case synthesizes into its own directory: ctest runs cases as parallel processes.
+std::filesystem::path tiny_model(const std::string& name) {
+  static std::filesystem::path dir = [&] {
+    std::filesystem::path d = test::scratch_dir("schedule_k3_tiny_" + name);
     SynthOptions o;
     o.preset = "k3-tiny";
     o.tokenizer = false;
@@ -32,7 +33,7 @@ std::filesystem::path tiny_model() {
 
 TEST_CASE("schedule: a sequence's logits do not depend on the sequences sharing its step",
           "[engine][schedule]") {
-  auto model = Model::load(tiny_model());
+  auto model = Model::load(tiny_model("steps"));
   const std::vector<int32_t> a = {5, 17, 300, 2, 999, 41, 7};
   const std::vector<int32_t> b = {12, 88, 640};
   const int32_t a_next = 77, b_next = 3;
@@ -86,7 +87,7 @@ TEST_CASE("schedule: a sequence's logits do not depend on the sequences sharing 
 
 TEST_CASE("schedule: bad slots and token ids are refused with a clear error",
           "[engine][schedule]") {
-  auto model = Model::load(tiny_model());
+  auto model = Model::load(tiny_model("refusals"));
   CpuRefBackend be(*model, BackendOptions{}, 2);
   Schedule s(be, model->config());
   const std::vector<int32_t> ok = {1, 2}, bad = {1, 5000};
