@@ -39,8 +39,9 @@ struct InspectOptions {
   std::string gpu_experts;  // share of routed experts in the GPU cache ("10%", "0.1"); empty: fit
   int64_t max_context = 8192;
   int64_t max_step_rows = 512;
-  std::string hardware;  // a `strata bench hw --save` profile for the cost model's decisions
-  int threads = 0;       // 0: all cores
+  std::string hardware;         // a `strata bench hw --save` profile for the cost model's decisions
+  bool no_cuda_graphs = false;  // decode steps with eager launches (for comparisons)
+  int threads = 0;              // 0: all cores
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;
   std::string record_routing, replay_routing;

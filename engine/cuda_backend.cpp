@@ -16,7 +16,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include <tbb/parallel_for.h>
@@ -187,6 +189,24 @@ struct CudaBackend::Impl {
     rt::pinned_free(pinned);
     if (copy_stream) rt::stream_destroy(copy_stream);
     if (stream) rt::stream_destroy(stream);
+  }
+};
+
+// CUDA graphs of decode steps, per step shape (engine/cuda_backend.h, cuda_graphs).
+struct CudaBackend::Graphs {
+  struct Entry {
+    std::vector<void*> segments;  // executable graphs, in step order
+    bool complete = false;
+  };
+  std::map<std::string, Entry> by_shape;
+  std::deque<std::string> order;  // insertion order, for the bound
+  static constexpr size_t kMaxShapes = 64;
+  Entry* entry = nullptr;  // this step's (nullptr: eager step)
+  bool replaying = false, in_segment = false;
+  size_t next = 0;
+  ~Graphs() {
+    for (auto& [k, e] : by_shape)
+      for (void* g : e.segments) rt::graph_destroy(g);
   }
 };
 
@@ -600,6 +620,7 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   if (opt_.wrap_executor) im.cpu_executor = opt_.wrap_executor(std::move(im.cpu_executor));
   for (int s = 0; s < cuda_.slots; ++s) reset_slot(s);
   check(rt::stream_sync(im.stream), "start-up");
+  graphs_ = std::make_unique<Graphs>();
   name_ = "cuda bf16, experts contract (" + std::to_string(im.resident) + " of " +
           std::to_string(n_routed) + " routed experts in the GPU cache)";
 }
@@ -646,17 +667,18 @@ int CudaBackend::stage_threshold() {
 
 std::string CudaBackend::telemetry_line() const {
   const double pairs = double(tel_.gpu_expert_pairs + tel_.cpu_expert_pairs);
-  char b[400];
+  char b[640];
   std::snprintf(b, sizeof b,
                 "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
                 "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
-                "%.3f s | H2D %.3f GB, D2H %.3f GB",
+                "%.3f s | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu captured, %llu launched",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
                 (unsigned long long)tel_.staged_experts, (unsigned long long)tel_.staged_pairs,
                 tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.h2d_bytes / 1e9,
-                tel_.d2h_bytes / 1e9);
+                tel_.d2h_bytes / 1e9, (unsigned long long)tel_.graph_captures,
+                (unsigned long long)tel_.graph_launches);
   return b;
 }
 
@@ -696,6 +718,62 @@ void CudaBackend::begin_step(const StepShape& s) {
                   std::to_string(cuda_.max_context));
   impl_->arena.used = 0;
   ++tel_.steps;
+  // Decode steps run from CUDA graphs, one set per step shape.
+  Graphs& g = *graphs_;
+  g.entry = nullptr;
+  g.replaying = g.in_segment = false;
+  g.next = 0;
+  bool decode = cuda_.cuda_graphs;
+  for (const SeqSpan& q : s.seqs) decode = decode && q.T == 1;
+  if (!decode) return;
+  std::string key = std::to_string(s.rows);
+  for (const SeqSpan& q : s.seqs) key += "," + std::to_string(q.slot);
+  auto it = g.by_shape.find(key);
+  if (it != g.by_shape.end() && !it->second.complete) {  // an earlier capture did not finish
+    for (void* x : it->second.segments) rt::graph_destroy(x);
+    g.by_shape.erase(it);
+    it = g.by_shape.end();
+  }
+  if (it == g.by_shape.end()) {
+    if (g.by_shape.size() >= Graphs::kMaxShapes) {  // bounded: drop the oldest shape
+      auto old = g.by_shape.find(g.order.front());
+      for (void* x : old->second.segments) rt::graph_destroy(x);
+      g.by_shape.erase(old);
+      g.order.pop_front();
+    }
+    g.entry = &g.by_shape[key];
+    g.order.push_back(key);
+  } else {
+    g.entry = &it->second;
+    g.replaying = true;
+  }
+}
+
+bool CudaBackend::graphable() {
+  Graphs& g = *graphs_;
+  if (!g.entry) return true;
+  if (!g.in_segment) {
+    g.in_segment = true;
+    if (!g.replaying) check(rt::begin_capture(impl_->stream), "CUDA graph capture");
+  }
+  return !g.replaying;
+}
+
+void CudaBackend::eager_point() {
+  Graphs& g = *graphs_;
+  if (!g.entry || !g.in_segment) return;
+  g.in_segment = false;
+  void* exec = nullptr;
+  if (g.replaying) {
+    STRATA_ASSERT(g.next < g.entry->segments.size());  // the same shape takes the same path
+    exec = g.entry->segments[g.next++];
+  } else {
+    check(rt::end_capture(impl_->stream, &exec), "CUDA graph capture");
+    g.entry->segments.push_back(exec);
+    ++tel_.graph_captures;
+  }
+  check(rt::graph_launch(exec, impl_->stream), "CUDA graph launch");
+  ++tel_.graph_launches;
 }
 
 Act CudaBackend::alloc(int64_t rows, int64_t cols) {
@@ -705,18 +783,28 @@ Act CudaBackend::alloc(int64_t rows, int64_t cols) {
 }
 
 void CudaBackend::commit_step(const StepShape& s) {
+  eager_point();
+  Graphs& g = *graphs_;
+  if (g.entry) {
+    if (g.replaying) STRATA_ASSERT(g.next == g.entry->segments.size());
+    g.entry->complete = true;
+    g.entry = nullptr;
+  }
   for (const SeqSpan& q : s.seqs) pos_[size_t(q.slot)] += q.T;
 }
 
 void CudaBackend::to_host(Act a, float* dst) {
+  eager_point();
   check(rt::copy_async(dst, a.data, size_t(a.size()) * 4, impl_->stream), "download");
   check(rt::stream_sync(impl_->stream), "download");
 }
 void CudaBackend::from_host(const float* src, Act a) {
+  eager_point();
   check(rt::copy_async(a.data, src, size_t(a.size()) * 4, impl_->stream), "upload");
   check(rt::stream_sync(impl_->stream), "upload");
 }
 void CudaBackend::copy(Act src, Act dst) {
+  if (!graphable()) return;
   check(rt::copy_async(dst.data, src.data, size_t(src.size()) * 4, impl_->stream), "copy");
 }
 
@@ -736,18 +824,20 @@ struct Scratch {
 
 void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
   Impl& im = *impl_;
+  // The ids go through pinned memory (a fixed address, so a replayed graph's copy reads this
+  // step's ids); nothing writes that staging again before the next routing synchronisation.
+  std::memcpy(im.pinned, ids.data(), ids.size() * 4);
+  if (!graphable()) return;
   Scratch sc(im.arena);
   auto* d_ids = sc.take<int32_t>(int64_t(ids.size()), "ids");
-  std::memcpy(im.pinned, ids.data(), ids.size() * 4);
   check(rt::copy_async(d_ids, im.pinned, ids.size() * 4, im.stream), "ids upload");
   check(kops::embedding_gather(im.embed.p, c_.vocab_size, c_.hidden_size, d_ids,
                                int64_t(ids.size()), out.data, im.stream),
         "embedding_gather");
-  // The pinned ids must stay until the copy ran (the next use of the staging waits for it).
-  check(rt::stream_sync(im.stream), "embed");
 }
 
 void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
+  if (!graphable()) return;
   Impl& im = *impl_;
   kops::AttnResSources src;
   STRATA_ASSERT(int(sources.size()) <= kops::kMaxAttnResSources);
@@ -766,6 +856,7 @@ void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act
 }
 
 void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
+  if (!graphable()) return;
   Impl& im = *impl_;
   const float* w = site == NormSite::final   ? im.final_norm.p
                    : site == NormSite::input ? im.layers[size_t(layer)].input_norm.p
@@ -775,6 +866,7 @@ void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
 }
 
 void CudaBackend::add(Act acc, Act b) {
+  if (!graphable()) return;
   check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
 }
 
@@ -816,6 +908,7 @@ void mlp(CudaBackend::Impl& im, const MlpDev& w, const kops::GluParams& act, con
 }  // namespace
 
 void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
+  eager_point();
   Impl& im = *impl_;
   Scratch sc(im.arena);
   const int64_t D = c_.hidden_size, V = c_.vocab_size, n = int64_t(rows.size());
@@ -840,6 +933,13 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
 // Token mixers
 
 void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
+  // KDA has no position-dependent host arguments: a graph segment. MLA's cache positions and
+  // lengths are host arguments of its launchers: eager.
+  if (c_.is_kda(l)) {
+    if (!graphable()) return;
+  } else {
+    eager_point();
+  }
   Impl& im = *impl_;
   LayerDev& d = im.layers[size_t(l)];
   Scratch sc(im.arena);
@@ -990,9 +1090,10 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   LayerDev& d = im.layers[size_t(l)];
   const int64_t T = x.rows, D = c_.hidden_size;
   const kops::GluParams act = glu_params(model_.glu());
-  Scratch sc(im.arena);
-  uint16_t* xb = to_bf16(im, sc, x.data, T * D);
-  if (!c_.is_moe(l)) {
+  if (!c_.is_moe(l)) {  // dense MLP: one graph segment in decode
+    if (!graphable()) return;
+    Scratch sc(im.arena);
+    uint16_t* xb = to_bf16(im, sc, x.data, T * D);
     mlp(im, d.dense, act, xb, out.data, T);
     return;
   }
@@ -1005,12 +1106,28 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     to_host(x, xh.data());
     opt_.on_moe_input(l, xh.data(), T);
   }
-  // 1. Router (fp32 logits of the bf16 input, never rounded), top-k on the device; latent input.
+  // Every buffer of fixed size first, in a fixed order, so a decode step's graph segments (A:
+  // router to the host copies; C: merge to the residual input) see the same addresses every
+  // step; the lists whose sizes the routing decides come after (B, eager).
+  Scratch sc(im.arena);
+  const int64_t P = T * K;
+  auto* xb = sc.take<uint16_t>(T * D, "bf16 input");
   auto* logits = sc.take<float>(T * E, "router logits");
-  check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),
-        "router GEMM");
   auto* ids = sc.take<int32_t>(T * K, "ids");
   auto* wts = sc.take<float>(T * K, "weights");
+  float* z = mo.latent_size > 0 ? sc.take<float>(T * L, "latent") : x.data;
+  auto* ybuf = sc.take<float>(P * L, "expert outputs");
+  auto* d_toff = sc.take<int32_t>(T + 1, "token offsets");
+  auto* d_pair = sc.take<int32_t>(P, "pairs");
+  auto* d_mw = sc.take<float>(P, "merge weights");
+  auto* acc = sc.take<float>(T * L, "merge");
+  auto* accb = mo.latent_size > 0 ? sc.take<uint16_t>(T * L, "bf16 merge") : nullptr;
+  float* shared = w.has_shared ? sc.take<float>(T * D, "shared") : nullptr;
+  const size_t wsb = kernels::moe::experts_workspace_bytes(int(T), int(P), int(L), int(I));
+  void* wsp = sc.take<uint8_t>(int64_t(wsb), "expert workspace");
+  // In decode with graphs the shared experts run in segment C; otherwise beside the CPU experts.
+  const bool shared_late = graphs_->entry != nullptr;
+  // 1. Router (fp32 logits of the bf16 input, never rounded), top-k on the device; latent input.
   kops::RouterParams rp;
   rp.E = int(E);
   rp.topk = int(K);
@@ -1019,13 +1136,6 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   rp.renormalize = mo.renormalize;
   rp.scaling = mo.routed_scaling_factor;
   rp.bias = w.bias.p;
-  check(kops::route(logits, rp, ids, wts, T, im.stream), "route");
-  float* z = x.data;
-  if (mo.latent_size > 0) {
-    z = sc.take<float>(T * L, "latent");
-    gemm_f32(im, xb, w.latent_down, z, T);
-  }
-  // 2. Ids, weights and the expert input to the host (pinned staging).
   char* pin = im.pinned;
   auto* h_ids = reinterpret_cast<int32_t*>(pin);
   pin += align_up(size_t(T * K) * 4);
@@ -1033,9 +1143,18 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   pin += align_up(size_t(T * K) * 4);
   auto* h_z = reinterpret_cast<float*>(pin);
   pin += align_up(size_t(T * L) * 4);
-  check(rt::copy_async(h_ids, ids, size_t(T * K) * 4, im.stream), "ids download");
-  check(rt::copy_async(h_w, wts, size_t(T * K) * 4, im.stream), "weights download");
-  check(rt::copy_async(h_z, z, size_t(T * L) * 4, im.stream), "latent download");
+  if (graphable()) {
+    check(kops::f32_to_bf16(x.data, xb, T * D, im.stream), "f32_to_bf16");
+    check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),
+          "router GEMM");
+    check(kops::route(logits, rp, ids, wts, T, im.stream), "route");
+    if (mo.latent_size > 0) gemm_f32(im, xb, w.latent_down, z, T);
+    // 2. Ids, weights and the expert input to the host (pinned staging).
+    check(rt::copy_async(h_ids, ids, size_t(T * K) * 4, im.stream), "ids download");
+    check(rt::copy_async(h_w, wts, size_t(T * K) * 4, im.stream), "weights download");
+    check(rt::copy_async(h_z, z, size_t(T * L) * 4, im.stream), "latent download");
+  }
+  eager_point();
   double t0 = now_s();
   check(rt::stream_sync(im.stream), "routing");
   tel_.sync_wait_s += now_s() - t0;
@@ -1103,16 +1222,9 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   auto* h_ycpu = reinterpret_cast<float*>(pin);
   pin += align_up(size_t(Pc) * size_t(L) * 4);
   // 4. Device: the lists, the resident experts, the staged rounds, the shared experts.
-  const int64_t P = T * K;
-  auto* ybuf = sc.take<float>(P * L, "expert outputs");
-  auto* d_toff = sc.take<int32_t>(T + 1, "token offsets");
-  auto* d_pair = sc.take<int32_t>(P, "pairs");
-  auto* d_mw = sc.take<float>(P, "merge weights");
   check(rt::copy_async(d_toff, h_toff, size_t(T + 1) * 4, im.stream), "upload");
   check(rt::copy_async(d_pair, h_pair, size_t(P) * 4, im.stream), "upload");
   check(rt::copy_async(d_mw, h_mw, size_t(P) * 4, im.stream), "upload");
-  const size_t wsb = kernels::moe::experts_workspace_bytes(int(T), int(P), int(L), int(I));
-  void* wsp = sc.take<uint8_t>(int64_t(wsb), "expert workspace");
   const auto glu = model_.glu();
   // One grouped launch over `groups` (views in device memory at `views`), writing pair rows
   // pair0 … of ybuf. Lists go through pinned memory that stays untouched until the launch ran
@@ -1204,11 +1316,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     });
     check(rt::event_record(im.half_free[h], im.stream), "staging");
   }
-  float* shared = nullptr;
-  if (w.has_shared) {
-    shared = sc.take<float>(T * D, "shared");
-    mlp(im, w.shared, act, xb, shared, T);
-  }
+  if (shared && !shared_late) mlp(im, w.shared, act, xb, shared, T);
   tel_.h2d_bytes += double(P * 12);
   // 5. Host: the experts that missed the GPU cache, computed while the GPU runs the above.
   if (Pc > 0) {
@@ -1227,7 +1335,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     tel_.h2d_bytes += double(Pc) * double(L) * 4;
   }
   // 6. Merge in expert-id order, one rounding; latent norm and up-projection; shared experts.
-  auto* acc = sc.take<float>(T * L, "merge");
+  if (!graphable()) return;
+  if (shared && shared_late) mlp(im, w.shared, act, xb, shared, T);
   check(kernels::moe::merge_weighted(ybuf, d_toff, d_pair, d_mw, acc, int(T), int(L), im.stream),
         "merge");
   check(kops::round_bf16_inplace(acc, T * L, im.stream), "round merge");
@@ -1235,8 +1344,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     if (mo.latent_norm)
       check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream),
             "latent norm");
-    uint16_t* ab = to_bf16(im, sc, acc, T * L);
-    gemm_f32(im, ab, w.latent_up, out.data, T);
+    check(kops::f32_to_bf16(acc, accb, T * L, im.stream), "f32_to_bf16");
+    gemm_f32(im, accb, w.latent_up, out.data, T);
   } else {
     check(rt::copy_async(out.data, acc, size_t(T * D) * 4, im.stream), "copy");
   }

@@ -40,6 +40,10 @@ struct CudaBackendOptions {
   int stage_threshold = 0;
   std::string hardware_file;
   int stage_slots = 32;  // experts per staging round (two rounds in flight: 2× this many slots)
+  // Decode steps (every sequence one token) run from CUDA graphs: the launches between host
+  // decisions (MLA's positions, a MoE layer's routing on the host, the logits) are captured once
+  // per step shape (rows and slots) and replayed afterwards.
+  bool cuda_graphs = true;
 };
 
 // Step telemetry (summed over steps; reset by the caller reading it).
@@ -49,8 +53,9 @@ struct CudaTelemetry {
   double cpu_expert_s = 0;                              // host time in CPU expert kernels
   double sync_wait_s = 0;                               // host time waiting for the GPU
   double h2d_bytes = 0, d2h_bytes = 0;
-  uint64_t staged_experts = 0, staged_pairs = 0;  // prefill staging host → GPU
-  double stage_copy_s = 0;                        // host time copying experts into pinned slots
+  uint64_t staged_experts = 0, staged_pairs = 0;    // prefill staging host → GPU
+  double stage_copy_s = 0;                          // host time copying experts into pinned slots
+  uint64_t graph_captures = 0, graph_launches = 0;  // CUDA graph segments captured / replayed
   uint64_t steps = 0;
 };
 
@@ -96,6 +101,7 @@ class CudaBackend final : public Backend {
   std::string telemetry_line() const override;
 
   struct Impl;
+  struct Graphs;
 
   // The prefill staging threshold in use (resolving it on first call; see CudaBackendOptions).
   int stage_threshold();
@@ -111,6 +117,12 @@ class CudaBackend final : public Backend {
   const Trace* trace_ = nullptr;
   CudaTelemetry tel_;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Graphs> graphs_;
+  // Graph segments: graphable() opens (or, when replaying, skips) a segment and says whether the
+  // caller issues its launches; eager_point() closes the open segment (capture: end, keep and
+  // launch it; replay: launch the kept one) before host-dependent work.
+  bool graphable();
+  void eager_point();
 };
 
 }  // namespace strata::engine

@@ -33,6 +33,8 @@ void add_engine_options(CLI::App& app, engine::InspectOptions& o) {
                  "default: as many as the budget holds)");
   app.add_option("--max-context", o.max_context, "positions per sequence the GPU state holds")
       ->capture_default_str();
+  app.add_flag("--no-cuda-graphs", o.no_cuda_graphs,
+               "GPU decode steps launch kernel by kernel instead of replaying CUDA graphs");
   app.add_option("--hardware", o.hardware,
                  "hardware profile (strata bench hw --save) for the cost model's decisions (the "
                  "prefill staging threshold); default: measured when first needed");

@@ -18,6 +18,7 @@
 #include "engine/cuda_backend.h"
 #include "engine/model.h"
 #include "engine/offload_executor.h"
+#include "engine/schedule.h"
 #include "engine/session.h"
 #include "kernels/runtime.h"
 
@@ -219,6 +220,42 @@ inline void check_placements(const Model& model, const std::string& what, const 
       CHECK(same == logits.size());  // bit for bit at every step
     }
   }
+}
+
+// CUDA graphs (decode steps captured per shape and replayed) change nothing: the same kernels in
+// the same order, so the logits of 16 decode steps of one sequence, and of two sequences sharing
+// each step, are bitwise those of eager launches; and the graphs were used.
+inline void check_graphs(const Model& model, const std::string& what, const Reference& ref,
+                         double gpu_share) {
+  std::vector<std::vector<float>> runs[2];
+  uint64_t launches[2] = {0, 0};
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    CudaBackendOptions co = quiet(gpu_share, 2);
+    co.cuda_graphs = graphs == 1;
+    CudaBackend gb(model, bf16_contract(), co);
+    Schedule sched(gb, model.config());
+    std::vector<SeqChunk> pre = {{0, ref.ids, true, false}, {1, ref.ids, true, false}};
+    runs[graphs].push_back(sched.step(pre)[0]);
+    for (size_t i = 0; i < ref.tokens.size(); ++i) {
+      SeqChunk one{0, std::span(&ref.tokens[i], 1), true, false};
+      runs[graphs].push_back(sched.step(std::span(&one, 1))[0]);
+      std::vector<SeqChunk> two = {{0, std::span(&ref.tokens[i], 1), true, false},
+                                   {1, std::span(&ref.tokens[i], 1), true, false}};
+      for (auto& l : sched.step(two)) runs[graphs].push_back(l);
+    }
+    launches[graphs] = gb.telemetry().graph_launches;
+  }
+  INFO(what << ": CUDA graphs against eager launches");
+  CHECK(launches[0] == 0);
+  CHECK(launches[1] > 2 * ref.tokens.size());  // segments of every decode step were replayed
+  REQUIRE(runs[0].size() == runs[1].size());
+  size_t same = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) same += runs[0][i] == runs[1][i] ? 1 : 0;
+  CHECK(same == runs[0].size());
+  std::printf(
+      "[cuda backend %s] CUDA graphs: %llu segment launches, %zu of %zu logits rows "
+      "bitwise equal to eager\n",
+      what.c_str(), (unsigned long long)launches[1], same, runs[0].size());
 }
 
 }  // namespace strata::test::cuda_checks

@@ -45,4 +45,5 @@ TEST_CASE("cuda backend at K3 widths: layers, replayed routing, placement invari
   const Reference ref = reference_run(*model, 12, 16);
   check_replay(*model, "k3-slice", ref, 0.15);
   check_placements(*model, "k3-slice", ref, 64);
+  check_graphs(*model, "k3-slice, 10% GPU", ref, 0.1);
 }

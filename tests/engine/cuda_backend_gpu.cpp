@@ -53,6 +53,8 @@ TEST_CASE("cuda backend: end to end with replayed routing, and placement invaria
   const Reference ref = reference_run(*model, 40, 16);
   check_replay(*model, "k3-mini", ref, 0.15);
   check_placements(*model, "k3-mini", ref, 64);
+  check_graphs(*model, "k3-mini", ref, 1.0);
+  check_graphs(*model, "k3-mini, 10% GPU", ref, 0.1);
 }
 
 TEST_CASE("cuda backend: several sequences per step give each sequence its own logits",
