@@ -57,6 +57,11 @@ std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_
   return ids;
 }
 
+void check_device(const std::string& d) {
+  if (d != "auto" && d != "cpu" && d != "cpu-ref" && d != "gpu")
+    throw Error("--device: expected auto, cpu, cpu-ref or gpu, got '" + d + "'");
+}
+
 int check_thread_count(const std::string& flag, int n) {
   const int hw = std::max(1, int(std::thread::hardware_concurrency()));
   if (n < 0 || n > hw)
@@ -70,8 +75,7 @@ void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
                        std::vector<std::pair<std::string, std::string>> outputs) {
   parse_precision(o.precision);
   if (o.experts_numerics != "auto") parse_expert_numerics(o.experts_numerics);
-  if (o.device != "auto" && o.device != "cpu" && o.device != "gpu")
-    throw Error("--device: expected auto, cpu or gpu, got '" + o.device + "'");
+  check_device(o.device);
   check_thread_count("--threads", o.threads);
   if (o.stop_after_layer < -1)
     throw Error("--stop-after-layer " + std::to_string(o.stop_after_layer) +
@@ -117,8 +121,7 @@ SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c, Positi
         c.moe.mxfp4 || c.num_moe_layers() == 0 ? ExpertNumerics::contract : ExpertNumerics::exact;
   else
     opt_.experts = parse_expert_numerics(o.experts_numerics);
-  if (o.device != "auto" && o.device != "cpu" && o.device != "gpu")
-    throw Error("--device: expected auto, cpu or gpu, got '" + o.device + "'");
+  check_device(o.device);
   check_thread_count("--threads", o.threads);
   num_threads_ = o.threads > 0 ? o.threads : int(tbb::info::default_concurrency());
   if (o.threads > 0)
@@ -192,7 +195,10 @@ std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const Sessio
       device_line_ = std::string("GPU not used (") + e.what() + "); running on the CPU";
     }
   }
-  // The CPU: the fast backend for bf16 + contract, the reference (the oracle) for fp32 or exact.
+  // cpu-ref: the reference backend in any precision (every row computed alone in a fixed order, so
+  // a sequence's bits do not depend on the others in its step). cpu: the fast backend for bf16 +
+  // contract (its GEMV/oneDNN choice follows the rows of a step), the reference for fp32 or exact.
+  if (in_.device == "cpu-ref") return std::make_unique<CpuRefBackend>(m, so.backend(), slots);
   return make_cpu_backend(m, so.backend(), slots);
 }
 

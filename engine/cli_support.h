@@ -27,6 +27,8 @@ std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_
 // --threads N: 0 (all) or 1..the hardware threads of this machine; more workers than hardware
 // threads only adds switching. Throws strata::Error naming `flag` and the limit. Returns N.
 int check_thread_count(const std::string& flag, int n);
+// --device: auto, cpu, cpu-ref or gpu (throws strata::Error naming the flag otherwise).
+void check_device(const std::string& d);
 
 // The options every forward-running command accepts, as parsed by CLI11.
 struct InspectOptions {

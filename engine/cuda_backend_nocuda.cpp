@@ -7,6 +7,7 @@
 namespace strata::engine {
 
 struct CudaBackend::Impl {};
+struct CudaBackend::Graphs {};
 
 CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackendOptions cuda)
     : model_(model), c_(model.config()), opt_(std::move(options)), cuda_(cuda) {

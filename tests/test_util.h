@@ -2,7 +2,11 @@
 // and need_shared(), which skips (or, under STRATA_REQUIRE_SHARED=1, fails) a case whose data
 // under ../shared is absent.
 #pragma once
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <array>
 #include <catch2/catch.hpp>
@@ -54,8 +58,21 @@ inline std::string strata_exe() {
 }
 
 // A fresh scratch directory under the build tree, removed and recreated.
+// A fresh directory for `name`, private to this process: ctest runs the cases of one binary as
+// parallel processes, and a directory shared by name would be removed under a running case.
+// Directories of the same name left by processes that are gone are removed on the way.
 inline std::filesystem::path scratch_dir(const std::string& name) {
-  auto p = std::filesystem::path(STRATA_BINARY_DIR) / "test-scratch" / name;
+  const auto root = std::filesystem::path(STRATA_BINARY_DIR) / "test-scratch";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.size() <= name.size() + 1 || f.compare(0, name.size() + 1, name + ".") != 0) continue;
+    const std::string pid = f.substr(name.size() + 1);
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH)
+      std::filesystem::remove_all(e.path(), ec);
+  }
+  auto p = root / (name + "." + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;

@@ -134,7 +134,7 @@ TEST_CASE("faults: a persistent read error stops the run naming layer, expert, f
   }
 }
 
-TEST_CASE("faults: a slow disk gives the same logits; a stalled one is an error, not a hang",
+TEST_CASE("faults: a slow disk gives the same logits, a stalled one is an error, not a hang",
           "[faults][offload]") {
   auto model = Model::load(copy_model("slow"));
   const std::vector<float> want = logits(*model, {});
@@ -243,7 +243,7 @@ TEST_CASE("faults: SIGBUS from a truncated mapped shard is one line and exit sta
 }
 
 TEST_CASE(
-    "faults: a NaN weight the load scan skips stops the run at its layer and site; "
+    "faults: a NaN weight the load scan skips stops the run at its layer and site, and "
     "--check-weights names it at load",
     "[faults][nan]") {
   const fs::path d = copy_model("nan_big");

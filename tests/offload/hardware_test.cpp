@@ -53,7 +53,8 @@ TEST_CASE("the reference hardware descriptions parse", "[hardware]") {
   CHECK(!a.kernels.cpu_expert.known());  // not stated: the cost model assumes, and says so
 }
 
-TEST_CASE("a profile survives save and load; save never replaces a file unasked", "[hardware]") {
+TEST_CASE("a profile survives save and load, and save never replaces a file unasked",
+          "[hardware]") {
   HardwareProfile hw;
   hw.description = "round trip";
   hw.nodes = 2;

@@ -107,7 +107,7 @@ TEST_CASE("strata batch: records for completions, chat, and bad lines", "[tools]
 
   const auto r =
       run_cli("batch -m " + m.string() + " --input " + (d / "in.jsonl").string() + " --output " +
-              (d / "out.jsonl").string() + " --progress none --device cpu");
+              (d / "out.jsonl").string() + " --progress none --device cpu-ref");
   INFO(r.out);
   REQUIRE(r.status == 0);
   const std::string out = slurp(d / "out.jsonl");
@@ -122,7 +122,7 @@ TEST_CASE("strata batch: records for completions, chat, and bad lines", "[tools]
   CHECK(body["usage"]["prompt_tokens"] == 4);
   CHECK(body["usage"]["completion_tokens"].get<int>() <= 6);
   const auto run = run_cli("run -m " + m.string() + " --ids " + (d / "ids.json").string() +
-                           " --temp 0 -n 6 --device cpu");
+                           " --temp 0 -n 6 --device cpu-ref");
   REQUIRE(run.status == 0);
   const std::string text = body["choices"][0]["text"].get<std::string>();
   CHECK_FALSE(text.empty());
@@ -152,7 +152,7 @@ TEST_CASE("strata batch: records for completions, chat, and bad lines", "[tools]
   CHECK(slurp(d / "out.jsonl") == out);
   const auto resumed =
       run_cli("batch -m " + m.string() + " --input " + (d / "in.jsonl").string() + " --output " +
-              (d / "out.jsonl").string() + " --resume --progress none --device cpu");
+              (d / "out.jsonl").string() + " --resume --progress none --device cpu-ref");
   CHECK(resumed.status == 0);
   CHECK(resumed.out.find("7 already answered") != std::string::npos);
   CHECK(slurp(d / "out.jsonl") == out);
@@ -229,7 +229,7 @@ std::vector<std::string> batch_args(const fs::path& in, const fs::path& out) {
           "--progress",
           "none",
           "--device",
-          "cpu",
+          "cpu-ref",
           "--slots",
           "3",
           "--prefill-chunk",
@@ -593,7 +593,7 @@ TEST_CASE("strata batch: progress as log lines, as a bar, and a final summary", 
           "\n";
   write_file(d / "in.jsonl", in);
   const std::string base = "batch -m " + m.string() + " --input " + (d / "in.jsonl").string() +
-                           " --device cpu --slots 2 --output ";
+                           " --device cpu-ref --slots 2 --output ";
   const auto log = run_cli(base + (d / "a.jsonl").string() + " --progress log --log-every 0");
   REQUIRE(log.status == 0);
   CHECK(log.out.find("strata batch: 0/3 docs") != std::string::npos);  // after the first step

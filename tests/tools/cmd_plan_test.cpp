@@ -129,7 +129,7 @@ TEST_CASE("plan and bench hw: bad input is one line and exit 1", "[plan][cli][er
   }
 }
 
-TEST_CASE("bench hw --quick saves a profile that plan reads; it never replaces one unasked",
+TEST_CASE("bench hw --quick saves a profile that plan reads, and never replaces one unasked",
           "[plan][cli]") {
   const auto dir = strata::test::scratch_dir("cmd_bench_hw");
   const auto r = run_cli("bench hw --quick --no-disk --save " + q(dir / "hw.json"));
