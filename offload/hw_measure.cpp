@@ -528,6 +528,60 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       l.flops = flops;
       emit(l);
     }
+    // The prefill forms: chunked KDA and expanded MLA over a fresh prompt of T tokens.
+    {
+      const int64_t T = o.quick ? 128 : 256, H = 8, K = 128, V = 128;
+      std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
+          v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size()),
+          S(size_t(H * V * K));
+      RateSample s = eff(time_repeats(
+          [&] {
+            arena.arena().execute([&] {
+              std::fill(S.begin(), S.end(), 0.0f);
+              cpu::ref::kda_chunked(q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(),
+                                    out.data(), T, H, K, V, 0.088f, 64);
+            });
+          },
+          reps, 1));
+      const double flops = double(T) * double(H) * (10.0 * 64 * K + 6.0 * K * K);
+      const std::string shape = "T=" + std::to_string(T) + ", 8 x 128 x 128, chunk 64, " + thr;
+      hw.kernels.cpu_kda_ref_prefill_gflops =
+          Rate(flops / s.median_s / 1e9, "measured: cpu::ref::kda_chunked, " + shape + basis);
+      MeasuredLine l =
+          make_line("hw/cpu reference KDA prefill", shape, s, "no peak (reference op)", 0, "");
+      l.flops = flops;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
+    {
+      cpu::ref::MlaDims d;
+      d.H = 8, d.nope = 128, d.rope = 64, d.v = 128, d.kv_lora = 512;
+      const int64_t T = o.quick ? 128 : 256;
+      std::vector<float> q(size_t(T * d.H * d.q_dim()), 0.01f),
+          cache(size_t(T * d.cache_dim()), 0.02f), out(size_t(T * d.H * d.v));
+      std::vector<uint16_t> kvb(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
+      const cpu::ref::WeightView kv_b =
+          cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
+      RateSample s = eff(time_repeats(
+          [&] {
+            arena.arena().execute([&] {
+              cpu::ref::mla_attention_expanded(q.data(), cache.data(), T, kv_b, d, out.data(), T,
+                                               cpu::ref::Precision::fp32);
+            });
+          },
+          reps, 1));
+      const double pairs = double(T) * double(T + 1) / 2;
+      const double flops = 2.0 * double(d.H) * double(d.q_dim() + d.v) * pairs +
+                           2.0 * double(T) * double(d.kv_lora) * double(d.H * (d.nope + d.v));
+      const std::string shape = "T=S=" + std::to_string(T) + ", 8 heads, 512+64, " + thr;
+      hw.kernels.cpu_mla_ref_prefill_gflops = Rate(
+          flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_expanded, " + shape + basis);
+      MeasuredLine l = make_line("hw/cpu reference MLA prefill", shape, s, "no peak (reference op)",
+                                 0, "causal pairs + kv_b expansion counted");
+      l.flops = flops;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
   } else {
     hw.not_measured.push_back("CPU kernel rates: skipped (--no-cpu-kernels)");
   }
