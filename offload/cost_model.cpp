@@ -300,6 +300,8 @@ double CostModel::kda_flops_per_token() const {
 
 double CostModel::kda_prefill_seconds(int64_t tokens) const {
   const double flops = kda_flops_per_token() * double(tokens);
+  if (opt_.trunk == TrunkBackend::cpu_reference && hw_.kernels.cpu_kda_ref_prefill_gflops.known())
+    return flops / (hw_.kernels.cpu_kda_ref_prefill_gflops.value() * 1e9);
   switch (opt_.trunk) {
     case TrunkBackend::gpu: {
       const double rate = hw_.kernels.gpu_kda_prefill_tflops.known()
@@ -348,6 +350,13 @@ double CostModel::mla_prefill_flops(int64_t tokens, int64_t context) const {
 
 double CostModel::mla_prefill_seconds(int64_t tokens, int64_t context) const {
   const double flops = mla_prefill_flops(tokens, context);
+  if (opt_.trunk == TrunkBackend::cpu_reference && hw_.kernels.cpu_mla_ref_prefill_gflops.known()) {
+    // The reference's expanded form also expands every cached position through kv_b.
+    const MlaConfig& m = cfg_.mla;
+    const double expand = 2.0 * double(context + tokens) * m.kv_lora_rank * m.num_heads *
+                          double(m.qk_nope_head_dim + m.v_head_dim) * cfg_.num_mla_layers();
+    return (flops + expand) / (hw_.kernels.cpu_mla_ref_prefill_gflops.value() * 1e9);
+  }
   switch (opt_.trunk) {
     case TrunkBackend::gpu: {
       const double rate = hw_.kernels.gpu_mla_prefill_tflops.known()

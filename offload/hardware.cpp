@@ -278,6 +278,8 @@ json to_json(const HardwareProfile& hw) {
   put(k, "gpu_mla_decode_tflops", hw.kernels.gpu_mla_decode_tflops);
   put(k, "cpu_kda_ref_state_gbps", hw.kernels.cpu_kda_ref_state_gbps);
   put(k, "cpu_mla_ref_gflops", hw.kernels.cpu_mla_ref_gflops);
+  put(k, "cpu_kda_ref_prefill_gflops", hw.kernels.cpu_kda_ref_prefill_gflops);
+  put(k, "cpu_mla_ref_prefill_gflops", hw.kernels.cpu_mla_ref_prefill_gflops);
   j["kernels"] = k;
   if (!hw.not_measured.empty()) j["not_measured"] = hw.not_measured;
   return j;
@@ -355,7 +357,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     rd.only(k, "kernels",
             {"cpu_expert", "gpu_expert", "gpu_trunk", "cpu_trunk_ref", "cpu_trunk_bf16",
              "gpu_kda_prefill_tflops", "gpu_mla_prefill_tflops", "gpu_mla_decode_tflops",
-             "cpu_kda_ref_state_gbps", "cpu_mla_ref_gflops", "comment"});
+             "cpu_kda_ref_state_gbps", "cpu_mla_ref_gflops", "cpu_kda_ref_prefill_gflops",
+             "cpu_mla_ref_prefill_gflops", "comment"});
     hw.kernels.cpu_expert = rd.curve(k, "kernels", "cpu_expert");
     hw.kernels.gpu_expert = rd.curve(k, "kernels", "gpu_expert");
     hw.kernels.gpu_trunk = rd.curve(k, "kernels", "gpu_trunk");
@@ -366,6 +369,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     hw.kernels.gpu_mla_decode_tflops = rd.rate(k, "kernels", "gpu_mla_decode_tflops");
     hw.kernels.cpu_kda_ref_state_gbps = rd.rate(k, "kernels", "cpu_kda_ref_state_gbps");
     hw.kernels.cpu_mla_ref_gflops = rd.rate(k, "kernels", "cpu_mla_ref_gflops");
+    hw.kernels.cpu_kda_ref_prefill_gflops = rd.rate(k, "kernels", "cpu_kda_ref_prefill_gflops");
+    hw.kernels.cpu_mla_ref_prefill_gflops = rd.rate(k, "kernels", "cpu_mla_ref_prefill_gflops");
   }
   if (j.contains("not_measured")) {
     const json& n = j.at("not_measured");
@@ -517,6 +522,8 @@ HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra)
   r(m.kernels.gpu_mla_decode_tflops, extra.kernels.gpu_mla_decode_tflops);
   r(m.kernels.cpu_kda_ref_state_gbps, extra.kernels.cpu_kda_ref_state_gbps);
   r(m.kernels.cpu_mla_ref_gflops, extra.kernels.cpu_mla_ref_gflops);
+  r(m.kernels.cpu_kda_ref_prefill_gflops, extra.kernels.cpu_kda_ref_prefill_gflops);
+  r(m.kernels.cpu_mla_ref_prefill_gflops, extra.kernels.cpu_mla_ref_prefill_gflops);
   return m;
 }
 

@@ -108,6 +108,10 @@ struct KernelRates {
   Rate gpu_mla_decode_tflops;   // kernels/mla decode (absorbed)
   Rate cpu_kda_ref_state_gbps;  // cpu::ref::kda_recurrent, state bytes (read + write) per second
   Rate cpu_mla_ref_gflops;      // cpu::ref::mla_attention_absorbed, FLOPs per second
+  // Prefill forms of the reference: kda_chunked at the FLOPs of cost_model.h, and
+  // mla_attention_expanded counting the causal pairs and the per-position kv_b expansion.
+  Rate cpu_kda_ref_prefill_gflops;
+  Rate cpu_mla_ref_prefill_gflops;
 };
 
 struct HardwareProfile {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <tbb/parallel_for.h>
 #include <unistd.h>
@@ -40,18 +41,32 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 }
 }  // namespace
 
+namespace {
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+}  // namespace
+
 RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup) {
   STRATA_ASSERT(repeats > 0);
   for (int i = 0; i < warmup; i++) fn();
-  std::vector<double> t;
+  std::vector<double> t, cpu;
   for (int i = 0; i < repeats; i++) {
+    const double c0 = process_cpu_s();
     auto a = std::chrono::steady_clock::now();
     fn();
     auto b = std::chrono::steady_clock::now();
+    cpu.push_back(process_cpu_s() - c0);
     t.push_back(std::chrono::duration<double>(b - a).count());
   }
   std::sort(t.begin(), t.end());
+  std::sort(cpu.begin(), cpu.end());
   RateSample s;
+  s.cpu_median_s =
+      cpu.size() % 2 ? cpu[cpu.size() / 2] : 0.5 * (cpu[cpu.size() / 2 - 1] + cpu[cpu.size() / 2]);
   s.repeats = repeats;
   s.min_s = t.front();
   s.max_s = t.back();
@@ -341,8 +356,9 @@ MeasuredLine make_line(std::string name, std::string shape, const RateSample& t,
 
 HardwareProfile measure_hardware(const MeasureOptions& o) {
   HardwareProfile hw = probe_static();
-  hw.description =
-      "this machine, measured by strata bench hw" + std::string(o.quick ? " --quick" : "");
+  hw.description = "this machine, measured by strata bench hw" +
+                   std::string(o.quick ? " --quick" : "") +
+                   (o.cpu_time ? " --cpu-time (CPU rates from CPU time / threads)" : "");
   auto progress = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
@@ -354,6 +370,15 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
   const int threads = o.threads > 0 ? std::min(o.threads, topo.cores()) : topo.cores();
   cpu::PinnedArena arena(topo, threads);
   const std::string thr = std::to_string(threads) + " thr";
+  // --cpu-time: CPU seconds / threads stand for the wall time (see MeasureOptions::cpu_time).
+  auto eff = [&](RateSample s) {
+    if (o.cpu_time && s.cpu_median_s > 0) {
+      const double f = s.cpu_median_s / threads / s.median_s;
+      s.median_s *= f, s.min_s *= f, s.max_s *= f;
+    }
+    return s;
+  };
+  const std::string basis = o.cpu_time ? ", CPU time / threads" : "";
 
   // Host memory read: the peak every CPU line is compared with.
   double mem_gbps = 0;
@@ -361,10 +386,10 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
     const size_t bytes = (o.quick ? size_t(512) : size_t(2048)) << 20;
     progress("host memory read");
     std::string note;
-    RateSample s = measure_host_read(arena, topo, bytes, reps, &note);
+    RateSample s = eff(measure_host_read(arena, topo, bytes, reps, &note));
     mem_gbps = s.gbps();
     const std::string shape = std::to_string(bytes >> 20) + " MiB stream, " + thr;
-    hw.host.mem_read_gbps = Rate(mem_gbps, "measured: " + shape + ", " + note);
+    hw.host.mem_read_gbps = Rate(mem_gbps, "measured: " + shape + ", " + note + basis);
     emit(make_line("hw/host memory read (peak)", shape, s, "itself", mem_gbps, note));
   }
 
@@ -404,7 +429,8 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
     opt.workspace = &ws;
     RateCurve c;
     for (int M : Ms) {
-      RateSample s = time_repeats(probe.prepare(M, opt), M >= 64 ? std::max(1, reps / 2) : reps, 1);
+      RateSample s =
+          eff(time_repeats(probe.prepare(M, opt), M >= 64 ? std::max(1, reps / 2) : reps, 1));
       s.bytes = double(kK3ExpertBytes) * experts;
       c.points.push_back({M, s.gbps()});
       MeasuredLine l =
@@ -415,7 +441,7 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       emit(l);
     }
     c.source = std::string("measured: cpu::run_experts_cpu, ") + cpu::isa_name(isa) + ", " +
-               std::to_string(experts) + " K3-shaped experts, " + thr;
+               std::to_string(experts) + " K3-shaped experts, " + thr + basis;
     hw.kernels.cpu_expert = c;
 
     // The fp32 reference linear on bf16 weights [N, K]: 64 MiB ≫ LLC, like a model's weights.
@@ -429,9 +455,9 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       RateCurve t;
       for (int M : o.quick ? std::vector<int>{1, 32} : std::vector<int>{1, 4, 32, 128}) {
         std::vector<float> x(size_t(M * K), 0.01f), y(size_t(M * N));
-        RateSample s = time_repeats(
+        RateSample s = eff(time_repeats(
             [&] { arena.arena().execute([&] { cpu::ref::linear(x.data(), W, y.data(), M); }); },
-            M >= 32 ? std::max(1, reps / 2) : reps, 1);
+            M >= 32 ? std::max(1, reps / 2) : reps, 1));
         s.bytes = double(N * K * 2);
         t.points.push_back({M, s.gbps()});
         MeasuredLine l = make_line("hw/cpu reference trunk M=" + std::to_string(M),
@@ -440,7 +466,7 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
         l.flops = 2.0 * double(N * K) * M;
         emit(l);
       }
-      t.source = "measured: cpu::ref::linear, bf16 [32768, 1024], " + thr +
+      t.source = "measured: cpu::ref::linear, bf16 [32768, 1024], " + thr + basis +
                  " (the fp32 reference: what `strata run` on the CPU runs today)";
       hw.kernels.cpu_trunk_ref = t;
     }
@@ -455,7 +481,7 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       const int states = 64;
       std::vector<std::vector<float>> S(states, std::vector<float>(size_t(H * V * K), 0.0f));
       int next = 0;
-      RateSample s = time_repeats(
+      RateSample s = eff(time_repeats(
           [&] {
             arena.arena().execute([&] {
               for (int i = 0; i < states; ++i)
@@ -465,11 +491,11 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
             });
             next++;
           },
-          reps, 1);
+          reps, 1));
       s.bytes = 2.0 * double(H * V * K * 4) * states;
       const std::string shape = "T=1, 8 x 128 x 128, 64 states, " + thr;
       hw.kernels.cpu_kda_ref_state_gbps =
-          Rate(s.gbps(), "measured: cpu::ref::kda_recurrent, " + shape);
+          Rate(s.gbps(), "measured: cpu::ref::kda_recurrent, " + shape + basis);
       emit(make_line("hw/cpu reference KDA decode", shape, s, "host memory read", mem_gbps,
                      "state bytes read + written"));
     }
@@ -482,24 +508,78 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       std::vector<uint16_t> kvb(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
       const cpu::ref::WeightView kv_b =
           cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
-      RateSample s = time_repeats(
+      RateSample s = eff(time_repeats(
           [&] {
             arena.arena().execute([&] {
               cpu::ref::mla_attention_absorbed(q.data(), cache.data(), S, kv_b, d, out.data(), 1,
                                                cpu::ref::Precision::fp32);
             });
           },
-          reps, 1);
+          reps, 1));
       s.bytes = double(S * d.cache_dim() * 4);
       const double flops =
           2.0 * double(d.H) *
           (double(S) * double(2 * d.kv_lora + d.rope) + double(d.kv_lora) * double(d.nope + d.v));
       const std::string shape = "T=1, 8 heads, 512+64, context " + std::to_string(S) + ", " + thr;
-      hw.kernels.cpu_mla_ref_gflops =
-          Rate(flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_absorbed, " + shape);
+      hw.kernels.cpu_mla_ref_gflops = Rate(
+          flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_absorbed, " + shape + basis);
       MeasuredLine l = make_line("hw/cpu reference MLA decode", shape, s, "host memory read",
                                  mem_gbps, "fp32 latent cache");
       l.flops = flops;
+      emit(l);
+    }
+    // The prefill forms: chunked KDA and expanded MLA over a fresh prompt of T tokens.
+    {
+      const int64_t T = o.quick ? 128 : 256, H = 8, K = 128, V = 128;
+      std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
+          v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size()),
+          S(size_t(H * V * K));
+      RateSample s = eff(time_repeats(
+          [&] {
+            arena.arena().execute([&] {
+              std::fill(S.begin(), S.end(), 0.0f);
+              cpu::ref::kda_chunked(q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(),
+                                    out.data(), T, H, K, V, 0.088f, 64);
+            });
+          },
+          reps, 1));
+      const double flops = double(T) * double(H) * (10.0 * 64 * K + 6.0 * K * K);
+      const std::string shape = "T=" + std::to_string(T) + ", 8 x 128 x 128, chunk 64, " + thr;
+      hw.kernels.cpu_kda_ref_prefill_gflops =
+          Rate(flops / s.median_s / 1e9, "measured: cpu::ref::kda_chunked, " + shape + basis);
+      MeasuredLine l =
+          make_line("hw/cpu reference KDA prefill", shape, s, "no peak (reference op)", 0, "");
+      l.flops = flops;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
+    {
+      cpu::ref::MlaDims d;
+      d.H = 8, d.nope = 128, d.rope = 64, d.v = 128, d.kv_lora = 512;
+      const int64_t T = o.quick ? 128 : 256;
+      std::vector<float> q(size_t(T * d.H * d.q_dim()), 0.01f),
+          cache(size_t(T * d.cache_dim()), 0.02f), out(size_t(T * d.H * d.v));
+      std::vector<uint16_t> kvb(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
+      const cpu::ref::WeightView kv_b =
+          cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
+      RateSample s = eff(time_repeats(
+          [&] {
+            arena.arena().execute([&] {
+              cpu::ref::mla_attention_expanded(q.data(), cache.data(), T, kv_b, d, out.data(), T,
+                                               cpu::ref::Precision::fp32);
+            });
+          },
+          reps, 1));
+      const double pairs = double(T) * double(T + 1) / 2;
+      const double flops = 2.0 * double(d.H) * double(d.q_dim() + d.v) * pairs +
+                           2.0 * double(T) * double(d.kv_lora) * double(d.H * (d.nope + d.v));
+      const std::string shape = "T=S=" + std::to_string(T) + ", 8 heads, 512+64, " + thr;
+      hw.kernels.cpu_mla_ref_prefill_gflops = Rate(
+          flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_expanded, " + shape + basis);
+      MeasuredLine l = make_line("hw/cpu reference MLA prefill", shape, s, "no peak (reference op)",
+                                 0, "causal pairs + kv_b expansion counted");
+      l.flops = flops;
+      l.peak_is_bandwidth = false;
       emit(l);
     }
   } else {

@@ -28,6 +28,7 @@ namespace strata::offload {
 
 struct RateSample {
   double median_s = 0, min_s = 0, max_s = 0;
+  double cpu_median_s = 0;  // CPU seconds of the whole process (all threads) per repetition
   int repeats = 0;
   double bytes = 0;  // per repetition (set by the caller of time_repeats)
   double gbps() const { return median_s > 0 ? bytes / median_s / 1e9 : 0; }
@@ -50,6 +51,11 @@ struct MeasureOptions {
   std::filesystem::path disk_dir;  // where the disk test file goes; empty = temp directory
   double disk_file_gib = 0;        // 0 = 1 GiB (quick: 0.5 GiB)
   bool disk = true, gpu = true, cpu_kernels = true;
+  // CPU rates from CPU time instead of wall time: seconds = the process's CPU seconds / threads,
+  // what the machine does when the process has its cores to itself. For a shared machine (the
+  // dev VM), where wall-clock rates move 3× with other jobs; compare with the CPU seconds in
+  // `strata run`'s stats line. Disk and GPU rates stay wall-clock.
+  bool cpu_time = false;
   std::vector<int> expert_tokens;  // M for the CPU expert curve; empty = {1, 4, 16, 64}
   // Called with a short status ("host memory read", "disk O_DIRECT 0.5 GiB") as each
   // measurement starts, and with the result line when it ends, for a progress display.

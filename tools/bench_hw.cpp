@@ -29,7 +29,7 @@ namespace {
 
 struct Options {
   std::string save, json, dir;
-  bool quick = false, force = false, no_disk = false, no_gpu = false;
+  bool quick = false, force = false, no_disk = false, no_gpu = false, cpu_time = false;
   int threads = 0;
   double disk_gib = 0;
 };
@@ -49,6 +49,7 @@ int run(const Options& o) {
   mo.disk_file_gib = o.disk_gib;
   mo.disk = !o.no_disk;
   mo.gpu = !o.no_gpu;
+  mo.cpu_time = o.cpu_time;
   mo.progress = [&](const std::string& s) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // One status line, rewritten on a terminal; a log line otherwise.
@@ -109,6 +110,9 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--disk-gib", o->disk_gib, "disk test file size in GiB (default 1, quick 0.5)");
   app.add_flag("--no-disk", o->no_disk, "skip the disk measurement");
   app.add_flag("--no-gpu", o->no_gpu, "skip the GPU measurements");
+  app.add_flag("--cpu-time", o->cpu_time,
+               "CPU rates from CPU seconds / threads instead of wall time (a shared machine: "
+               "what it does with its cores to itself; compare with strata run's CPU seconds)");
   return [o] { return run(*o); };
 };
 
