@@ -612,3 +612,38 @@ TEST_CASE("strata batch: progress as log lines, as a bar, and a final summary", 
   CHECK(none.out.find("docs, prompt") == std::string::npos);
   CHECK(run_cli(base + (d / "e.jsonl").string() + " --progress fancy").status == 1);
 }
+
+TEST_CASE("strata batch: long prompts are prefilled in chunks; what cannot fit says what it needs",
+          "[tools][batch]") {
+  const fs::path m = tiny_model();
+  const fs::path d = strata::test::scratch_dir("batch_long");
+  json ids = json::array();
+  for (int i = 0; i < 600; ++i) ids.push_back((i * 37) % 900 + 3);
+  write_file(d / "in.jsonl",
+             request("long", {{"prompt", ids}, {"max_tokens", 4}, {"temperature", 0}}) + "\n");
+  const std::string base = "batch -m " + m.string() + " --input " + (d / "in.jsonl").string() +
+                           " --device cpu --progress none --output ";
+  const auto r = run_cli(base + (d / "a.jsonl").string() + " --prefill-chunk 64");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  // 600 prompt tokens in chunks of 64 = 10 steps, then 3 decode steps (the first token comes
+  // from the last prefill step).
+  CHECK(r.out.find("prompt") != std::string::npos);
+  CHECK(r.out.find("(600 tokens)") != std::string::npos);
+  CHECK(r.out.find(" 13 steps") != std::string::npos);
+  const json rec = json::parse(slurp(d / "a.jsonl"));
+  CHECK(rec["response"]["status_code"] == 200);
+  CHECK(rec["response"]["body"]["usage"]["prompt_tokens"] == 600);
+  CHECK(rec["response"]["body"]["usage"]["completion_tokens"] == 4);
+
+  const auto small = run_cli(base + (d / "b.jsonl").string() + " --mem-limit 1MiB");
+  REQUIRE(small.status == 0);  // the job goes on: the request gets an error record
+  const json err = json::parse(slurp(d / "b.jsonl"));
+  CHECK(err["response"]["status_code"] == 400);
+  const std::string msg = err["response"]["body"]["error"]["message"].get<std::string>();
+  CHECK(err["response"]["body"]["error"]["code"] == "context_length_exceeded");
+  CHECK(msg.find("line 1: the request cannot fit: 600 prompt + 4 max tokens need ") == 0);
+  CHECK(msg.find("MLA cache") != std::string::npos);
+  CHECK(msg.find("more than the memory limit of 1.0 MiB (--mem-limit)") != std::string::npos);
+  CHECK(run_cli(base + (d / "c.jsonl").string() + " --mem-limit lots").status == 1);
+}
