@@ -133,67 +133,79 @@ void kda_recurrent_avx512(const float* q, const float* k, const float* v, const 
 
 void mla_absorbed_avx512(const float* q, const float* cache, int64_t S, const uint16_t* kv_b,
                          const ref::MlaDims& d, float* out, int64_t T, bool round_out) {
-  const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora;
+  const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora, H = d.H;
   STRATA_ASSERT(C % 16 == 0 && d.rope % 16 == 0 && T <= S);
   const float scale = d.scale();
   const int64_t base = S - T;
-  // Heads in groups, one task each: a group streams the latent cache once (for its scores and
-  // again for its context) however many heads it holds; one task per head read the whole cache
-  // 2·H times per token (18% of a k3-mini decode step at 1K positions).
+  // The latent cache is shared by all heads: it is streamed twice per token (scores, context) in
+  // chunks of positions, each chunk's rows serving every head while in L1/L2 — not 2·H times as
+  // with one task per head (18% of a k3-mini decode step at 1K positions). Per-head work (q_lat,
+  // the softmax, the output projection) runs over heads.
   const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
-  const int64_t groups = std::min<int64_t>(d.H, 2 * threads), G = (d.H + groups - 1) / groups;
-  tbb::parallel_for(int64_t(0), (d.H + G - 1) / G, [&](int64_t gi) {
-    const int64_t h0 = gi * G, h1 = std::min(d.H, h0 + G), nh = h1 - h0;
-    std::vector<float> qlat(static_cast<size_t>(nh * C)), ctx(static_cast<size_t>(nh * C)),
-        sc(static_cast<size_t>(nh * S));
-    for (int64_t t = 0; t < T; ++t) {
-      // q_lat = W_UKᵀ q_nope per head, 256 latent columns (16 zmm) per pass over the W_UK rows.
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* qh = q + (t * d.H + h) * Dq;
-        const uint16_t* wuk = kv_b + h * Dkv * C;  // [nope, C]
-        float* ql = qlat.data() + (h - h0) * C;
-        for (int64_t c0 = 0; c0 < C; c0 += 256) {
-          const int nc = int(std::min<int64_t>(256, C - c0) / 16);
-          __m512 acc[16];
-          for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-          for (int64_t i = 0; i < d.nope; ++i) {
-            const __m512 qi = _mm512_set1_ps(qh[i]);
-            const uint16_t* w = wuk + i * C + c0;
-            for (int j = 0; j < nc; ++j) acc[j] = _mm512_fmadd_ps(qi, widen16(w + 16 * j), acc[j]);
-          }
-          for (int j = 0; j < nc; ++j) _mm512_storeu_ps(ql + c0 + 16 * j, acc[j]);
+  std::vector<float> qlat(static_cast<size_t>(H * C)), sc(static_cast<size_t>(H * S));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = base + t + 1;
+    const int64_t chunks = std::clamp<int64_t>(n / 128, 1, 4 * threads),
+                  per = (n + chunks - 1) / chunks;
+    std::vector<float> part(static_cast<size_t>(chunks * H * C));
+    // q_lat = W_UKᵀ q_nope per head, 256 latent columns (16 zmm) per pass over the W_UK rows.
+    tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
+      const float* qh = q + (t * H + h) * Dq;
+      const uint16_t* wuk = kv_b + h * Dkv * C;  // [nope, C]
+      float* ql = qlat.data() + h * C;
+      for (int64_t c0 = 0; c0 < C; c0 += 256) {
+        const int nc = int(std::min<int64_t>(256, C - c0) / 16);
+        __m512 acc[16];
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d.nope; ++i) {
+          const __m512 qi = _mm512_set1_ps(qh[i]);
+          const uint16_t* w = wuk + i * C + c0;
+          for (int j = 0; j < nc; ++j) acc[j] = _mm512_fmadd_ps(qi, widen16(w + 16 * j), acc[j]);
         }
-        if (round_out) round_inplace(ql, C);  // a GEMM output in bf16 mode
+        for (int j = 0; j < nc; ++j) _mm512_storeu_ps(ql + c0 + 16 * j, acc[j]);
       }
-      const int64_t n = base + t + 1;
-      for (int64_t s = 0; s < n; ++s) {
+      if (round_out) round_inplace(ql, C);  // a GEMM output in bf16 mode
+    });
+    // Scores of every head, a chunk of positions per task.
+    tbb::parallel_for(int64_t(0), chunks, [&](int64_t ck) {
+      for (int64_t s = ck * per; s < std::min(n, (ck + 1) * per); ++s) {
         const float* row = cache + s * R;
-        for (int64_t h = h0; h < h1; ++h)
-          sc[size_t((h - h0) * S + s)] = (dot(qlat.data() + (h - h0) * C, row, C) +
-                                          dot(q + (t * d.H + h) * Dq + d.nope, row + C, d.rope)) *
-                                         scale;
+        for (int64_t h = 0; h < H; ++h)
+          sc[size_t(h * S + s)] = (dot(qlat.data() + h * C, row, C) +
+                                   dot(q + (t * H + h) * Dq + d.nope, row + C, d.rope)) *
+                                  scale;
       }
-      for (int64_t h = 0; h < nh; ++h) softmax_inplace(sc.data() + h * S, n);
-      std::fill(ctx.begin(), ctx.end(), 0.0f);
-      for (int64_t s = 0; s < n; ++s) {
+    });
+    tbb::parallel_for(int64_t(0), H, [&](int64_t h) { softmax_inplace(sc.data() + h * S, n); });
+    // Context partial sums per chunk, then per head: their sum (chunk order) and W_UV.
+    tbb::parallel_for(int64_t(0), chunks, [&](int64_t ck) {
+      float* pc = part.data() + ck * H * C;
+      std::fill(pc, pc + H * C, 0.0f);
+      for (int64_t s = ck * per; s < std::min(n, (ck + 1) * per); ++s) {
         const float* row = cache + s * R;
-        for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t h = 0; h < H; ++h) {
           const __m512 ps = _mm512_set1_ps(sc[size_t(h * S + s)]);
-          float* ch = ctx.data() + h * C;
+          float* ch = pc + h * C;
           for (int64_t c = 0; c < C; c += 16)
             _mm512_storeu_ps(
                 ch + c, _mm512_fmadd_ps(ps, _mm512_loadu_ps(row + c), _mm512_loadu_ps(ch + c)));
         }
       }
-      for (int64_t h = h0; h < h1; ++h) {
-        const uint16_t* wuv = kv_b + h * Dkv * C + d.nope * C;  // [v, C]
-        float* oh = out + (t * d.H + h) * d.v;
-        for (int64_t e = 0; e < d.v; ++e)
-          oh[e] = dot_bf16(wuv + e * C, ctx.data() + (h - h0) * C, C);
-        if (round_out) round_inplace(oh, d.v);
+    });
+    tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
+      std::vector<float> ctx(part.begin() + h * C, part.begin() + (h + 1) * C);
+      for (int64_t ck = 1; ck < chunks; ++ck) {
+        const float* pc = part.data() + (ck * H + h) * C;
+        for (int64_t c = 0; c < C; c += 16)
+          _mm512_storeu_ps(ctx.data() + c,
+                           _mm512_add_ps(_mm512_loadu_ps(ctx.data() + c), _mm512_loadu_ps(pc + c)));
       }
-    }
-  });
+      const uint16_t* wuv = kv_b + h * Dkv * C + d.nope * C;  // [v, C]
+      float* oh = out + (t * H + h) * d.v;
+      for (int64_t e = 0; e < d.v; ++e) oh[e] = dot_bf16(wuv + e * C, ctx.data(), C);
+      if (round_out) round_inplace(oh, d.v);
+    });
+  }
 }
 
 void mla_expanded_attention_avx512(const float* q, const float* cache, int64_t S, const float* kv,

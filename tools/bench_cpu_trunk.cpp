@@ -135,8 +135,8 @@ void kernel_lines(const Options& o, cpu::PinnedArena& arena, const cpu::Topology
   l.peak_is_bandwidth = false;
   l.peak_name = "oneDNN packed (best)";
   l.peak = peak;
-  l.note = "weights in place ('ba'), " + std::to_string(arena.threads()) + " TBB slices; impl " +
-           gemm.impl_info(M, largest.N, largest.K);
+  l.note = "weights in place ('ba'), slices over " + std::to_string(arena.threads()) +
+           " TBB threads; impl " + gemm.impl_info(M, largest.N, largest.K);
   rep.add(l);
 }
 

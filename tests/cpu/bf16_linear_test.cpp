@@ -157,7 +157,7 @@ TEST_CASE("bf16 GEMV: integer inputs give exact results at odd small shapes", "[
   for (auto isa : supported_isas())
     for (int64_t K : {1, 2, 7, 31, 32, 33, 63, 65, 100, 129})
       for (int64_t N : {1, 3, 8, 9, 17})
-        for (int64_t T : {1, 2, 3, 4, 5, 7}) {
+        for (int64_t T : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
           const auto W = bf16_ints(size_t(N * K), uint64_t(K * 131 + N), 4);
           const auto x = widen(bf16_ints(size_t(T * K), uint64_t(K * 17 + T), 4));
           const Exact e = exact_product(x, T, W, N, K);

@@ -161,7 +161,7 @@ TEST_CASE("fast MLA attention (absorbed and expanded) matches the reference", "[
   cpu::Bf16Linear lin;
   for (const Case& c : {Case{96, 128, 64, 128, 512, 40, 1}, Case{96, 128, 64, 128, 512, 24, 24},
                         Case{3, 32, 16, 48, 96, 9, 4}, Case{2, 64, 32, 64, 128, 5, 1},
-                        Case{3, 32, 16, 48, 96, 100, 70}}) {
+                        Case{3, 32, 16, 48, 96, 100, 70}, Case{4, 32, 16, 48, 96, 700, 2}}) {
     ref::MlaDims d;
     d.H = c.H;
     d.nope = c.nope;

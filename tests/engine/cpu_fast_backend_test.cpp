@@ -34,8 +34,10 @@ using namespace strata::engine;
 
 namespace {
 
-std::filesystem::path synth_model(const std::string& preset) {
-  std::filesystem::path d = test::scratch_dir("cpu_fast_" + preset);
+// A synthetic checkpoint in a directory of the test case's own (ctest runs cases as parallel
+// processes; a shared directory would be removed under another case).
+std::filesystem::path synth_model(const std::string& preset, const std::string& test_case) {
+  std::filesystem::path d = test::scratch_dir("cpu_fast_" + test_case + "_" + preset);
   SynthOptions o;
   o.preset = preset;
   o.tokenizer = false;
@@ -123,7 +125,7 @@ TEST_CASE("fast CPU backend: layer by layer within the bf16 noise of the referen
   for (auto [preset, numerics] : {std::pair{"k3-tiny", ExpertNumerics::contract},
                                   std::pair{"kimi-linear-tiny", ExpertNumerics::exact}}) {
     INFO(preset);
-    auto model = Model::load(synth_model(preset));
+    auto model = Model::load(synth_model(preset, "layers"));
     const ModelConfig& c = model->config();
     Sessions s(*model, numerics);
     std::mt19937 rng(3);
@@ -153,7 +155,7 @@ TEST_CASE("fast CPU backend: layer by layer within the bf16 noise of the referen
 }
 
 TEST_CASE("fast CPU backend: chosen for bf16 + contract only, refuses fp32", "[engine][cpu_fast]") {
-  auto model = Model::load(synth_model("k3-tiny"));
+  auto model = Model::load(synth_model("k3-tiny", "choice"));
   BackendOptions o;
   o.precision = Precision::bf16;
   o.experts = ExpertNumerics::contract;
@@ -168,7 +170,7 @@ TEST_CASE("fast CPU backend: chosen for bf16 + contract only, refuses fp32", "[e
 
 TEST_CASE("fast CPU backend: decoding is deterministic and state follows the slot",
           "[engine][cpu_fast]") {
-  auto model = Model::load(synth_model("k3-tiny"));
+  auto model = Model::load(synth_model("k3-tiny", "slots"));
   BackendOptions o;
   o.precision = Precision::bf16;
   o.experts = ExpertNumerics::contract;
