@@ -613,8 +613,9 @@ TEST_CASE("strata batch: progress as log lines, as a bar, and a final summary", 
   CHECK(run_cli(base + (d / "e.jsonl").string() + " --progress fancy").status == 1);
 }
 
-TEST_CASE("strata batch: long prompts are prefilled in chunks; what cannot fit says what it needs",
-          "[tools][batch]") {
+TEST_CASE(
+    "strata batch: long prompts are prefilled in chunks, and what cannot fit says what it needs",
+    "[tools][batch]") {
   const fs::path m = tiny_model();
   const fs::path d = strata::test::scratch_dir("batch_long");
   json ids = json::array();
