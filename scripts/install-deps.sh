@@ -8,6 +8,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config ninja-build git
       liburing-dev libhwloc-dev libtbb-dev libdnnl-dev ocl-icd-opencl-dev catch2
       nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev)
+# --fuzz (scripts/ci-fuzz.sh): clang and its libFuzzer/sanitizer runtimes (a recommend of clang).
+[ "${1:-}" = "--fuzz" ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
