@@ -104,7 +104,8 @@ RoutingLog RoutingLog::parse(const std::string& text, const std::string& where) 
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + "not valid JSON (" + e.what() + ")");
   }
-  if (!j.is_object() || j.value("format", "") != "strata-routing-v1")
+  if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
+      j["format"].get<std::string>() != "strata-routing-v1")
     throw Error(where + "expected an object with \"format\": \"strata-routing-v1\"");
   RoutingLog log;
   if (!j.contains("top_k") || !j["top_k"].is_number_integer() || j["top_k"].get<int64_t>() <= 0 ||

@@ -10,6 +10,8 @@ pkgs=(build-essential cmake pkg-config ninja-build git
       liburing-dev libhwloc-dev libtbb-dev libdnnl-dev ocl-icd-opencl-dev catch2
       nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
       libopenmpi-dev openmpi-bin)
+# --fuzz (scripts/ci-fuzz.sh): clang and its libFuzzer/sanitizer runtimes (a recommend of clang).
+if [ "${1:-}" = "--fuzz" ]; then pkgs+=(clang libclang-rt-14-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

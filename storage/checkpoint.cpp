@@ -146,6 +146,28 @@ std::string read_file(const fs::path& p) {
   return read_small_file(p, p.string());
 }
 
+}  // namespace
+
+std::map<std::string, std::string> parse_shard_index(const std::string& text,
+                                                     const std::string& where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // also out_of_range: a number beyond double
+    throw Error(where + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(where + ": missing \"weight_map\" object");
+  std::map<std::string, std::string> weight_map;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string())
+      throw Error(where + ": weight_map." + it.key() + ": expected a shard file name");
+    weight_map[it.key()] = it.value().get<std::string>();
+  }
+  if (weight_map.empty()) throw Error(where + ": weight_map is empty");
+  return weight_map;
+}
+
 // A shard name from the index must stay inside the checkpoint directory: relative, no "..", and
 // (after resolving symlinks) still under dir.
 fs::path checked_shard_path(const fs::path& dir, const fs::path& index, const std::string& name) {
@@ -171,6 +193,8 @@ fs::path checked_shard_path(const fs::path& dir, const fs::path& index, const st
     throw bad("resolves (through a symlink) to " + real.string() + ", outside the directory");
   return full;
 }
+
+namespace {
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
@@ -224,24 +248,11 @@ void Checkpoint::open_shards() {
   const fs::path single = dir_ / "model.safetensors";
   std::map<std::string, std::string> weight_map;  // tensor → shard name
   if (fs::exists(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(index));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(index.string() + ": invalid JSON: " + e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw Error(index.string() + ": missing \"weight_map\" object");
+    weight_map = parse_shard_index(read_file(index), index.string());
     std::vector<std::string> shard_names;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string())
-        throw Error(index.string() + ": weight_map." + it.key() + ": expected a shard file name");
-      weight_map[it.key()] = it.value().get<std::string>();
-      shard_names.push_back(it.value().get<std::string>());
-    }
+    for (const auto& [tensor, shard] : weight_map) shard_names.push_back(shard);
     std::sort(shard_names.begin(), shard_names.end());
     shard_names.erase(std::unique(shard_names.begin(), shard_names.end()), shard_names.end());
-    if (shard_names.empty()) throw Error(index.string() + ": weight_map is empty");
     for (const std::string& s : shard_names) {
       const fs::path p = checked_shard_path(dir_, index, s);
       files_.push_back(std::make_unique<SafetensorsFile>(p, int(files_.size())));

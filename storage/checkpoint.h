@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,6 +56,17 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c);
 // "w1.weight" (bf16), ... e.g.
 // "language_model.model.layers.3.block_sparse_moe.experts.7.w2.weight".
 std::string expert_tensor_name(const ModelConfig& c, int layer, int expert, std::string_view part);
+
+// model.safetensors.index.json → {tensor: shard file name}. Throws strata::Error naming `where`
+// for invalid JSON, a missing or empty weight_map, a shard name that is not a string.
+std::map<std::string, std::string> parse_shard_index(const std::string& text,
+                                                     const std::string& where);
+// DIR/name for a shard name from `index`, which must stay inside DIR: relative, no "..", and
+// (after resolving symlinks) still under DIR; throws strata::Error naming the index otherwise, or
+// when the file cannot be found.
+std::filesystem::path checked_shard_path(const std::filesystem::path& dir,
+                                         const std::filesystem::path& index,
+                                         const std::string& name);
 
 struct CheckpointOptions {
   // Check every MXFP4 scale byte of every expert for 0xFF (NaN) on open: a linear scan over the

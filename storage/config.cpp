@@ -228,7 +228,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& source
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // also out_of_range: a number beyond double
     throw Error(source_name + ": invalid JSON: " + e.what());
   }
   if (!root.is_object()) throw Error(source_name + ": expected a JSON object at the top level");

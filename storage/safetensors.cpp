@@ -42,32 +42,34 @@ std::string errno_str() {
   return std::strerror(errno);
 }
 
-// The mappings the SIGBUS handler knows: fixed slots, published with atomics (the handler may
-// run on any thread at any time and must not lock or allocate).
+// The mappings the SIGBUS handler knows: fixed slots without heap memory, published with an
+// atomic state (the handler may run on any thread at any time and must not lock or allocate).
 struct MappedRange {
-  const uint8_t* base;
-  uint64_t size;
-  char path[512];
+  std::atomic<int> state{0};  // 0 free, 1 being written, 2 live
+  const uint8_t* base = nullptr;
+  uint64_t size = 0;
+  char path[512] = {};
 };
 constexpr int kMaxMapped = 4096;
-std::atomic<MappedRange*> g_mapped[kMaxMapped];
+MappedRange g_mapped[kMaxMapped];
 
 int register_mapping(const uint8_t* base, uint64_t size, const std::filesystem::path& path) {
-  auto* r = new MappedRange{base, size, {}};
-  std::strncpy(r->path, path.c_str(), sizeof r->path - 1);
   for (int i = 0; i < kMaxMapped; ++i) {
-    MappedRange* expected = nullptr;
-    if (g_mapped[i].compare_exchange_strong(expected, r)) return i;
+    int expected = 0;
+    if (!g_mapped[i].state.compare_exchange_strong(expected, 1)) continue;
+    MappedRange& r = g_mapped[i];
+    r.base = base;
+    r.size = size;
+    std::strncpy(r.path, path.c_str(), sizeof r.path - 1);
+    r.path[sizeof r.path - 1] = 0;
+    r.state.store(2);
+    return i;
   }
-  delete r;  // more files than slots: the handler cannot name this one (default action)
-  return -1;
+  return -1;  // more files than slots: the handler cannot name this one (default action)
 }
 
 void unregister_mapping(int slot) {
-  if (slot < 0) return;
-  // Not freed: a handler running on another thread may still read it (a few hundred bytes per
-  // file ever opened).
-  g_mapped[slot].store(nullptr);
+  if (slot >= 0) g_mapped[slot].state.store(0);
 }
 
 void write_str(const char* s) {
@@ -84,10 +86,10 @@ void write_str(const char* s) {
 void on_sigbus(int sig, siginfo_t* info, void*) {
   const auto* addr = static_cast<const uint8_t*>(info->si_addr);
   for (int i = 0; i < kMaxMapped; ++i) {
-    const MappedRange* r = g_mapped[i].load();
-    if (r && addr >= r->base && addr < r->base + r->size) {
+    const MappedRange& r = g_mapped[i];
+    if (r.state.load() == 2 && addr >= r.base && addr < r.base + r.size) {
       write_str("strata: error: ");
-      write_str(r->path);
+      write_str(r.path);
       write_str(
           ": the file became shorter while strata had it mapped (truncated or rewritten "
           "in place while in use); its weights cannot be read. Restore the file and run "
@@ -190,7 +192,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, int file_ind
     nlohmann::json h;
     try {
       h = nlohmann::json::parse(base_ + 8, base_ + 8 + hlen);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // also out_of_range: a number beyond double
       throw Error(where + ": header is not valid JSON: " + e.what());
     }
     if (!h.is_object()) throw Error(where + ": header is not a JSON object");

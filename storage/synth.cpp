@@ -216,7 +216,7 @@ ojson read_json_file(const fs::path& p) {
   const std::string text = read_small_file(p, p.string());
   try {
     return ojson::parse(text);
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // also out_of_range: a number beyond double
     throw Error(p.string() + ": invalid JSON: " + e.what());
   }
 }

@@ -94,9 +94,7 @@ std::string reserved_name(int id) {
   return "<|reserved_token_" + std::to_string(id) + "|>";
 }
 
-void parse_tiktoken_model(const fs::path& path, TokenizerFiles& out) {
-  const std::string data = read_file(path);
-  const std::string where = path.string();
+void parse_tiktoken_model(const std::string& data, const std::string& where, TokenizerFiles& out) {
   // Ranks must be 0..N-1 with N <= the number of lines, so a line index per rank fits in a vector.
   const size_t max_lines = size_t(std::count(data.begin(), data.end(), '\n')) + 1;
   std::unordered_map<std::string, int> seen_token;  // bytes -> line
@@ -167,12 +165,12 @@ std::string token_content(const nlohmann::json& cfg, const char* key, const std:
   throw Error(where + ": field '" + key + "' must be a string or {\"content\": string}");
 }
 
-void parse_tokenizer_config(const fs::path& path, TokenizerFiles& out) {
-  const std::string where = path.string();
+void parse_tokenizer_config(const std::string& text, const std::string& where,
+                            TokenizerFiles& out) {
   nlohmann::json cfg;
   try {
-    cfg = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
+    cfg = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // also out_of_range: a number beyond double
     throw Error(where + ": invalid JSON: " + e.what());
   }
   if (!cfg.is_object()) throw Error(where + ": expected a JSON object at top level");
@@ -407,9 +405,18 @@ const std::vector<std::pair<int, std::string>>& kimi_named_offsets() {
 }  // namespace
 
 TokenizerFiles load_tokenizer_files(const fs::path& model_dir) {
+  const fs::path model = model_dir / "tiktoken.model", config = model_dir / "tokenizer_config.json";
+  const std::string model_text = read_file(model);
+  return parse_tokenizer_files(model_text, read_file(config), model.string(), config.string());
+}
+
+TokenizerFiles parse_tokenizer_files(const std::string& tiktoken_model,
+                                     const std::string& tokenizer_config,
+                                     const std::string& model_name,
+                                     const std::string& config_name) {
   TokenizerFiles out;
-  parse_tiktoken_model(model_dir / "tiktoken.model", out);
-  parse_tokenizer_config(model_dir / "tokenizer_config.json", out);
+  parse_tiktoken_model(tiktoken_model, model_name, out);
+  parse_tokenizer_config(tokenizer_config, config_name, out);
   return out;
 }
 

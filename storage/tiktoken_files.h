@@ -37,6 +37,10 @@ struct TokenizerFiles {
 // The number of specials is kKimiNumSpecialTokens unless tokenizer_config.json carries
 // "num_reserved_special_tokens" (written by write_standin_tokenizer for small vocabularies).
 TokenizerFiles load_tokenizer_files(const std::filesystem::path& model_dir);
+// The same from the files' contents; the names prefix every message (tests/fuzz feeds this).
+TokenizerFiles parse_tokenizer_files(const std::string& tiktoken_model,
+                                     const std::string& tokenizer_config,
+                                     const std::string& model_name, const std::string& config_name);
 
 // Writes files.ranks to dir/tiktoken.model and files.specials (+ bos/eos/pad/unk by content) to
 // dir/tokenizer_config.json in the Kimi release layout. Creates dir if needed.
