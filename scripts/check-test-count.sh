@@ -5,7 +5,9 @@
 # anything; names starting with '#', '~' or a space, or containing '\' or '*', break the test spec
 # ctest hands back to the binary in the same way. So: every name must avoid those characters, and
 # the sorted list of "folder:case" names from `test_<folder> --list-test-names-only` must equal
-# ctest's list. Usage: scripts/check-test-count.sh [build-dir]   (after a build)
+# ctest's list. It also refuses the pattern that made cases pass without running: a WARN followed
+# by `return;` (Catch2 counts such a case as passed; STRATA_SKIP from tests/skip.h reports it as
+# skipped). Usage: scripts/check-test-count.sh [build-dir]   (after a build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -50,6 +52,19 @@ if [ "$bins" -eq 0 ]; then
 fi
 
 # ctest names are TEST_PREFIX "folder: " + the case name; CMake drops the prefix's space.
+# A case (or a void helper) that WARNs and returns: passed in ctest although it did not run.
+find tests -name '*.cpp' -print0 | xargs -0 awk '
+  FNR == 1 { warn = 0 }
+  /WARN\(/ { warn = FNR }
+  /^[ \t]*return;/ && warn && FNR - warn <= 4 {
+    print "check-test-count: " FILENAME ":" FNR ": returns after the WARN of line " warn \
+          ": a case that cannot run must end with STRATA_SKIP (tests/skip.h), never pass" }' \
+  > "$tmp/early"
+if [ -s "$tmp/early" ]; then
+  cat "$tmp/early" >&2
+  bad=1
+fi
+
 ctest --test-dir "$build" -N | sed -n 's/^ *Test *#[0-9]*: //p' | sed 's/^\([a-z_]*\): /\1:/' > "$tmp/ctest"
 sort -o "$tmp/binaries" "$tmp/binaries"
 sort -o "$tmp/ctest" "$tmp/ctest"

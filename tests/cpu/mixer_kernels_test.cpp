@@ -19,6 +19,7 @@
 #include "cpu/bf16_linear.h"
 #include "cpu/mixer_kernels.h"
 #include "cpu/ref/ops.h"
+#include "skip.h"
 #include "storage/bf16.h"
 #include "test_data.h"
 
@@ -80,10 +81,8 @@ struct KdaInputs {
 }  // namespace
 
 TEST_CASE("fast KDA recurrence matches the reference", "[mixer_kernels]") {
-  if (!cpu::mixer_kernels_avx512()) {
-    WARN("skipped: no AVX-512 on this CPU (the fast call is the reference op itself)");
-    return;
-  }
+  if (!cpu::mixer_kernels_avx512())
+    STRATA_SKIP("no AVX-512 on this CPU (the fast call is the reference op itself)");
   struct Case {
     int64_t T, H, K;
   };
@@ -115,10 +114,8 @@ TEST_CASE("fast KDA recurrence matches the reference", "[mixer_kernels]") {
 
 TEST_CASE("fast chunked KDA matches the reference chunked form and the recurrence",
           "[mixer_kernels]") {
-  if (!cpu::mixer_kernels_avx512()) {
-    WARN("skipped: no AVX-512 on this CPU (the fast call is the reference op itself)");
-    return;
-  }
+  if (!cpu::mixer_kernels_avx512())
+    STRATA_SKIP("no AVX-512 on this CPU (the fast call is the reference op itself)");
   struct Case {
     int64_t T, H, K;
   };
@@ -151,10 +148,8 @@ TEST_CASE("fast chunked KDA matches the reference chunked form and the recurrenc
 }
 
 TEST_CASE("fast MLA attention (absorbed and expanded) matches the reference", "[mixer_kernels]") {
-  if (!cpu::mixer_kernels_avx512()) {
-    WARN("skipped: no AVX-512 on this CPU (the fast call is the reference op itself)");
-    return;
-  }
+  if (!cpu::mixer_kernels_avx512())
+    STRATA_SKIP("no AVX-512 on this CPU (the fast call is the reference op itself)");
   struct Case {
     int64_t H, nope, rope, v, C, S, T;
   };

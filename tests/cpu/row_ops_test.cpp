@@ -7,8 +7,8 @@
 // order). Such a difference changes the rounded result only when the value lies within a few fp32
 // ulp of a bf16 rounding boundary — then the two results are neighbouring bf16 values. So: every
 // output is a bf16 value, every output is within one bf16 ulp of the reference (2^-7 relative to
-// the larger magnitude), and at most 1% of the outputs differ at all (measured: at most 3 of 135168).
-// Pure roundings (the residual add, round_bf16) must match bit for bit.
+// the larger magnitude), and at most 1% of the outputs differ at all (measured: at most 3 of
+// 135168). Pure roundings (the residual add, round_bf16) must match bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -18,6 +18,7 @@
 
 #include "cpu/ref/ops.h"
 #include "cpu/row_ops.h"
+#include "skip.h"
 #include "storage/bf16.h"
 #include "test_data.h"
 
@@ -57,10 +58,8 @@ std::vector<float> bf(std::vector<float> x) {
 }  // namespace
 
 TEST_CASE("row ops: elementwise GLUs, gate, residual add, rounding", "[row_ops]") {
-  if (!cpu::row_ops_avx512()) {
-    WARN("skipped: no AVX-512 on this CPU (the fast calls are the reference ops)");
-    return;
-  }
+  if (!cpu::row_ops_avx512())
+    STRATA_SKIP("no AVX-512 on this CPU (the fast calls are the reference ops)");
   for (int64_t n : {1, 15, 17, 100, 7168 * 3, 33792 * 4}) {
     INFO("n=" << n);
     const auto g = bf(strata::test::randn(size_t(n), uint32_t(n), 3.0f));
@@ -94,10 +93,8 @@ TEST_CASE("row ops: elementwise GLUs, gate, residual add, rounding", "[row_ops]"
 }
 
 TEST_CASE("row ops: norms, the KDA conv and gate, the AttnRes mix", "[row_ops]") {
-  if (!cpu::row_ops_avx512()) {
-    WARN("skipped: no AVX-512 on this CPU (the fast calls are the reference ops)");
-    return;
-  }
+  if (!cpu::row_ops_avx512())
+    STRATA_SKIP("no AVX-512 on this CPU (the fast calls are the reference ops)");
   for (int64_t D : {16, 48, 7168, 3584}) {
     const int64_t rows = D > 1000 ? 5 : 33;
     INFO("D=" << D);

@@ -483,10 +483,8 @@ pid_t rank_pid(pid_t parent, int rank) {
 TEST_CASE("strata batch under mpirun -np 2: shards, merge in input order, a dead rank resumes",
           "[tools][batch][mpi]") {
   const std::string mpirun = which("mpirun");
-  if (mpirun.empty()) {
-    WARN("skipped: mpirun not found (scripts/install-deps.sh installs openmpi-bin)");
-    return;
-  }
+  if (mpirun.empty())
+    STRATA_SKIP("mpirun not found (scripts/install-deps.sh installs openmpi-bin)");
   const fs::path d = strata::test::scratch_dir("batch_mpi");
   // Enough documents that each rank runs for a few seconds (room to kill one mid-job).
   std::string in;

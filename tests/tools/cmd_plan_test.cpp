@@ -34,10 +34,7 @@ int count_lines(const std::string& s) {
 }  // namespace
 
 TEST_CASE("plan: the real K3 config on the reference machines, without weights", "[plan][cli]") {
-  if (!fs::exists(k3_config())) {
-    WARN("SKIPPED: ../shared/configs absent");
-    return;
-  }
+  strata::test::need_shared(k3_config());
   const auto dir = strata::test::scratch_dir("cmd_plan");
   for (const char* m : {"8xH200-2TB.json", "1xH200-1.5TB-4nvme.json", "4xH100-1TB.json",
                         "4node-2xH100-512GB.json"}) {
@@ -68,10 +65,7 @@ TEST_CASE("plan: the real K3 config on the reference machines, without weights",
 }
 
 TEST_CASE("plan: machines that cannot run K3 are refused with the reason", "[plan][cli][errors]") {
-  if (!fs::exists(k3_config())) {
-    WARN("SKIPPED: ../shared/configs absent");
-    return;
-  }
+  strata::test::need_shared(k3_config());
   const auto dir = strata::test::scratch_dir("cmd_plan_refuse");
   {
     std::ofstream(dir / "a100.json") << R"({"format": "strata-hardware-1",
