@@ -13,12 +13,21 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSTRATA_SANITIZE=ON \
-  -DSTRATA_CUDA=OFF "${launcher[@]}" >/dev/null
+# -O1: what the sanitizers' documentation recommends (quicker to build than -O3, readable stacks).
+cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
+  -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF "${launcher[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)"
 built=$(date +%s)
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0
+export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 900
+export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0
+# hwloc's PCI plugin (libpciaccess) leaks its device scan on every topology load, from a module
+# that is unloaded before exit, so no suppression can name it; CI has no GPU whose PCI locality
+# the scan would find. Not scanned here.
+export HWLOC_COMPONENTS=-pci
+# Excluded: "topology: hwloc sees this machine" asks TBB for NUMA nodes, and TBB loads libtbbbind
+# with RTLD_DEEPBIND, which the ASan runtime refuses (google/sanitizers#611): the process exits.
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 900 \
+  -E "topology: hwloc sees this machine"
 end=$(date +%s)
 echo "ci-sanitize: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s"
