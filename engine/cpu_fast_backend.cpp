@@ -10,6 +10,7 @@
 
 #include "cpu/mixer_kernels.h"
 #include "cpu/row_ops.h"
+#include "engine/finite_check.h"
 #include "engine/routing.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
@@ -150,6 +151,9 @@ void CpuFastBackend::dump(int l, const char* site, const float* data, int64_t ro
 
 void CpuFastBackend::to_host(Act a, float* dst) {
   std::memcpy(dst, a.data, size_t(a.size()) * sizeof(float));
+}
+int64_t CpuFastBackend::first_non_finite(Act a, const StepShape&) {
+  return engine::first_non_finite(a.data, a.size());  // host memory: every row, in place
 }
 void CpuFastBackend::from_host(const float* src, Act a) {
   std::memcpy(a.data, src, size_t(a.size()) * sizeof(float));

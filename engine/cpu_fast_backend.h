@@ -73,6 +73,7 @@ class CpuFastBackend final : public Backend {
   void add(Act acc, Act b) override;
   void logits(Act h, std::span<const int64_t> rows, float* out) override;
   void to_host(Act a, float* dst) override;
+  int64_t first_non_finite(Act a, const StepShape& s) override;
   void from_host(const float* src, Act a) override;
 
   const KdaState* kda_state(int slot, int l) const;
