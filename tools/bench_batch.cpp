@@ -2,14 +2,16 @@
 // schedule): for each document length (--doc-tokens, default 4K and 64K) a job of synthetic
 // documents (random token ids, seeded) prefilled in --prefill-chunk chunks and each generating
 // --gen tokens, with continuous batching over --slots: documents/s, prompt tok/s, generated tok/s;
-// and decode tok/s of one sequence at each length's context (from the decode steps of a
-// one-document job), so long-context decode is read against 4K (the MLA layers' latent cache is
-// what makes it slower). Every line carries FLOPs (the cost model's counts: 2·active parameters
-// per token, MLA 2·H·(q_dim + v) per causal pair in prefill and 2·H·(2·kv_lora + rope) per
-// position in decode, KDA H·(10·64·d + 6·d²) per token and layer), the achieved TFLOP/s and the
-// share of a bf16 GEMM peak measured in this run (oneDNN on the CPU; cuBLASLt for --device gpu).
-// Protocol: a whole job is one timed repeat (it runs minutes); decode lines are the median of the
-// job's decode steps with min and max. Not here: correctness (tests/tools/cmd_batch_test.cpp).
+// then the same documents one at a time: decode tok/s of one sequence at each length's context,
+// read against the shortest (the MLA layers' latent cache is what makes long contexts slower),
+// and how many documents' tokens differ between alone and in the job (backends whose kernels
+// depend on the step's row count can change bits). Every line carries FLOPs (the cost model's
+// counts: 2·active parameters per token, MLA 2·H·(q_dim + v) per causal pair in prefill and
+// 2·H·(2·kv_lora + rope) per position in decode, KDA H·(10·64·d + 6·d²) per token and layer), the
+// achieved TFLOP/s and the share of a bf16 GEMM peak measured in this run (oneDNN on the CPU;
+// cuBLASLt for --device gpu). Protocol: a whole job is one timed repeat (it runs minutes); decode
+// lines are the median of the job's decode steps with min and max. Not here: correctness
+// (tests/tools/cmd_batch_test.cpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -144,33 +146,47 @@ int run(const Options& o) {
   std::map<int64_t, double> decode_tps;  // one sequence, by context
   for (int64_t L : o.doc_tokens) {
     const int docs = o.docs > 0 ? o.docs : (L <= 8192 ? 4 : 1);
-    // A job of `docs` documents, then (when docs > 1) one document alone for the decode line.
+    // Document k of length L is the same in every pass (seeded by L and k).
+    auto document = [&](int k) {
+      std::mt19937 rng(uint32_t(L * 31 + k));
+      std::uniform_int_distribution<int32_t> id(3, c.vocab_size - 1);
+      engine::GenRequest g;
+      g.key = k;
+      g.prompt.resize(size_t(L));
+      for (auto& t : g.prompt) t = id(rng);
+      g.max_tokens = o.gen;  // no EOS: every document generates exactly --gen tokens
+      return g;
+    };
+    // Pass 0: the job of `docs` documents in flight together. Pass 1 (docs > 1): each document
+    // alone, for the decode line and to count documents whose tokens differ alone and in the job.
+    std::map<int64_t, std::vector<int32_t>> in_job, alone;
     for (int pass = 0; pass < (docs > 1 ? 2 : 1); ++pass) {
       const int n = pass == 0 ? docs : 1;
-      std::mt19937 rng(uint32_t(L * 31 + n));
-      std::uniform_int_distribution<int32_t> id(3, c.vocab_size - 1);
-      int next = 0;
-      auto source = [&]() -> std::optional<engine::GenRequest> {
-        if (next == n) return std::nullopt;
-        engine::GenRequest g;
-        g.key = next++;
-        g.prompt.resize(size_t(L));
-        for (auto& t : g.prompt) t = id(rng);
-        g.max_tokens = o.gen;  // no EOS: every document generates exactly --gen tokens
-        return g;
-      };
-      engine::SchedulerOptions so;
-      so.prefill_chunk = o.prefill_chunk;
-      engine::BatchScheduler sched(timed, nullptr, so);
+      const int runs = pass == 0 ? 1 : docs;
+      double wall = 0;
+      engine::SchedulerStats st;
       timed.decode_steps.clear();
-      std::atomic<bool> stop{false};
-      const double t0 = now_s();
-      std::fprintf(stderr, "bench batch: %d document%s of %s tokens...\n", n, n == 1 ? "" : "s",
-                   tokens_name(L).c_str());
-      sched.run(
-          source, [](engine::GenResult&&) {}, stop);
-      const double wall = now_s() - t0;
-      const engine::SchedulerStats& st = sched.stats();
+      std::fprintf(stderr, "bench batch: %d document%s of %s tokens%s...\n", docs,
+                   docs == 1 ? "" : "s", tokens_name(L).c_str(),
+                   pass == 1 ? ", one at a time" : "");
+      for (int r = 0; r < runs; ++r) {
+        int next = pass == 0 ? 0 : r;
+        const int end = pass == 0 ? n : r + 1;
+        auto source = [&]() -> std::optional<engine::GenRequest> {
+          if (next == end) return std::nullopt;
+          return document(next++);
+        };
+        engine::SchedulerOptions so;
+        so.prefill_chunk = o.prefill_chunk;
+        engine::BatchScheduler sched(timed, nullptr, so);
+        std::atomic<bool> stop{false};
+        auto& keep = pass == 0 ? in_job : alone;
+        const double t0 = now_s();
+        sched.run(
+            source, [&](engine::GenResult&& g) { keep[g.key] = std::move(g.tokens); }, stop);
+        wall += now_s() - t0;
+        st = sched.stats();
+      }
       double flops = 0;
       for (int64_t p = 0; p < L; ++p) flops += fm.prefill(p);
       flops += fm.head;  // the last prompt row's logits
@@ -219,6 +235,12 @@ int run(const Options& o) {
         char note[128];
         std::snprintf(note, sizeof note, "%.2f tok/s", decode_tps[L]);
         l.note = note;
+        if (pass == 1) {
+          int differ = 0;
+          for (const auto& [k, toks] : alone) differ += in_job.at(k) != toks;
+          l.note += "; alone vs in the job: " + std::to_string(differ) + " of " +
+                    std::to_string(docs) + " documents' tokens differ";
+        }
         if (decode_tps.size() > 1) {
           const double base = decode_tps.begin()->second;
           char r[96];

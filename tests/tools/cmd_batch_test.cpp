@@ -217,23 +217,11 @@ std::string kill_job_input() {
 }
 
 std::vector<std::string> batch_args(const fs::path& in, const fs::path& out) {
-  return {strata::test::strata_exe(),
-          "batch",
-          "-m",
-          tiny_model().string(),
-          "--input",
-          in.string(),
-          "--output",
-          out.string(),
-          "--resume",
-          "--progress",
-          "none",
-          "--device",
-          "cpu-ref",
-          "--slots",
-          "3",
-          "--prefill-chunk",
-          "8"};
+  return {strata::test::strata_exe(), "batch", "-m", tiny_model().string(), "--input", in.string(),
+          "--output", out.string(), "--resume", "--progress", "none", "--device",
+          // The CPU reference: every row computed on its own, so a record does not depend on
+          // which requests share its steps (the fast CPU backend picks kernels by row count).
+          "cpu-ref", "--slots", "3", "--prefill-chunk", "8"};
 }
 
 pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
@@ -401,23 +389,35 @@ TEST_CASE("strata batch: SIGTERM stops after the current step, --resume finishes
 TEST_CASE("strata batch: a request's record is the same alone and among others in flight",
           "[tools][batch]") {
   // On the CPU reference every row is computed on its own in a fixed order: one slot and 4 slots
-  // (several sequences per step, experts routed together) give byte-identical records.
+  // (several sequences per step, experts routed together) give byte-identical records. The fast
+  // CPU backend (bf16 + contract) picks its matmul by the step's row count (GEMV up to 8 rows,
+  // oneDNN above), so a decode row that shares a step with another request's prompt chunk can
+  // change bits there: counted and reported, not required.
   const fs::path d = strata::test::scratch_dir("batch_alone");
   write_file(d / "in.jsonl", kill_job_input());
-  std::map<int, std::map<std::string, std::string>> recs;
-  for (int slots : {1, 4}) {
-    std::vector<std::string> args = batch_args(d / "in.jsonl", d / ("s" + std::to_string(slots)));
-    args[args.size() - 3] = std::to_string(slots);  // --slots N
-    const pid_t pid = spawn(args, d / "log");
-    int st = 0;
-    waitpid(pid, &st, 0);
-    REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
-    recs[slots] = records_of(slurp(d / ("s" + std::to_string(slots))));
+  for (const bool reference : {true, false}) {
+    std::map<int, std::map<std::string, std::string>> recs;
+    for (int slots : {1, 4}) {
+      const std::string name = (reference ? "ref" : "fast") + std::to_string(slots);
+      std::vector<std::string> args = batch_args(d / "in.jsonl", d / name);
+      args[args.size() - 3] = std::to_string(slots);  // --slots N
+      if (!reference) args[args.size() - 5] = "cpu";  // --device: the fast CPU backend
+      const pid_t pid = spawn(args, d / "log");
+      int st = 0;
+      waitpid(pid, &st, 0);
+      INFO(slurp(d / "log"));
+      REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+      recs[slots] = records_of(slurp(d / name));
+    }
+    REQUIRE(recs[1].size() == 18);
+    REQUIRE(recs[4].size() == 18);
+    int differ = 0;
+    for (const auto& [k, v] : recs[1]) differ += recs[4].at(k) != v;
+    if (reference)
+      CHECK(differ == 0);
+    else
+      WARN("fast CPU backend: " << differ << " of 18 records differ between --slots 1 and 4");
   }
-  REQUIRE(recs[1].size() == 18);
-  int differ = 0;
-  for (const auto& [k, v] : recs[1]) differ += recs[4].at(k) != v;
-  CHECK(differ == 0);
 }
 
 // ---------------------------------------------------------------------------------------------
