@@ -39,6 +39,30 @@ const char* precision_label(Precision p) {
 }
 }  // namespace
 
+void CpuSeqState::reset(const ModelConfig& c) {
+  pos = 0;
+  kda.assign(size_t(c.num_layers), {});
+  mla.assign(size_t(c.num_layers), {});
+  const int64_t H = c.kda.num_heads, d = c.kda.head_dim, P = c.kda.proj_dim(),
+                W = c.kda.conv_kernel;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (!c.is_kda(l)) continue;
+    KdaState& s = kda[size_t(l)];
+    s.S.assign(size_t(H * d * d), 0.0f);
+    s.conv_q.assign(size_t(P * (W - 1)), 0.0f);
+    s.conv_k = s.conv_q;
+    s.conv_v = s.conv_q;
+  }
+}
+
+uint64_t CpuSeqState::bytes(const ModelConfig& c) const {
+  uint64_t n = 0;
+  for (const auto& s : kda)
+    n += (s.S.size() + s.conv_q.size() + s.conv_k.size() + s.conv_v.size()) * sizeof(float);
+  for (const auto& m : mla) n += uint64_t(m.len) * uint64_t(c.mla.latent_cache_dim()) * 4;
+  return n;
+}
+
 CpuRefBackend::CpuRefBackend(const Model& model, BackendOptions options, int slots)
     : model_(model), c_(model.config()), opt_(std::move(options)) {
   STRATA_ASSERT(slots >= 1);
@@ -51,36 +75,18 @@ CpuRefBackend::CpuRefBackend(const Model& model, BackendOptions options, int slo
 }
 
 void CpuRefBackend::reset_slot(int slot) {
-  Slot& st = slots_[size_t(slot)];
-  st.pos = 0;
-  st.kda.assign(size_t(c_.num_layers), {});
-  st.mla.assign(size_t(c_.num_layers), {});
-  const int64_t H = c_.kda.num_heads, d = c_.kda.head_dim, P = c_.kda.proj_dim(),
-                W = c_.kda.conv_kernel;
-  for (int l = 0; l < c_.num_layers; ++l) {
-    if (!c_.is_kda(l)) continue;
-    KdaState& s = st.kda[size_t(l)];
-    s.S.assign(size_t(H * d * d), 0.0f);
-    s.conv_q.assign(size_t(P * (W - 1)), 0.0f);
-    s.conv_k = s.conv_q;
-    s.conv_v = s.conv_q;
-  }
+  slots_[size_t(slot)].reset(c_);
 }
 
 const KdaState* CpuRefBackend::kda_state(int slot, int l) const {
-  return c_.is_kda(l) ? &slots_[size_t(slot)].kda[size_t(l)] : nullptr;
+  return slots_[size_t(slot)].kda_at(c_, l);
 }
 const MlaCache* CpuRefBackend::mla_cache(int slot, int l) const {
-  return c_.is_mla(l) ? &slots_[size_t(slot)].mla[size_t(l)] : nullptr;
+  return slots_[size_t(slot)].mla_at(c_, l);
 }
 
 uint64_t CpuRefBackend::state_bytes(int slot) const {
-  const Slot& st = slots_[size_t(slot)];
-  uint64_t n = 0;
-  for (const auto& s : st.kda)
-    n += (s.S.size() + s.conv_q.size() + s.conv_k.size() + s.conv_v.size()) * sizeof(float);
-  for (const auto& m : st.mla) n += uint64_t(m.len) * uint64_t(c_.mla.latent_cache_dim()) * 4;
-  return n;
+  return slots_[size_t(slot)].bytes(c_);
 }
 
 void CpuRefBackend::begin_step(const StepShape&) {

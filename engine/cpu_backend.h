@@ -24,6 +24,21 @@ struct MlaCache {
   std::vector<float> rows;  // [len, kv_lora + rope]: normalised latent | shared rope key
 };
 
+// One sequence's decode state on the host, shared by the CPU backends (reference and fast).
+struct CpuSeqState {
+  int64_t pos = 0;
+  std::vector<KdaState> kda;                   // [layer] (empty entries for MLA layers)
+  std::vector<MlaCache> mla;                   // [layer] (empty entries for KDA layers)
+  void reset(const ModelConfig& c);            // a fresh sequence: zero KDA and conv state
+  uint64_t bytes(const ModelConfig& c) const;  // KDA + conv + MLA cache held now
+  const KdaState* kda_at(const ModelConfig& c, int l) const {
+    return c.is_kda(l) ? &kda[size_t(l)] : nullptr;
+  }
+  const MlaCache* mla_at(const ModelConfig& c, int l) const {
+    return c.is_mla(l) ? &mla[size_t(l)] : nullptr;
+  }
+};
+
 class CpuRefBackend final : public Backend {
  public:
   // Throws strata::Error when the options cannot run on this model (e.g. contract numerics
@@ -59,11 +74,7 @@ class CpuRefBackend final : public Backend {
   const MlaCache* mla_cache(int slot, int l) const;
 
  private:
-  struct Slot {
-    int64_t pos = 0;
-    std::vector<KdaState> kda;  // [layer] (empty entries for MLA layers)
-    std::vector<MlaCache> mla;  // [layer] (empty entries for KDA layers)
-  };
+  using Slot = CpuSeqState;
   void kda(int l, Slot& st, const float* x, float* out, int64_t T);
   void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);
   void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);

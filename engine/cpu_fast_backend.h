@@ -82,11 +82,7 @@ class CpuFastBackend final : public Backend {
   void reset_profile() { prof_ = {}; }
 
  private:
-  struct Slot {
-    int64_t pos = 0;
-    std::vector<KdaState> kda;
-    std::vector<MlaCache> mla;
-  };
+  using Slot = CpuSeqState;
   // y [T, W.rows] = x [T, W.cols] · Wᵀ, rounded to bf16 when `round` (a GEMM output).
   void linear(const float* x, int64_t T, const WeightView& W, float* y, bool round);
   // Several linears of the same x: one fused GEMV pass for decode-sized steps.
