@@ -296,7 +296,13 @@ uint64_t stream_read_avx512(const void* p, size_t n) {
     a3 = _mm512_xor_si512(a3, _mm512_load_si512(b + i + 192));
   }
   a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
-  return uint64_t(_mm512_reduce_add_epi64(a0));
+  // Folded as unsigned: GCC's _mm512_reduce_add_epi64 adds the lanes as signed long long, which
+  // overflows (undefined; UBSan stops) on random data.
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, a0);
+  uint64_t s = 0;
+  for (uint64_t v : lanes) s ^= v;
+  return s;
 }
 
 }  // namespace strata::cpu::detail

@@ -297,7 +297,7 @@ ParsedLine parse_request_line(std::string_view text, int64_t line, const Request
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // also out_of_range: a number beyond double (1e999)
     return envelope_error(line, std::nullopt, "invalid_json",
                           std::string("not valid JSON (") + e.what() + ")");
   }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI: fuzzes the parsers of untrusted files (tests/fuzz: config.json, safetensors headers, the
-# shard index, the tokenizer files and text, routing-replay files). Builds the libFuzzer targets
+# shard index, the tokenizer files and text, routing-replay files, batch request lines). Builds
+# the libFuzzer targets
 # with Debian's clang under ASan + UBSan, writes seed corpora from real files (../shared and a
-# synthetic k3-tiny), and runs each target for FUZZ_SECONDS (default 30 s; 5 targets, so the whole
+# synthetic k3-tiny), and runs each target for FUZZ_SECONDS (default 25 s; 6 targets, so the whole
 # script stays within 5 minutes of CI with the build). Any finding — a crash, a sanitizer report,
 # a timeout, an exception other than strata::Error — fails the script; its input is left in
 # BUILD/findings/<target>/: fix the bug and keep the input under tests/fuzz/regressions/<target>/
@@ -12,8 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 build=${1:-build-fuzz}
-secs=${FUZZ_SECONDS:-30}
-targets=(config safetensors index tokenizer routing)
+secs=${FUZZ_SECONDS:-25}
+targets=(config safetensors index tokenizer routing batch)
 scripts/install-deps.sh --fuzz
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)

@@ -27,7 +27,9 @@ export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0
 export HWLOC_COMPONENTS=-pci
 # Excluded: "topology: hwloc sees this machine" asks TBB for NUMA nodes, and TBB loads libtbbbind
 # with RTLD_DEEPBIND, which the ASan runtime refuses (google/sanitizers#611): the process exits.
+# "strata batch under mpirun": Open MPI leaks in its own components (dlopened and unloaded, so no
+# suppression can name them); the batch code is covered by the other batch cases.
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 900 \
-  -E "topology: hwloc sees this machine"
+  -E "topology: hwloc sees this machine|strata batch under mpirun"
 end=$(date +%s)
 echo "ci-sanitize: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s"

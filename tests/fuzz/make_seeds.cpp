@@ -2,7 +2,8 @@
 // from real files so the fuzzers start from inputs that parse: the released configs and the
 // golden ones (SHARED = ../shared), safetensors files cut down from the golden tensors (real
 // names, dtypes and metadata; a few KB each), the index and tokenizer of a synthetic k3-tiny, the
-// golden Kimi tokenizer with sample text, and routing recordings in k3-tiny's shape.
+// golden Kimi tokenizer with sample text, routing recordings in k3-tiny's shape, and batch
+// request lines of both endpoints.
 // Not a test: scripts/ci-fuzz.sh runs it before the fuzzers.
 #include <cstdio>
 #include <filesystem>
@@ -151,6 +152,14 @@ int main(int argc, char** argv) {
       fs::create_directories(out / "routing");
       log.save(out / "routing" / ("rows" + std::to_string(rows) + ".json"));
     }
+    // batch: request lines of both endpoints (the format of tests/tools/cmd_batch_test.cpp).
+    const char* lines[] = {
+        R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "k3", "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0, "stop": ["."]}})",
+        R"({"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"prompt": [1, 2, 3], "max_tokens": 4, "seed": 7, "top_p": 0.9}})",
+        R"({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "max_tokens": 16}})",
+        R"({"custom_id": "d", "method": "GET", "url": "/v1/embeddings", "body": {}})"};
+    n = 0;
+    for (const char* l : lines) put(out / "batch" / ("line" + std::to_string(n++) + ".jsonl"), l);
     fs::remove_all(tiny);
     std::printf("fuzz_seeds: wrote %s\n", out.c_str());
   } catch (const Error& e) {

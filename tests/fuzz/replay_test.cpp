@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 
 TEST_CASE("fuzz: every kept regression input replays cleanly", "[fuzz]") {
   using namespace strata::fuzz;
-  REQUIRE(num_targets() == 5);  // config, safetensors, index, tokenizer, routing
+  REQUIRE(num_targets() == 6);  // config, safetensors, index, tokenizer, routing, batch
   for (int i = 0; i < num_targets(); ++i) {
     const TargetInfo& t = targets()[i];
     const fs::path dir = strata::test::source_dir() / "tests" / "fuzz" / "regressions" / t.name;
