@@ -114,6 +114,8 @@ class Backend {
 
   // One line of what this backend did since start (experts per executor, time split), or "".
   virtual std::string telemetry_line() const { return {}; }
+  // Starts the telemetry over (benchmarks read it per measured line).
+  virtual void reset_telemetry() {}
 
   // Copies an activation to host memory (dumps, the layer-by-layer API, checks).
   virtual void to_host(Act a, float* dst) = 0;
@@ -125,6 +127,13 @@ class Backend {
   // are host memory scans every row in place; a device backend may reduce on the device.
   static constexpr int64_t kFiniteCheckAllRows = 64;
   virtual int64_t first_non_finite(Act a, const StepShape& s);
+  // The schedule's guard at a site (layer −1: a model-level site such as "embed"): throws the
+  // error of engine/finite_check.h when a holds a NaN/Inf. The default checks now, through
+  // first_non_finite. A device backend may defer the verdict to a synchronisation it makes anyway
+  // later in the same step (the MoE routing, the logits, commit_step), throwing there the error
+  // of the first failing site in call order — one step's later sublayers then ran on garbage, but
+  // nothing reached a token, the host's routing or a sequence's committed position.
+  virtual void check_finite(Act a, const StepShape& s, int layer, const char* site);
   virtual void from_host(const float* src, Act a) = 0;
 };
 

@@ -23,6 +23,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include "engine/finite_check.h"
 #include "engine/routing.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/kda/kda.h"
@@ -171,6 +172,11 @@ struct CudaBackend::Impl {
   size_t acts_mark = 0;
   char* pinned = nullptr;
   size_t pinned_bytes = 0;
+  // Non-finite guard: the device record (kernels::ops::finite_scan) and its pinned copy; the
+  // pinned word after it holds kFiniteClean, the value a step starts from.
+  uint64_t* finite_dev = nullptr;
+  uint64_t* finite_pin = nullptr;
+  uint64_t finite_downloaded = 0;  // sites covered by the enqueued download
   std::unique_ptr<ExpertExecutor> cpu_executor;
   // Prefill staging: device slots in two halves (a round copies into one half while the other's
   // experts compute), two pinned expert buffers (host copy of one while the other is DMA'd).
@@ -400,7 +406,8 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   const uint64_t pinned = uint64_t(R * Kt * L) * 4 + uint64_t(R * std::max(L, D)) * 4 +
                           uint64_t(R * Kt) * 24 + uint64_t(E) * sizeof(Mxfp4ExpertView) +
                           uint64_t(2 * E + R + 2) * 8 + uint64_t(R) * 4 +
-                          uint64_t(2 * E + 8) * kAlign;  // a 256-B aligned part per launch list
+                          uint64_t(2 * E + 8) * kAlign +  // a 256-B aligned part per launch list
+                          kAlign;                         // the non-finite record's two words
   size_t free_b = 0, total_b = 0;
   check(rt::mem_info(&free_b, &total_b), "cudaMemGetInfo");
   const uint64_t margin = 1ull << 30;
@@ -615,6 +622,9 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   im.pinned = static_cast<char*>(rt::pinned_alloc(pinned, &why));
   if (!im.pinned) throw Error("CUDA backend: cannot allocate pinned staging: " + why);
   im.pinned_bytes = pinned;
+  im.finite_pin = reinterpret_cast<uint64_t*>(im.pinned + ((pinned - kAlign) & ~uint64_t(7)));
+  im.finite_pin[0] = im.finite_pin[1] = kops::kFiniteClean;
+  im.finite_dev = static_cast<uint64_t*>(up.device(kAlign, "non-finite record"));
   // CPU executor for the experts that miss the GPU cache.
   im.cpu_executor = make_expert_executor(ExpertNumerics::contract, c_);
   if (opt_.wrap_executor) im.cpu_executor = opt_.wrap_executor(std::move(im.cpu_executor));
@@ -667,18 +677,20 @@ int CudaBackend::stage_threshold() {
 
 std::string CudaBackend::telemetry_line() const {
   const double pairs = double(tel_.gpu_expert_pairs + tel_.cpu_expert_pairs);
-  char b[640];
+  const double per = tel_.steps ? 1e3 / double(tel_.steps) : 0.0;  // ms per step
+  char b[768];
   std::snprintf(b, sizeof b,
                 "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
                 "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
-                "%.3f s | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu captured, %llu launched",
+                "%.3f s (per step %.3f / %.3f ms) | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu "
+                "captured, %llu launched",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
                 (unsigned long long)tel_.staged_experts, (unsigned long long)tel_.staged_pairs,
-                tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.h2d_bytes / 1e9,
-                tel_.d2h_bytes / 1e9, (unsigned long long)tel_.graph_captures,
-                (unsigned long long)tel_.graph_launches);
+                tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.cpu_expert_s * per,
+                tel_.sync_wait_s * per, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9,
+                (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches);
   return b;
 }
 
@@ -718,6 +730,13 @@ void CudaBackend::begin_step(const StepShape& s) {
                   std::to_string(cuda_.max_context));
   impl_->arena.used = 0;
   ++tel_.steps;
+  // A fresh non-finite record (eager, before the step's first graph segment).
+  finite_sites_.clear();
+  finite_read_ = 0;
+  finite_shape_ = s;
+  impl_->finite_downloaded = 0;
+  check(rt::copy_async(impl_->finite_dev, impl_->finite_pin + 1, 8, impl_->stream),
+        "non-finite record");
   // Decode steps run from CUDA graphs, one set per step shape.
   Graphs& g = *graphs_;
   g.entry = nullptr;
@@ -782,8 +801,42 @@ Act CudaBackend::alloc(int64_t rows, int64_t cols) {
   return a;
 }
 
+void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* site) {
+  finite_sites_.push_back({layer, site, a.cols});
+  if (!graphable()) return;
+  check(kops::finite_scan(a.data, a.size(), uint32_t(finite_sites_.size() - 1), impl_->finite_dev,
+                          impl_->stream),
+        "non-finite scan");
+}
+
+void CudaBackend::finite_download() {
+  impl_->finite_downloaded = finite_sites_.size();
+  check(rt::copy_async(impl_->finite_pin, impl_->finite_dev, 8, impl_->stream),
+        "non-finite record");
+}
+
+void CudaBackend::finite_verdict() {
+  finite_read_ = impl_->finite_downloaded;
+  const uint64_t v = impl_->finite_pin[0];
+  if (v == kops::kFiniteClean) return;
+  const uint64_t site = v >> (kops::kFiniteIndexBits + 2), cls = v & 3;
+  const int64_t i = int64_t((v >> 2) & ((uint64_t(1) << kops::kFiniteIndexBits) - 1));
+  STRATA_ASSERT(site < finite_sites_.size());
+  const FiniteSite& f = finite_sites_[site];
+  const float inf = std::numeric_limits<float>::infinity();
+  fail_at(cls == 0   ? std::numeric_limits<float>::quiet_NaN()
+          : cls == 1 ? inf
+                     : -inf,
+          i, f.cols, finite_shape_, f.layer, f.site);
+}
+
 void CudaBackend::commit_step(const StepShape& s) {
   eager_point();
+  if (finite_read_ < finite_sites_.size()) {  // sites after the step's last synchronisation
+    finite_download();
+    check(rt::stream_sync(impl_->stream), "non-finite record");
+    finite_verdict();
+  }
   Graphs& g = *graphs_;
   if (g.entry) {
     if (g.replaying) STRATA_ASSERT(g.next == g.entry->segments.size());
@@ -925,7 +978,9 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
   auto* y = sc.take<float>(n * V, "logits");
   gemm_f32(im, gb, im.lm_head, y, n);
   check(rt::copy_async(out, y, size_t(n * V) * 4, im.stream), "logits download");
+  finite_download();
   check(rt::stream_sync(im.stream), "logits");
+  finite_verdict();
   tel_.d2h_bytes += double(n * V) * 4;
 }
 
@@ -1153,11 +1208,18 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     check(rt::copy_async(h_ids, ids, size_t(T * K) * 4, im.stream), "ids download");
     check(rt::copy_async(h_w, wts, size_t(T * K) * 4, im.stream), "weights download");
     check(rt::copy_async(h_z, z, size_t(T * L) * 4, im.stream), "latent download");
+    finite_download();
   }
+  impl_->finite_downloaded = finite_sites_.size();  // replayed segments download it too
   eager_point();
   double t0 = now_s();
   check(rt::stream_sync(im.stream), "routing");
   tel_.sync_wait_s += now_s() - t0;
+  finite_verdict();  // before the host uses ids computed from a non-finite input
+  for (int64_t i = 0; i < T * K; ++i)
+    if (h_ids[i] < 0 || h_ids[i] >= E)
+      throw Error("MoE layer " + std::to_string(l) + ": the router returned expert id " +
+                  std::to_string(h_ids[i]) + ", outside [0, " + std::to_string(E) + ")");
   tel_.d2h_bytes += double(T * K * 8 + T * L * 4);
   MoeRouting r;
   r.T = T;

@@ -91,6 +91,9 @@ class CudaBackend final : public Backend {
   void logits(Act h, std::span<const int64_t> rows, float* out) override;
   void to_host(Act a, float* dst) override;
   void from_host(const float* src, Act a) override;
+  // Deferred: a scan kernel on the stream (inside the decode graphs), the verdict read at the
+  // step's existing synchronisations (MoE routing, logits) or at commit_step (Backend docs).
+  void check_finite(Act a, const StepShape& s, int layer, const char* site) override;
 
   // The budget printed at start: one line per pool and the totals.
   const std::vector<std::string>& budget_lines() const { return budget_; }
@@ -99,6 +102,7 @@ class CudaBackend final : public Backend {
   int64_t routed_experts() const;
   CudaTelemetry& telemetry() { return tel_; }
   std::string telemetry_line() const override;
+  void reset_telemetry() override { tel_ = {}; }
 
   struct Impl;
   struct Graphs;
@@ -123,6 +127,20 @@ class CudaBackend final : public Backend {
   // launch it; replay: launch the kept one) before host-dependent work.
   bool graphable();
   void eager_point();
+  // Non-finite guard: the sites scanned this step (layer, site, columns) in call order and how
+  // many of them the last read of the device record covered.
+  struct FiniteSite {
+    int layer;
+    const char* site;
+    int64_t cols;
+  };
+  std::vector<FiniteSite> finite_sites_;
+  size_t finite_read_ = 0;
+  StepShape finite_shape_;
+  // Enqueues the record's download (in a graph segment or eagerly, before a sync the caller
+  // makes); after that sync, finite_verdict() throws for the first failing site.
+  void finite_download();
+  void finite_verdict();
 };
 
 }  // namespace strata::engine

@@ -57,6 +57,9 @@ void CudaBackend::add(Act, Act) {
 void CudaBackend::logits(Act, std::span<const int64_t>, float*) {
   STRATA_ASSERT(false);
 }
+void CudaBackend::check_finite(Act, const StepShape&, int, const char*) {
+  STRATA_ASSERT(false);
+}
 void CudaBackend::to_host(Act, float*) {
   STRATA_ASSERT(false);
 }

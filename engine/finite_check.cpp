@@ -91,17 +91,26 @@ int64_t Backend::first_non_finite(Act a, const StepShape& s) {
   return -1;
 }
 
+void Backend::check_finite(Act a, const StepShape& s, int layer, const char* site) {
+  engine::check_finite(*this, a, s, layer, site);
+}
+
+[[noreturn]] void fail_at(float v, int64_t i, int64_t cols, const StepShape& s, int layer,
+                          const char* site) {
+  const int64_t row = i / cols;
+  for (const SeqSpan& q : s.seqs)
+    if (row >= q.row0 && row < q.row0 + q.T)
+      fail(v, layer, site, q.pos0 + (row - q.row0), i % cols,
+           s.single() ? "position " : "slot " + std::to_string(q.slot) + ", position ");
+  fail(v, layer, site, row, i % cols, "row ");
+}
+
 void check_finite(Backend& b, Act a, const StepShape& s, int layer, const char* site) {
   const int64_t i = b.first_non_finite(a, s);
   if (i < 0) return;
-  const int64_t row = i / a.cols;
   float v = 0;
   b.to_host(Act{a.data + i, 1, 1}, &v);
-  for (const SeqSpan& q : s.seqs)
-    if (row >= q.row0 && row < q.row0 + q.T)
-      fail(v, layer, site, q.pos0 + (row - q.row0), i % a.cols,
-           s.single() ? "position " : "slot " + std::to_string(q.slot) + ", position ");
-  fail(v, layer, site, row, i % a.cols, "row ");
+  fail_at(v, i, a.cols, s, layer, site);
 }
 
 }  // namespace strata::engine

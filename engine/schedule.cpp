@@ -63,7 +63,7 @@ ActStream Schedule::embed(const StepShape& s, std::span<const int32_t> ids) {
   st.P = b_.alloc(s.rows, D);
   b_.embed(ids, st.P);
   dump("embed", st.P, {D});
-  check_finite(b_, st.P, s, -1, "embed");
+  b_.check_finite(st.P, s, -1, "embed");
   return st;
 }
 
@@ -91,7 +91,7 @@ void Schedule::run_layer(int l, const StepShape& s, ActStream& st) {
   const char* mixer_site = c_.is_kda(l) ? "kda_out" : "mla_out";
   dump(l, mixer_site, a_, {D});
   // Non-finite values stop the step where they first appear (issue 17: never sample from NaN).
-  check_finite(b_, a_, s, l, mixer_site);
+  b_.check_finite(a_, s, l, mixer_site);
   if (!st.P.data) {
     st.P = a_;  // the mixer output starts the new partial sum
     a_ = b_.alloc(s.rows, D);
@@ -112,7 +112,7 @@ void Schedule::run_layer(int l, const StepShape& s, ActStream& st) {
   b_.ffn(l, s, h_, a_);
   const char* ffn_site = c_.is_moe(l) ? "moe_out" : "mlp_out";
   dump(l, ffn_site, a_, {D});
-  check_finite(b_, a_, s, l, ffn_site);
+  b_.check_finite(a_, s, l, ffn_site);
   b_.add(st.P, a_);
   dump(l, "out", st.P, {D});
 }

@@ -132,6 +132,13 @@ int run(const Options& o) {
     if (tty) std::fprintf(stderr, "\r\033[K");
     std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name, backend->name());
     engine::Schedule sched(*backend, c);
+    // The backend's telemetry of the line just measured (its timed part only).
+    auto print_telemetry = [&] {
+      const std::string tl = backend->telemetry_line();
+      if (tl.empty()) return;
+      std::printf("  %s\n", tl.c_str());
+      if (!out.empty()) out.back()["telemetry"] = tl;
+    };
     // Decode at each batch size.
     for (int B : o.batches) {
       progress(std::string(sp.name) + ": decode B=" + std::to_string(B));
@@ -153,6 +160,7 @@ int run(const Options& o) {
         sched.step(chunks);
       };
       for (int i = 0; i < 4; ++i) step();
+      backend->reset_telemetry();
       const double ts = now_s();
       for (int i = 0; i < o.steps; ++i) step();
       const double dt = now_s() - ts;
@@ -161,6 +169,7 @@ int run(const Options& o) {
       if (cost) assumption = r.assumption;
       if (tty) std::fprintf(stderr, "\r\033[K");
       report(sp, "decode B=" + std::to_string(B), double(B) * o.steps / dt, cost ? &r : nullptr);
+      print_telemetry();
     }
     // Prefill.
     for (int64_t P : o.prefill) {
@@ -172,6 +181,7 @@ int run(const Options& o) {
       backend->reset_slot(0);
       std::vector<int32_t> ids(static_cast<size_t>(P));
       for (int64_t t = 0; t < P; ++t) ids[size_t(t)] = int32_t((t * 7919 + 3) % c.vocab_size);
+      backend->reset_telemetry();
       const double ts = now_s();
       s.forward(ids);
       const double dt = now_s() - ts;
@@ -181,9 +191,8 @@ int run(const Options& o) {
                                    backend->max_step_rows() < P ? backend->max_step_rows() : P);
       if (tty) std::fprintf(stderr, "\r\033[K");
       report(sp, "prefill " + std::to_string(P), double(P) / dt, cost ? &r : nullptr);
+      print_telemetry();
     }
-    const std::string tl = backend->telemetry_line();
-    if (!tl.empty()) std::printf("  %s\n", tl.c_str());
   }
   if (!assumption.empty()) std::printf("roofline: %s\n", assumption.c_str());
   if (!o.json.empty()) {

@@ -97,4 +97,16 @@ Status round_bf16_inplace(float* x, int64_t n, void* stream);
 // o: [n] bf16 bits (in/out), g: [n] bf16 bits (g_proj output).
 Status sigmoid_gate_bf16(uint16_t* o, const uint16_t* g, int64_t n, void* stream);
 
+// The engine's non-finite guard without a host round trip (engine/finite_check.h): scans x[0..n)
+// and lowers *record (atomicMin) to finite_key(site, i, class) of its first NaN/Inf, so after any
+// number of scans of one step the record names the first site in call order, and in it the first
+// element. The caller sets *record to kFiniteClean (all ones) before the step's first scan and
+// reads it at a synchronisation it makes anyway. class: 0 NaN, 1 +Inf, 2 −Inf.
+inline constexpr uint64_t kFiniteClean = ~uint64_t(0);
+inline constexpr int kFiniteIndexBits = 40;  // elements per scan < 2^40
+constexpr uint64_t finite_key(uint64_t site, uint64_t i, uint64_t cls) {
+  return (site << (kFiniteIndexBits + 2)) | (i << 2) | cls;
+}
+Status finite_scan(const float* x, int64_t n, uint32_t site, uint64_t* record, void* stream);
+
 }  // namespace strata::kernels::ops

@@ -1,7 +1,8 @@
-// Residual add with the bf16 rounding point, in-place bf16 rounding, and the MLA sigmoid output
-// gate (kernels/ops/ops.h). Grid-stride loops, explicit round-to-nearest intrinsics (no FMA
-// contraction), so the results equal the fp32 oracle's (cpu/ref) bit for bit except sigmoid's
-// expf (≤ 2 ulp from libm; tests/kernels/ops_gpu.cpp states the tolerance).
+// Residual add with the bf16 rounding point, in-place bf16 rounding, the MLA sigmoid output
+// gate and the engine's non-finite scan (kernels/ops/ops.h). Grid-stride loops, explicit
+// round-to-nearest intrinsics (no FMA contraction), so the results equal the fp32 oracle's
+// (cpu/ref) bit for bit except sigmoid's expf (≤ 2 ulp from libm; tests/kernels/ops_gpu.cpp states
+// the tolerance).
 #include <cuda_runtime.h>
 
 #include "kernels/ops/launch.cuh"
@@ -34,6 +35,20 @@ __global__ void sigmoid_gate_kernel(uint16_t* o, const uint16_t* g, int64_t n) {
   }
 }
 
+// Each thread keeps the first bad index of its own stride and makes at most one atomic, so a
+// clean scan costs one read of x and no atomics.
+__global__ void finite_scan_kernel(const float* x, int64_t n, uint64_t site, uint64_t* record) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t b = __float_as_uint(x[i]);
+    if ((b & 0x7F800000u) != 0x7F800000u) continue;
+    const uint64_t cls = (b & 0x007FFFFFu) ? 0 : (b >> 31) ? 2 : 1;
+    atomicMin(reinterpret_cast<unsigned long long*>(record),
+              static_cast<unsigned long long>(finite_key(site, uint64_t(i), cls)));
+    return;
+  }
+}
+
 unsigned grid_of(int64_t n) {
   int64_t b = (n + 255) / 256;
   return unsigned(b < 4096 ? (b < 1 ? 1 : b) : 4096);
@@ -59,6 +74,14 @@ Status sigmoid_gate_bf16(uint16_t* o, const uint16_t* g, int64_t n, void* stream
   if (n < 0) return detail::invalid("sigmoid_gate_bf16: n < 0");
   if (n == 0) return {};
   sigmoid_gate_kernel<<<grid_of(n), 256, 0, detail::as_stream(stream)>>>(o, g, n);
+  return detail::launch_status();
+}
+
+Status finite_scan(const float* x, int64_t n, uint32_t site, uint64_t* record, void* stream) {
+  if (n < 0 || n >= (int64_t(1) << kFiniteIndexBits) || site >= (1u << 20))
+    return detail::invalid("finite_scan: n or site out of range");
+  if (n == 0) return {};
+  finite_scan_kernel<<<grid_of(n), 256, 0, detail::as_stream(stream)>>>(x, n, site, record);
   return detail::launch_status();
 }
 

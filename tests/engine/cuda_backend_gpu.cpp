@@ -3,11 +3,15 @@
 // The checks themselves: tests/engine/cuda_backend_checks.h.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "cuda_backend_checks.h"
 #include "engine/schedule.h"
 #include "gpu_test.h"
+#include "storage/checkpoint.h"
+#include "storage/error.h"
 #include "storage/synth.h"
 #include "test_util.h"
 
@@ -92,4 +96,88 @@ TEST_CASE("cuda backend: refusals name the reason", "[gpu][engine]") {
   CudaBackendOptions tiny;
   tiny.gpu_mem_bytes = 64ull << 20;
   CHECK_THROWS_WITH(CudaBackend(*model, bf16_contract(), tiny), Catch::Contains("--gpu-mem"));
+}
+
+namespace {
+
+void poke_bf16_nan(const std::filesystem::path& dir, const std::string& tensor, int64_t element) {
+  Checkpoint ck(dir);
+  const TensorInfo& ti = ck.get(tensor);
+  std::fstream f(ck.file_path(ti.file), std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  f.seekp(std::streamoff(ti.offset + 2 * uint64_t(element)));
+  const char nan[2] = {char(0xC0), char(0x7F)};  // bf16 0x7FC0
+  f.write(nan, 2);
+  REQUIRE(f);
+}
+
+// The error of a step, or "" when it passed.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+// The GPU's non-finite guard is deferred (a scan kernel per site, read at the step's MoE and
+// logits synchronisations, inside the decode graphs): it must still stop the step that produced
+// the NaN and name the same site, position and element as the CPU reference's immediate check.
+TEST_CASE("cuda backend: a non-finite activation stops the step naming the CPU's site and element",
+          "[gpu][engine]") {
+  test::skip_without_gpu();
+  const std::filesystem::path d = test::scratch_dir("gpu_k3_mini_nan") / "model";
+  SynthOptions o;
+  o.preset = "k3-mini";
+  o.tokenizer = false;
+  synth_checkpoint(o, d);
+  LoadOptions unscanned;
+  unscanned.small_tensor_bytes = 0;  // leave the poked tensors to the activation guard
+  const int32_t bad = 777;           // a token whose embedding row holds a NaN
+  {
+    Checkpoint ck(d);
+    const int64_t D = ck.get("language_model.model.embed_tokens.weight").shape[1];
+    poke_bf16_nan(d, "language_model.model.embed_tokens.weight", bad * D + 5);
+  }
+  {
+    auto model = Model::load(d, unscanned);
+    const int V = model->config().vocab_size;
+    std::vector<int32_t> ids = prompt(6, V);
+    REQUIRE(std::find(ids.begin(), ids.end(), bad) == ids.end());
+    // Prefill passes, a decode step captures the graphs, the next one replays them with the bad
+    // token: the error names the embed site at position 7, element 5, like the CPU's.
+    CudaBackend gb(*model, bf16_contract(), quiet());
+    Session gpu(*model, gb, 0);
+    Session cpu(*model, bf16_session());
+    for (Session* s : {&gpu, &cpu}) {
+      s->forward(ids);
+      const int32_t ok = 11;
+      s->forward(std::span(&ok, 1));
+    }
+    const std::string eg = error_of([&] { gpu.forward(std::span(&bad, 1)); });
+    const std::string ec = error_of([&] { cpu.forward(std::span(&bad, 1)); });
+    INFO("gpu: " << eg << "\ncpu: " << ec);
+    CHECK_THAT(eg,
+               Catch::StartsWith("non-finite activation (NaN) at embed (position 7, element 5)"));
+    CHECK(eg == ec);
+    CHECK(gb.telemetry().graph_launches > 0);
+  }
+  // A NaN in the MLA layer's output projection: a prefill fails at blk.3.mla_out at position 0,
+  // the first row-major element, on both backends (a deferred verdict, read at the MoE sync).
+  poke_bf16_nan(d, "language_model.model.layers.3.self_attn.o_proj.weight", 1000);
+  auto model = Model::load(d, unscanned);
+  const std::vector<int32_t> ids = prompt(5, model->config().vocab_size);
+  CudaBackend gb(*model, bf16_contract(), quiet());
+  Session gpu(*model, gb, 0);
+  Session cpu(*model, bf16_session());
+  const std::string eg = error_of([&] { gpu.forward(ids); });
+  const std::string ec = error_of([&] { cpu.forward(ids); });
+  INFO("gpu: " << eg << "\ncpu: " << ec);
+  CHECK_THAT(eg, Catch::StartsWith("non-finite activation (NaN) at blk.3.mla_out (position 0, "));
+  CHECK(eg == ec);
+  CHECK(gpu.position() == 0);  // the failed step committed nothing
 }
