@@ -29,6 +29,7 @@
 #include "kernels/kda/kda.h"
 #include "kernels/mla/mla.h"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/groups.h"
 #include "kernels/ops/ops.h"
 #include "kernels/runtime.h"
 #include "offload/cost_model.h"
@@ -142,6 +143,10 @@ struct MoeDev {
   MlpDev shared;
   bool has_shared = false;
   std::vector<int32_t> gpu_slot;  // [E]: expert cache slot, −1 = not resident
+  // Every routed expert resident: routing → groups on the device (kernels/moe/groups.h), no host
+  // round trip, so a decode step's MoE layer is part of its CUDA graph.
+  bool all_resident = false;
+  const int32_t* slot_dev = nullptr;  // device copy of gpu_slot
 };
 struct LayerDev {
   DevVec input_norm, post_norm, attn_norm_w, attn_proj_w, mlp_norm_w, mlp_proj_w;
@@ -165,6 +170,8 @@ struct CudaBackend::Impl {
   DevVec final_norm, out_norm_w, out_proj_w;
   // Expert cache: slot s holds one expert's MXFP4 arrays; views_host[s] points into it.
   std::vector<Mxfp4ExpertView> views_host;
+  const Mxfp4ExpertView* views_dev = nullptr;  // device copy of views_host
+  const int32_t* token_offsets_dev = nullptr;  // [max_step_rows + 1]: t · top_k (merge lists)
   size_t expert_bytes = 0;
   int64_t resident = 0;
   // Step arena and pinned staging.
@@ -600,6 +607,27 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     if (cuda_.progress)
       std::fprintf(stderr, "strata: expert cache: %lld experts, %.2f GB in %.1f s\n",
                    (long long)im.resident, double(done) / 1e9, now_s() - t0);
+    // Device tables of the routing → groups path (layers whose experts are all resident).
+    auto* vd = static_cast<Mxfp4ExpertView*>(
+        up.device(im.views_host.size() * sizeof(Mxfp4ExpertView), "expert cache views"));
+    check(rt::copy(vd, im.views_host.data(), im.views_host.size() * sizeof(Mxfp4ExpertView)),
+          "expert cache views");
+    im.views_dev = vd;
+    std::vector<int32_t> toff(size_t(cuda_.max_step_rows + 1));
+    for (size_t t = 0; t < toff.size(); ++t) toff[t] = int32_t(int64_t(t) * c_.moe.top_k);
+    auto* td = static_cast<int32_t*>(up.device(toff.size() * 4, "merge token offsets"));
+    check(rt::copy(td, toff.data(), toff.size() * 4), "merge token offsets");
+    im.token_offsets_dev = td;
+    for (LayerDev& ld : im.layers) {
+      MoeDev& md = ld.moe;
+      if (md.gpu_slot.empty() ||
+          std::any_of(md.gpu_slot.begin(), md.gpu_slot.end(), [](int32_t x) { return x < 0; }))
+        continue;
+      auto* sd = static_cast<int32_t*>(up.device(md.gpu_slot.size() * 4, "expert slot table"));
+      check(rt::copy(sd, md.gpu_slot.data(), md.gpu_slot.size() * 4), "expert slot table");
+      md.slot_dev = sd;
+      md.all_resident = true;
+    }
   }
   // Prefill staging.
   if (stage_slots > 0) {
@@ -1140,6 +1168,26 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
 // --------------------------------------------------------------------------------------------
 // FFN: dense MLP or MoE across the GPU cache and the CPU.
 
+// After the merge: one rounding, the latent norm and up-projection, the shared experts' add.
+void CudaBackend::moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const float* shared,
+                           Act out) {
+  Impl& im = *impl_;
+  const MoeDev& w = im.layers[size_t(l)].moe;
+  const auto& mo = c_.moe;
+  const int64_t L = c_.expert_in_dim(), D = c_.hidden_size;
+  check(kops::round_bf16_inplace(acc, T * L, im.stream), "round merge");
+  if (mo.latent_size > 0) {
+    if (mo.latent_norm)
+      check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream),
+            "latent norm");
+    check(kops::f32_to_bf16(acc, accb, T * L, im.stream), "f32_to_bf16");
+    gemm_f32(im, accb, w.latent_up, out.data, T);
+  } else {
+    check(rt::copy_async(out.data, acc, size_t(T * D) * 4, im.stream), "copy");
+  }
+  if (shared) check(kops::add_inplace(out.data, shared, T * D, true, im.stream), "add shared");
+}
+
 void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   Impl& im = *impl_;
   LayerDev& d = im.layers[size_t(l)];
@@ -1182,6 +1230,9 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   void* wsp = sc.take<uint8_t>(int64_t(wsb), "expert workspace");
   // In decode with graphs the shared experts run in segment C; otherwise beside the CPU experts.
   const bool shared_late = graphs_->entry != nullptr;
+  // Every expert resident and nothing on the host wants the routing: groups built on the device.
+  const bool device_groups = w.all_resident && !trace_ && !opt_.on_moe_input &&
+                             P <= kernels::moe::kMaxGroupPairs && cuda_.device_groups;
   // 1. Router (fp32 logits of the bf16 input, never rounded), top-k on the device; latent input.
   kops::RouterParams rp;
   rp.E = int(E);
@@ -1191,6 +1242,49 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   rp.renormalize = mo.renormalize;
   rp.scaling = mo.routed_scaling_factor;
   rp.bias = w.bias.p;
+  if (device_groups) {
+    tel_.gpu_expert_pairs += uint64_t(P);
+    if (!graphable()) return;
+    check(kops::f32_to_bf16(x.data, xb, T * D, im.stream), "f32_to_bf16");
+    check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),
+          "router GEMM");
+    check(kops::route(logits, rp, ids, wts, T, im.stream), "route");
+    if (mo.latent_size > 0) gemm_f32(im, xb, w.latent_down, z, T);
+    const int g_cap = int(std::min<int64_t>(P, E));
+    auto* d_views = sc.take<Mxfp4ExpertView>(g_cap, "views");
+    auto* d_goff = sc.take<int32_t>(g_cap + 1, "group offsets");
+    auto* d_ptok = sc.take<int32_t>(P, "pair tokens");
+    check(kernels::moe::build_groups(ids, int(P), int(K), w.slot_dev, im.views_dev, g_cap, d_views,
+                                     d_goff, d_ptok, d_pair, im.stream),
+          "build_groups");
+    kernels::moe::ExpertBatch b;
+    b.experts = d_views;
+    b.group_offsets = d_goff;
+    b.pair_token = d_ptok;
+    b.x = z;
+    b.y = ybuf;
+    b.G = g_cap;
+    b.P = int(P);
+    b.T = int(T);
+    b.H = int(L);
+    b.I = int(I);
+    const auto glu = model_.glu();
+    b.glu.situ = glu.kind == cpu::ref::GluKind::situ;
+    b.glu.beta1 = glu.beta1;
+    b.glu.beta2 = glu.beta2;
+    check(
+        kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
+        "grouped_experts");
+    check(kops::round_bf16_inplace(ybuf, P * L, im.stream), "round experts");
+    if (shared) mlp(im, w.shared, act, xb, shared, T);
+    // Pairs of token t are rows t·K … of the merge lists: its experts in increasing id (route's
+    // order), weights aligned with the ids.
+    check(kernels::moe::merge_weighted(ybuf, im.token_offsets_dev, d_pair, wts, acc, int(T), int(L),
+                                       im.stream),
+          "merge");
+    moe_tail(l, T, acc, accb, shared, out);
+    return;
+  }
   char* pin = im.pinned;
   auto* h_ids = reinterpret_cast<int32_t*>(pin);
   pin += align_up(size_t(T * K) * 4);
@@ -1401,17 +1495,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   if (shared && shared_late) mlp(im, w.shared, act, xb, shared, T);
   check(kernels::moe::merge_weighted(ybuf, d_toff, d_pair, d_mw, acc, int(T), int(L), im.stream),
         "merge");
-  check(kops::round_bf16_inplace(acc, T * L, im.stream), "round merge");
-  if (mo.latent_size > 0) {
-    if (mo.latent_norm)
-      check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream),
-            "latent norm");
-    check(kops::f32_to_bf16(acc, accb, T * L, im.stream), "f32_to_bf16");
-    gemm_f32(im, accb, w.latent_up, out.data, T);
-  } else {
-    check(rt::copy_async(out.data, acc, size_t(T * D) * 4, im.stream), "copy");
-  }
-  if (shared) check(kops::add_inplace(out.data, shared, T * D, true, im.stream), "add shared");
+  moe_tail(l, T, acc, accb, shared, out);
   // The pinned staging is reused by the next MoE layer: its uploads must have run by then (the
   // next layer's routing sync waits for the whole stream).
 }

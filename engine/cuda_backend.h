@@ -44,6 +44,9 @@ struct CudaBackendOptions {
   // decisions (MLA's positions, a MoE layer's routing on the host, the logits) are captured once
   // per step shape (rows and slots) and replayed afterwards.
   bool cuda_graphs = true;
+  // MoE layers whose routed experts are all in the GPU cache build their expert groups on the
+  // device (no host round trip); false forces the host path (tests compare the two bitwise).
+  bool device_groups = true;
 };
 
 // Step telemetry (summed over steps; reset by the caller reading it).
@@ -141,6 +144,7 @@ class CudaBackend final : public Backend {
   // makes); after that sync, finite_verdict() throws for the first failing site.
   void finite_download();
   void finite_verdict();
+  void moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const float* shared, Act out);
 };
 
 }  // namespace strata::engine

@@ -157,12 +157,14 @@ inline void check_placements(const Model& model, const std::string& what, const 
   struct Placement {
     const char* name;
     double gpu_share;
-    std::string host_mem;     // empty: experts in the mmapped checkpoint (host memory)
-    int stage_threshold = 0;  // > 0: prefill staging forced at this many tokens per expert
+    std::string host_mem;      // empty: experts in the mmapped checkpoint (host memory)
+    int stage_threshold = 0;   // > 0: prefill staging forced at this many tokens per expert
+    bool host_groups = false;  // all resident, but the routing goes through the host path
   };
   // Staging is forced for every expert with ≥ 1 token in the last placement, through 3-expert
   // rounds (several rounds per layer, both halves of the staging slots in use).
   const Placement placements[] = {{"all GPU", 1.0, "", 0},
+                                  {"all GPU, expert groups built on the host", 1.0, "", 0, true},
                                   {"10% GPU, rest host", 0.1, "", 0},
                                   {"10% GPU, 30% host, rest disk", 0.1, "30%", 0},
                                   {"all host", 0.0, "", 0},
@@ -178,6 +180,7 @@ inline void check_placements(const Model& model, const std::string& what, const 
     CudaBackendOptions co = quiet(pl.gpu_share);
     co.stage_threshold = pl.stage_threshold ? pl.stage_threshold : 1 << 30;  // else: no staging
     co.stage_slots = 3;
+    co.device_groups = !pl.host_groups;
     CudaBackend gb(model, go.backend(), co);
     Session gpu(model, gb, 0, go);
     std::vector<std::vector<float>> logits;
