@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -17,6 +18,7 @@
 
 #include "cpu/ref/ops.h"
 #include "gpu_test.h"
+#include "kernels/moe/groups.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/ops/ops.h"
 #include "kernels/runtime.h"
@@ -378,4 +380,91 @@ TEST_CASE("sample gpu: greedy, temperature, top-k, top-p match a host sampler", 
     }
     CHECK(bad == 0);
   }
+}
+
+// Routing → expert groups on the device (kernels/moe/groups.h) against the host's grouping: pairs
+// sorted by (expert, token), one group per distinct expert in increasing id, empty groups up to
+// g_cap, and the merge list mapping (t, k) to its pair row. K3's 896 experts top-16 at 1, 8 and
+// 256 tokens (the largest decode step), and a small E where every expert repeats.
+TEST_CASE("moe gpu: routing to expert groups on the device matches the host grouping", "[gpu]") {
+  strata::test::skip_without_gpu();
+  using strata::Mxfp4ExpertView;
+  for (const auto& [E, K, T] : std::vector<std::array<int, 3>>{
+           {896, 16, 1}, {896, 16, 8}, {896, 16, 256}, {64, 16, 8}, {5, 4, 3}}) {
+    INFO("E " << E << " K " << K << " T " << T);
+    Rng rng(uint64_t(E * 1000 + T));
+    const int n = T * K;
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int t = 0; t < T; ++t) {  // K distinct experts per token, increasing
+      std::vector<int32_t> all(static_cast<size_t>(E));
+      for (int e = 0; e < E; ++e) all[size_t(e)] = e;
+      for (int k = 0; k < K; ++k)
+        std::swap(all[size_t(k)], all[size_t(k + int(rng.next() % uint64_t(E - k)))]);
+      std::sort(all.begin(), all.begin() + K);
+      std::copy(all.begin(), all.begin() + K, ids.begin() + t * K);
+    }
+    // Slot table: expert e in slot (E − 1 − e); a view per slot tagged by its slot in `hidden`.
+    std::vector<int32_t> slot_of(static_cast<size_t>(E));
+    std::vector<Mxfp4ExpertView> by_slot(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      slot_of[size_t(e)] = E - 1 - e;
+      by_slot[size_t(E - 1 - e)].hidden = E - 1 - e;
+    }
+    const int g_cap = std::min(n, E);
+    DeviceBuffer d_ids = DeviceBuffer::from(ids), d_slot = DeviceBuffer::from(slot_of),
+                 d_by = DeviceBuffer::from(by_slot);
+    DeviceBuffer d_views(size_t(g_cap) * sizeof(Mxfp4ExpertView)), d_goff(size_t(g_cap + 1) * 4),
+        d_ptok(size_t(n) * 4), d_pair(size_t(n) * 4);
+    REQUIRE(strata::kernels::moe::build_groups(d_ids.as<int32_t>(), n, K, d_slot.as<int32_t>(),
+                                               d_by.as<Mxfp4ExpertView>(), g_cap,
+                                               d_views.as<Mxfp4ExpertView>(), d_goff.as<int32_t>(),
+                                               d_ptok.as<int32_t>(), d_pair.as<int32_t>(), nullptr)
+                .ok());
+    strata::kernels::device_sync("build_groups");
+    const auto views = d_views.to_vector<Mxfp4ExpertView>(size_t(g_cap));
+    const auto goff = d_goff.to_vector<int32_t>(size_t(g_cap + 1));
+    const auto ptok = d_ptok.to_vector<int32_t>(size_t(n));
+    const auto pair = d_pair.to_vector<int32_t>(size_t(n));
+    // Host: (expert, token, index) sorted.
+    std::vector<std::array<int, 3>> keys;
+    for (int i = 0; i < n; ++i) keys.push_back({ids[size_t(i)], i / K, i});
+    std::sort(keys.begin(), keys.begin() + n);
+    int g = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == 0 || keys[size_t(p)][0] != keys[size_t(p - 1)][0]) {
+        REQUIRE(g < g_cap);
+        CHECK(goff[size_t(g)] == p);
+        CHECK(views[size_t(g)].hidden == slot_of[size_t(keys[size_t(p)][0])]);
+        ++g;
+      }
+      CHECK(ptok[size_t(p)] == keys[size_t(p)][1]);
+      CHECK(pair[size_t(keys[size_t(p)][2])] == p);
+    }
+    for (int h = g; h <= g_cap; ++h) CHECK(goff[size_t(h)] == n);  // empty groups at the end
+  }
+}
+
+// The engine's non-finite scan: the record ends at the first site in call order and, in it, the
+// first element, with the class; clean scans leave it untouched.
+TEST_CASE("ops gpu: the non-finite scan keeps the first site and element", "[gpu]") {
+  strata::test::skip_without_gpu();
+  const int64_t n = 7168 * 9;
+  std::vector<float> clean(size_t(n), 1.0f), a = clean, b = clean;
+  a[size_t(n - 3)] = -INFINITY;
+  a[size_t(40001)] = INFINITY;
+  b[size_t(5)] = NAN;
+  DeviceBuffer dc = DeviceBuffer::from(clean), da = DeviceBuffer::from(a),
+               db = DeviceBuffer::from(b);
+  std::vector<uint64_t> init = {ops::kFiniteClean};
+  DeviceBuffer rec = DeviceBuffer::from(init);
+  REQUIRE(ops::finite_scan(dc.as<float>(), n, 0, rec.as<uint64_t>(), nullptr).ok());
+  strata::kernels::device_sync("finite_scan");
+  CHECK(rec.to_vector<uint64_t>(1)[0] == ops::kFiniteClean);
+  REQUIRE(ops::finite_scan(da.as<float>(), n, 3, rec.as<uint64_t>(), nullptr).ok());
+  REQUIRE(ops::finite_scan(db.as<float>(), n, 4, rec.as<uint64_t>(), nullptr).ok());
+  strata::kernels::device_sync("finite_scan");
+  CHECK(rec.to_vector<uint64_t>(1)[0] == ops::finite_key(3, 40001, 1));
+  REQUIRE(ops::finite_scan(db.as<float>(), n, 2, rec.as<uint64_t>(), nullptr).ok());
+  strata::kernels::device_sync("finite_scan");
+  CHECK(rec.to_vector<uint64_t>(1)[0] == ops::finite_key(2, 5, 0));
 }
