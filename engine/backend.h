@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/expert_executor.h"
@@ -116,6 +117,8 @@ class Backend {
   virtual std::string telemetry_line() const { return {}; }
   // Starts the telemetry over (benchmarks read it per measured line).
   virtual void reset_telemetry() {}
+  // The same telemetry as named numbers (--stats-json's "backend" object), or none.
+  virtual std::vector<std::pair<std::string, double>> telemetry_values() const { return {}; }
 
   // Copies an activation to host memory (dumps, the layer-by-layer API, checks).
   virtual void to_host(Act a, float* dst) = 0;

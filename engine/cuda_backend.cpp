@@ -722,6 +722,23 @@ std::string CudaBackend::telemetry_line() const {
   return b;
 }
 
+std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() const {
+  return {{"steps", double(tel_.steps)},
+          {"gpu_expert_pairs", double(tel_.gpu_expert_pairs)},
+          {"cpu_expert_pairs", double(tel_.cpu_expert_pairs)},
+          {"gpu_experts", double(tel_.gpu_experts)},
+          {"cpu_experts", double(tel_.cpu_experts)},
+          {"cpu_expert_s", tel_.cpu_expert_s},
+          {"wait_for_gpu_s", tel_.sync_wait_s},
+          {"staged_experts", double(tel_.staged_experts)},
+          {"staged_pairs", double(tel_.staged_pairs)},
+          {"stage_host_copy_s", tel_.stage_copy_s},
+          {"h2d_gb", tel_.h2d_bytes / 1e9},
+          {"d2h_gb", tel_.d2h_bytes / 1e9},
+          {"graph_captures", double(tel_.graph_captures)},
+          {"graph_launches", double(tel_.graph_launches)}};
+}
+
 void CudaBackend::reset_slot(int slot) {
   Impl& im = *impl_;
   pos_[size_t(slot)] = 0;

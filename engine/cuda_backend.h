@@ -106,6 +106,7 @@ class CudaBackend final : public Backend {
   CudaTelemetry& telemetry() { return tel_; }
   std::string telemetry_line() const override;
   void reset_telemetry() override { tel_ = {}; }
+  std::vector<std::pair<std::string, double>> telemetry_values() const override;
 
   struct Impl;
   struct Graphs;

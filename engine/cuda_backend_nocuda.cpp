@@ -57,6 +57,10 @@ void CudaBackend::add(Act, Act) {
 void CudaBackend::logits(Act, std::span<const int64_t>, float*) {
   STRATA_ASSERT(false);
 }
+std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() const {
+  STRATA_ASSERT(false);
+  return {};
+}
 void CudaBackend::check_finite(Act, const StepShape&, int, const char*) {
   STRATA_ASSERT(false);
 }

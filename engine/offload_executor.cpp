@@ -217,15 +217,15 @@ offload::TierTelemetry OffloadRuntime::telemetry() const {
   return t;
 }
 
-void OffloadRuntime::finish() const {
-  if (!active()) return;
-  offload::TierTelemetry t = telemetry();
-  std::fprintf(stderr, "strata: %s\n", t.line().c_str());
-  if (!opt_.stats_json.empty()) {
-    nlohmann::json j;
+void OffloadRuntime::finish(const nlohmann::json& extra) const {
+  nlohmann::json j = extra.is_object() ? extra : nlohmann::json::object();
+  if (active()) {
+    offload::TierTelemetry t = telemetry();
+    std::fprintf(stderr, "strata: %s\n", t.line().c_str());
     j["experts"] = t.json();
-    write_file_atomic(opt_.stats_json, j.dump(2) + "\n", "--stats-json " + opt_.stats_json);
   }
+  if (!opt_.stats_json.empty())
+    write_file_atomic(opt_.stats_json, j.dump(2) + "\n", "--stats-json " + opt_.stats_json);
 }
 
 }  // namespace strata::engine

@@ -13,6 +13,7 @@
 
 #include "engine/expert_executor.h"
 #include "engine/session.h"
+#include "nlohmann/json.hpp"
 #include "offload/expert_store.h"
 #include "offload/prefetcher.h"
 #include "storage/expert_reader.h"
@@ -68,8 +69,10 @@ class OffloadRuntime {
   void install(SessionOptions& so);
   std::vector<std::string> describe() const;  // start-up lines (budget, placement, backend)
   offload::TierTelemetry telemetry() const;
-  // Prints the telemetry line to stderr and writes --stats-json (when given).
-  void finish() const;
+  // Prints the tier telemetry line to stderr (when active) and writes --stats-json when given,
+  // active or not: {"experts": tier telemetry (when active)} plus the keys of `extra` (the run's
+  // rates and the backend's telemetry, from the command).
+  void finish(const nlohmann::json& extra = nlohmann::json::object()) const;
 
  private:
   const Model& model_;

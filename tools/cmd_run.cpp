@@ -16,6 +16,7 @@
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
 #include "storage/error.h"
 #include "tools/command.h"
 
@@ -198,7 +199,21 @@ int run_generate(const RunOptions& o) {
   }
   std::fflush(stdout);
   setup.finish();
-  offload.finish();  // the tier telemetry line (and --stats-json)
+  // --stats-json: the run's rates, the backend's telemetry, the expert tiers (when active).
+  nlohmann::json stats;
+  stats["run"] = {{"backend", backend->name()},
+                  {"prompt_tokens", prompt.size()},
+                  {"prefill_s", prefill_s},
+                  {"prefill_tokens_per_s", double(prompt.size()) / prefill_s},
+                  {"decode_steps", decode_steps},
+                  {"decode_s", decode_s},
+                  {"decode_tokens_per_s", decode_steps > 0 ? decode_steps / decode_s : 0.0},
+                  {"generated_tokens", generated.size()},
+                  {"peak_rss_mib", double(engine::peak_rss_bytes()) / (1024.0 * 1024.0)}};
+  nlohmann::json bt = nlohmann::json::object();
+  for (const auto& [k, v] : backend->telemetry_values()) bt[k] = v;
+  stats["backend"] = bt;
+  offload.finish(stats);  // the tier telemetry line (and --stats-json)
   if (!backend->telemetry_line().empty())
     std::fprintf(stderr, "strata: %s\n", backend->telemetry_line().c_str());
   // Decode rate counts the forward passes of generated tokens (the first token comes from the

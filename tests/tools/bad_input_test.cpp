@@ -387,3 +387,30 @@ TEST_CASE("bad input: non-finite weights are named at load, overflowing activati
     CHECK(r.out.find("\n[") == std::string::npos);  // no ids were printed
   }
 }
+
+// --stats-json (issue 18 item 10) is written for every run, not only with the expert store: the
+// run's rates, the backend's telemetry object, and the tiers' telemetry when --host-mem is on.
+TEST_CASE("run: --stats-json holds the run's rates, and the tiers with --host-mem", "[cli]") {
+  const fs::path s = strata::test::scratch_dir("run_stats_json");
+  const std::string m = copy_model("stats_model").string(), ids = ids_file(s).string();
+  const std::string run = "run -m " + m + " --ids " + ids + " --print-ids -n 4 --device cpu ";
+  const Run a = cli(run + "--stats-json " + (s / "a.json").string());
+  INFO(a.out);
+  REQUIRE(a.status == 0);
+  const json ja = json::parse(slurp(s / "a.json"));
+  CHECK(ja.at("run").at("prompt_tokens").get<int>() == 3);
+  const int gen = ja.at("run").at("generated_tokens").get<int>();  // ≤ 4: EOS may stop it
+  CHECK((gen >= 1 && gen <= 4));
+  CHECK(ja.at("run").at("decode_steps").get<int>() >= gen - 1);
+  CHECK(ja.at("run").at("decode_steps").get<int>() <= gen);
+  CHECK(ja.at("run").at("decode_tokens_per_s").get<double>() > 0);
+  CHECK(ja.at("run").at("prefill_tokens_per_s").get<double>() > 0);
+  CHECK(ja.at("backend").is_object());
+  CHECK_FALSE(ja.contains("experts"));
+  const Run b = cli(run + "--host-mem 50% --stats-json " + (s / "b.json").string());
+  INFO(b.out);
+  REQUIRE(b.status == 0);
+  const json jb = json::parse(slurp(s / "b.json"));
+  CHECK(jb.at("run").at("generated_tokens").get<int>() == gen);  // the same greedy tokens
+  CHECK(jb.at("experts").is_object());
+}
