@@ -711,14 +711,15 @@ std::string CudaBackend::telemetry_line() const {
                 "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
                 "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
                 "%.3f s (per step %.3f / %.3f ms) | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu "
-                "captured, %llu launched",
+                "captured, %llu launched | MoE layer-steps grouped on the GPU %llu",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
                 (unsigned long long)tel_.staged_experts, (unsigned long long)tel_.staged_pairs,
                 tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.cpu_expert_s * per,
                 tel_.sync_wait_s * per, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9,
-                (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches);
+                (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches,
+                (unsigned long long)tel_.device_group_layers);
   return b;
 }
 
@@ -736,7 +737,8 @@ std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() cons
           {"h2d_gb", tel_.h2d_bytes / 1e9},
           {"d2h_gb", tel_.d2h_bytes / 1e9},
           {"graph_captures", double(tel_.graph_captures)},
-          {"graph_launches", double(tel_.graph_launches)}};
+          {"graph_launches", double(tel_.graph_launches)},
+          {"device_group_layers", double(tel_.device_group_layers)}};
 }
 
 void CudaBackend::reset_slot(int slot) {
@@ -1248,7 +1250,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   // In decode with graphs the shared experts run in segment C; otherwise beside the CPU experts.
   const bool shared_late = graphs_->entry != nullptr;
   // Every expert resident and nothing on the host wants the routing: groups built on the device.
-  const bool device_groups = w.all_resident && !trace_ && !opt_.on_moe_input &&
+  const bool routing_traced = trace_ && (trace_->record_routing || trace_->replay_routing);
+  const bool device_groups = w.all_resident && !routing_traced && !opt_.on_moe_input &&
                              P <= kernels::moe::kMaxGroupPairs && cuda_.device_groups;
   // 1. Router (fp32 logits of the bf16 input, never rounded), top-k on the device; latent input.
   kops::RouterParams rp;
@@ -1261,6 +1264,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   rp.bias = w.bias.p;
   if (device_groups) {
     tel_.gpu_expert_pairs += uint64_t(P);
+    ++tel_.device_group_layers;
     if (!graphable()) return;
     check(kops::f32_to_bf16(x.data, xb, T * D, im.stream), "f32_to_bf16");
     check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),

@@ -59,6 +59,7 @@ struct CudaTelemetry {
   uint64_t staged_experts = 0, staged_pairs = 0;    // prefill staging host → GPU
   double stage_copy_s = 0;                          // host time copying experts into pinned slots
   uint64_t graph_captures = 0, graph_launches = 0;  // CUDA graph segments captured / replayed
+  uint64_t device_group_layers = 0;  // MoE layer-steps routed → grouped on the device
   uint64_t steps = 0;
 };
 

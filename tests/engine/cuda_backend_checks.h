@@ -203,6 +203,8 @@ inline void check_placements(const Model& model, const std::string& what, const 
         (unsigned long long)t.gpu_expert_pairs, (unsigned long long)t.cpu_expert_pairs,
         (unsigned long long)t.staged_experts);
     if (pl.gpu_share == 1.0) CHECK(t.cpu_expert_pairs == 0);
+    // All resident: groups built on the device unless forced through the host.
+    CHECK((t.device_group_layers > 0) == (pl.gpu_share == 1.0 && !pl.host_groups));
     if (pl.gpu_share == 0.0 && !pl.stage_threshold) CHECK(t.gpu_expert_pairs == 0);
     if (pl.stage_threshold) CHECK(t.staged_experts > 3);  // several rounds
     if (!pl.stage_threshold) CHECK(t.staged_experts == 0);
