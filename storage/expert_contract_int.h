@@ -1,8 +1,8 @@
 // The integer form of one contract output (docs/numerics.md §3.2): the exact sum S of an output's
 // block terms computed as ONE integer dot product over the whole row plus one fp64 scaling,
 // instead of one fp64 block term and one fp64 add per 32-block. The grouped GEMM path of
-// kernels/moe (gemm.cu) is built on these primitives; tests/cpu/expert_contract_int_test.cpp runs
-// the same primitives on the CPU (an emulation of the kernel's arithmetic) against the scalar
+// kernels/moe (intgemm.cu) is built on these primitives; tests/cpu/expert_contract_int_test.cpp
+// runs the same primitives on the CPU (an emulation of the kernel's arithmetic) against the scalar
 // contract cpu::expert_ffn_contract, bit for bit. Header-only, C++ and CUDA (host and device).
 //
 // The method. For one output o and one token (activation row) with block exponents e_x(b) and

@@ -1,8 +1,9 @@
 // `strata bench kernels` (case "moe", registered in tools/bench_kernels.cpp), CUDA kernels II
 // lines: the MXFP4 expert GEMV (one token, 16 experts of 3584→3072→3584) in weight GB/s against the
 // measured copy bandwidth, the grouped MXFP4 experts at 64–4096 tokens per layer in TFLOP/s against
-// the measured bf16 GEMM peak (both paths), and the cuBLASLt shapes of the K3 dense trunk (decode
-// T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
+// each line's roofline min(bf16 GEMM peak, FLOPs / (bytes of the touched experts / copy rate)) from
+// the peaks measured in the same run (every path: GEMM, IMMA, GEMV), and the cuBLASLt shapes of
+// the K3 dense trunk (decode T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
 //
 // Napkin (STYLE.md §17): 16 experts × 17.55 MB = 280.8 MB per token per MoE layer; at the H200's
 // ≈ 4.3 TB/s that is ≥ 65 µs, the floor of the GEMV line. Weights are cold: the expert pool holds
@@ -44,14 +45,17 @@ void ok(const kernels::Status& s, const char* what) {
   if (!s.ok()) throw Error(std::string("bench kernels: ") + what + ": " + s.message);
 }
 
-// The 896 experts of one K3 MoE layer, released layout, random codes and scales near 2^-7.
+// The 896 experts of one K3 MoE layer, released layout, random codes and scales near 2^-7: codes
+// 117..120 per block (a 4-code window per row, like `strata synth`'s s0 + 0..1 and inside the GEMM
+// path's 3-code weight window; the other paths' speed does not depend on the codes).
+// refill_scales(117, 121) puts nearly every row outside that window (the GEMM path's strict rows).
 struct ExpertPool {
   DeviceBuffer packed, scale;
   std::vector<Mxfp4ExpertView> views;
   static constexpr size_t kProjPacked = size_t(kI) * kH / 2, kProjScale = size_t(kI) * kH / 32;
   ExpertPool() : packed(kProjPacked * 3 * kExperts), scale(kProjScale * 3 * kExperts) {
     kernels::fill_random_bytes(packed.get(), packed.bytes(), 1);
-    kernels::fill_random_bytes(scale.get(), scale.bytes(), 2, 117, 121);
+    refill_scales(117, 120);
     for (int e = 0; e < kExperts; e++) {
       const uint8_t* p = packed.as<uint8_t>() + kProjPacked * 3 * size_t(e);
       const uint8_t* s = scale.as<uint8_t>() + kProjScale * 3 * size_t(e);
@@ -61,6 +65,9 @@ struct ExpertPool {
       v.hidden = kH, v.inter = kI;
       views.push_back(v);
     }
+  }
+  void refill_scales(uint8_t lo, uint8_t hi) {
+    kernels::fill_random_bytes(scale.get(), scale.bytes(), 2, lo, hi);
   }
   static double expert_bytes() { return 3.0 * double(kProjPacked + kProjScale); }
 };
@@ -144,25 +151,45 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     l.note = "weight bytes, cold (rotating 16 of 896 experts)";
     r.add(l);
 
-    // 2. Grouped experts at prefill scale, both paths.
+    // 2. Grouped experts at prefill scale, every path, each line against its own roofline.
+    const auto path_name = [](moe::ExpertPath p) {
+      return p == moe::ExpertPath::gemm ? "gemm" : p == moe::ExpertPath::imma ? "imma" : "gemv";
+    };
+    const auto grouped_line = [&](Routed& batch, int T, moe::ExpertPath path, const char* suffix,
+                                  int repeats) {
+      BenchLine g;
+      g.name =
+          std::string("moe/mxfp4-grouped T=") + std::to_string(T) + " " + path_name(path) + suffix;
+      g.shape =
+          std::to_string(batch.distinct) + " experts, " + std::to_string(batch.b.P) + " pairs";
+      g.time = to_stats(kernels::gpu_time([&] { batch.run(path); }, nullptr, repeats, 1));
+      g.flops = 6.0 * double(batch.b.P) * kH * kI;
+      g.bytes = batch.distinct * ExpertPool::expert_bytes();
+      // The line's roofline: compute at the bf16 peak, or every touched expert read once at the
+      // copy rate, whichever is slower.
+      const double byte_bound = g.flops / (g.bytes / (copy_gbps * 1e9)) / 1e12;
+      g.peak = std::min(gemm_tflops, byte_bound);
+      g.peak_name = byte_bound < gemm_tflops ? "roofline: expert bytes / copy (measured)"
+                                             : "roofline: bf16 GEMM (measured)";
+      g.peak_is_bandwidth = false;
+      char note[160];
+      std::snprintf(note, sizeof note, "%.1f%% of bf16 GEMM peak; int8 MACs counted as 2 FLOPs",
+                    100.0 * g.tflops() / gemm_tflops);
+      g.note = note;
+      r.add(g);
+    };
     for (int T : {64, 256, 1024, 4096}) {
       Routed batch(pool, T, rng);
-      for (auto path : {moe::ExpertPath::imma, moe::ExpertPath::gemv}) {
-        BenchLine g;
-        g.name = std::string("moe/mxfp4-grouped T=") + std::to_string(T) +
-                 (path == moe::ExpertPath::imma ? " imma" : " gemv");
-        g.shape =
-            std::to_string(batch.distinct) + " experts, " + std::to_string(batch.b.P) + " pairs";
-        g.time = to_stats(kernels::gpu_time([&] { batch.run(path); }, nullptr, 5, 1));
-        g.flops = 6.0 * double(batch.b.P) * kH * kI;
-        g.bytes = batch.distinct * ExpertPool::expert_bytes();
-        g.peak_name = "bf16 GEMM (measured)";
-        g.peak = gemm_tflops;
-        g.peak_is_bandwidth = false;
-        g.note = "int8 MACs of the contract counted as FLOPs (2 per MAC)";
-        r.add(g);
-      }
+      for (auto path : {moe::ExpertPath::gemm, moe::ExpertPath::imma, moe::ExpertPath::gemv})
+        grouped_line(batch, T, path, "", 5);
     }
+    // The GEMM path when nearly every weight row is outside its window (strict fallback per row).
+    pool.refill_scales(117, 121);
+    {
+      Routed batch(pool, 1024, rng);
+      grouped_line(batch, 1024, moe::ExpertPath::gemm, " (codes 117..121: strict rows)", 3);
+    }
+    pool.refill_scales(117, 120);
   }
 
   // 3. cuBLASLt shapes of the dense trunk (y = x·Wᵀ, bf16 in, bf16 out).

@@ -32,6 +32,14 @@ QuantRows carve_rows(char* base, size_t& off, int rows, int K) {
   return r;
 }
 
+Planes carve_planes(char* base, size_t& off, int rows, int K) {
+  Planes p;
+  p.hi = take<int8_t>(base, off, size_t(rows) * size_t(K));
+  p.lo = take<int8_t>(base, off, size_t(rows) * size_t(K));
+  p.meta = take<int32_t>(base, off, size_t(rows) * 8);
+  return p;
+}
+
 // One warp per 32-element block, lane i holding element i: the block maximum and the poison test
 // are warp reductions (order-free: max and "any" are exact), then every lane quantizes its own
 // element with the contract's rule — the same bits as contract::quantize_block.
@@ -112,6 +120,8 @@ Workspace carve(void* base, int T, int P, int H, int I) {
   w.x = carve_rows(b, off, T, H);
   w.gu = take<float>(b, off, size_t(P) * size_t(I) * 8);
   w.h_q = carve_rows(b, off, P, I);
+  w.xp = carve_planes(b, off, T, H);
+  w.hp = carve_planes(b, off, P, I);
   w.bytes = off;
   return w;
 }
@@ -147,30 +157,28 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   const detail::Workspace ws = detail::carve(workspace, b.T, b.P, b.H, b.I);
   if (workspace == nullptr || workspace_bytes < ws.bytes)
     return kd::invalid("grouped_experts: workspace smaller than experts_workspace_bytes()");
-  // automatic: IMMA for many tokens per expert, falling back to the GEMV path (same bits) for
-  // shapes the IMMA kernel does not take. A forced path never falls back: "not supported" is
+  // automatic: GEMM for many tokens per expert, falling back to the GEMV path (same bits) for
+  // shapes the GEMM path does not take. A forced path never falls back: "not supported" is
   // reported as such.
   const bool automatic = path == ExpertPath::automatic;
   if (automatic)
-    path = b.P >= kImmaMinMeanPairsPerGroup * b.G ? ExpertPath::imma : ExpertPath::gemv;
-  const auto not_supported = [](const Status& s) { return s.code == int(cudaErrorNotSupported); };
+    path = b.P >= kGemmMinMeanPairsPerGroup * b.G && detail::gemm_supports(b.H) &&
+                   detail::gemm_supports(b.I)
+               ? ExpertPath::gemm
+               : ExpertPath::gemv;
 
   if (Status s = detail::quantize_rows(b.x, b.T, b.H, ws.x, stream); !s.ok()) return s;
   Status s;
-  if (path == ExpertPath::imma) {
-    s = detail::imma_gate_up(b, ws, stream);
-    if (not_supported(s) && automatic) path = ExpertPath::gemv;
-  }
+  if (path == ExpertPath::imma) s = detail::imma_gate_up(b, ws, stream);
+  if (path == ExpertPath::gemm) s = detail::gemm_gate_up(b, ws, stream);
   if (path == ExpertPath::gemv) s = detail::gemv_gate_up(b, ws, stream);
   if (!s.ok()) return s;
   if (s = detail::glu_quantize_rows(ws.gu, b.P, b.I, b.glu, ws.h_q, path == ExpertPath::gemv,
                                     stream);
       !s.ok())
     return s;
-  if (path == ExpertPath::imma) {
-    s = detail::imma_down(b, ws, stream);
-    if (not_supported(s) && automatic) path = ExpertPath::gemv;
-  }
+  if (path == ExpertPath::imma) s = detail::imma_down(b, ws, stream);
+  if (path == ExpertPath::gemm) s = detail::gemm_down(b, ws, stream);
   if (path == ExpertPath::gemv) s = detail::gemv_down(b, ws, stream);
   return s;
 }

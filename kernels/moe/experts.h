@@ -12,8 +12,11 @@
 //   y [P, H]           the expert output of every pair (fp32), merged afterwards by
 //                      merge_weighted in expert-id order (numerics.md §5).
 // The launcher picks the path: a warp-per-row GEMV that holds the weight row in registers and walks
-// the group's tokens (decode, few tokens per expert), or the int8 tensor-core (IMMA) path where one
-// mma k-step is one 32-element block (prefill, many tokens per expert). Both produce the same bits.
+// the group's tokens (decode, few tokens per expert), or the grouped GEMM on int8 tensor cores with
+// one exact epilogue per output (prefill, many tokens per expert; intgemm.cu). The older IMMA path
+// (one mma k-step and one fp64 block term per 32-element block) can still be forced. All produce
+// the same bits. The GEMM path's grids are sized from host counts (G, P): fine for prefill, which
+// is not captured in CUDA graphs.
 //
 // Split plan from run (STYLE.md §9): experts_workspace_bytes() sizes the scratch the caller carves
 // once; nothing is allocated per call.
@@ -39,17 +42,23 @@ struct ExpertBatch {
   GluParams glu;                             // SiTU (K3) or SiLU (Kimi-Linear)
 };
 
-enum class ExpertPath { automatic, gemv, imma };
+enum class ExpertPath { automatic, gemv, imma, gemm };
 
 // Scratch for one launch of at most T tokens, P pairs, widths H and I (bytes; 256-aligned parts).
 size_t experts_workspace_bytes(int T, int P, int H, int I);
 
-// Mean tokens per expert (P / G) from which the automatic choice takes the IMMA path (measured on
-// the H200: GEMV wins at a mean of 4.6, IMMA at 18; docs/performance.md).
+// Mean tokens per expert (P / G) from which the automatic choice took the IMMA path (measured on
+// the H200: GEMV wins at a mean of 4.6, IMMA at 18; docs/performance.md). Kept for the record
+// and for benches; automatic now picks GEMV or GEMM.
 inline constexpr int kImmaMinMeanPairsPerGroup = 12;
+// Mean tokens per expert from which the automatic choice takes the GEMM path. NOT YET MEASURED:
+// a first guess (the GEMM streams each expert's weights once per 64 tokens, GEMV once per row of
+// tokens); to be set from `strata bench kernels --filter moe` on the H200.
+inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 
 // y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
-// bytes of device memory. path: automatic (by P / G), or forced for tests/benches.
+// bytes of device memory. path: automatic (by P / G), or forced for tests/benches (a forced path
+// that does not take the shape returns cudaErrorNotSupported; automatic falls back to GEMV).
 Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
                        ExpertPath path, void* stream);
 

@@ -20,10 +20,21 @@ struct QuantRows {
   int32_t* e = nullptr;
 };
 
+// The GEMM path's form of quantized rows (storage/expert_contract_int.h): per row its metadata
+// meta[2r] = e_min, meta[2r + 1] = contract::intsum::TokenStatus, and for rows inside the window
+// a = q · 2^(e_x − e_min) split into a = 128·hi + lo (hi, lo [rows, K] int8).
+struct Planes {
+  int8_t* hi = nullptr;
+  int8_t* lo = nullptr;
+  int32_t* meta = nullptr;
+};
+
 struct Workspace {
   QuantRows x;          // [T, H]
   float* gu = nullptr;  // [P, 2, I] gate and up projections (fp32, contract §3 results)
   QuantRows h_q;        // [P, I] glu(g, u) quantized
+  Planes xp;            // [T, H] planes of x (GEMM path)
+  Planes hp;            // [P, I] planes of h (GEMM path)
   size_t bytes = 0;
 };
 
@@ -46,5 +57,12 @@ Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 // the shapes are outside what it handles (the dispatcher then uses the GEMV path).
 Status imma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status imma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+
+// Grouped-GEMM path (intgemm.cu): planes of the inputs, then gate|up / down on int8 tensor cores
+// with one exact epilogue per output. Not supported (cudaErrorNotSupported) for input widths above
+// contract::intsum::kMaxK.
+bool gemm_supports(int K);
+Status gemm_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 
 }  // namespace strata::kernels::moe::detail

@@ -1,14 +1,16 @@
 // Op-check of the grouped MXFP4 experts on the GPU (kernels/moe/experts.h) against the scalar
 // contract strata::cpu::expert_ffn_contract, bit for bit (docs/numerics.md; DESIGN decision 7),
 // at K3 shapes (3584 → 3072 → 3584, SiTU) and odd small ones (SiLU, SiTU without β2, partial
-// lane rounds, empty groups, a poisoned token), on both paths (GEMV and IMMA), plus the
-// expert-id-order merge. Experts sit in a device "cache" of slots in the released layout; free
-// slots and the bytes around each output are poisoned (0xFF) so a misread or stray write shows.
+// lane rounds, empty groups, a poisoned token), on every path (GEMV, IMMA and the grouped GEMM of
+// intgemm.cu, whose own cases sit at its tile edges and window edges), plus the expert-id-order
+// merge. Experts sit in a device "cache" of slots in the released layout; free slots and the bytes
+// around each output are poisoned (0xFF) so a misread or stray write shows.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,10 +54,12 @@ struct SlotLayout {
   }
 };
 
-// Random packed codes; scale codes scale_base + 0..6 (default 117: around 2^-7, so g, u land in
-// the GLU's interesting range), shifted by the expert id so expert e's outputs carry e's signature.
+// Random packed codes; scale codes scale_base + 0..(scale_span − 1) + e % 3 (default 117 + 0..6:
+// around 2^-7, so g, u land in the GLU's interesting range; the shift by the expert id gives
+// expert e's outputs e's signature). A span of 4 keeps every row inside the GEMM path's weight
+// window (3 codes), 5 puts nearly every row outside it.
 void fill_slot(std::vector<uint8_t>& cache, size_t base, const SlotLayout& L, int H, int I, int e,
-               int scale_base) {
+               int scale_base, int scale_span) {
   Rng r{0x5eed0000ull + uint64_t(e) * 7919};
   const size_t sz[6] = {size_t(I) * H / 2,  size_t(I) * H / 32, size_t(I) * H / 2,
                         size_t(I) * H / 32, size_t(H) * I / 2,  size_t(H) * I / 32};
@@ -64,7 +68,7 @@ void fill_slot(std::vector<uint8_t>& cache, size_t base, const SlotLayout& L, in
     const bool scale = part % 2 == 1;
     for (size_t i = 0; i < sz[part]; i++) {
       uint64_t v = r.next();
-      p[i] = scale ? uint8_t(scale_base + int(v % 5) + e % 3) : uint8_t(v);
+      p[i] = scale ? uint8_t(scale_base + int(v % uint64_t(scale_span)) + e % 3) : uint8_t(v);
     }
   }
 }
@@ -76,7 +80,11 @@ struct Case {
   std::vector<std::vector<int>> group_tokens;  // tokens routed to each group
   int poisoned_token = -1;                     // gets an Inf in x
   float x_scale = 1.0f;
-  int scale_base = 117;  // weight scale codes scale_base + 0..6 (≤ 254)
+  int scale_base = 117;  // weight scale codes scale_base + 0..(scale_span − 1) + 0..2 (≤ 254)
+  int scale_span = 5;
+  int wide_token = -1;  // its 32-blocks scaled by 2^(3·(b mod 5)): nonzero blocks span > 7
+  std::vector<int> zero_blocks_token;  // tokens whose every third block is zero
+  bool wide_rows = false;  // a few rows of every matrix get one scale code 4 above their base
 };
 
 struct Reference {
@@ -101,11 +109,31 @@ Prepared prepare(const Case& c) {
   p.cache.assign(p.L.bytes * size_t(c.slots), 0xFF);  // free slots stay 0xFF (NaN scales)
   for (int g = 0; g < int(c.group_slot.size()); g++)
     fill_slot(p.cache, p.L.bytes * size_t(c.group_slot[g]), p.L, c.H, c.I, c.group_slot[g],
-              c.scale_base);
+              c.scale_base, c.scale_span);
+  if (c.wide_rows) {
+    // Rows 0, 5, 130 (past the first 128-row tile) and the last of each matrix: one block's code
+    // raised by 4 (a span of at least 4: the GEMM path's strict fallback for those rows).
+    for (int s : c.group_slot) {
+      uint8_t* base = p.cache.data() + p.L.bytes * size_t(s);
+      const int rows[3] = {c.I, c.I, c.H}, nbs[3] = {c.H / 32, c.H / 32, c.I / 32};
+      for (int m = 0; m < 3; m++)
+        for (int o : {0, 5, 130, rows[m] - 1})
+          if (o < rows[m]) {
+            uint8_t& sc = base[p.L.off[2 * m + 1] + size_t(o) * nbs[m] + size_t(o % nbs[m])];
+            sc = uint8_t(std::min(254, c.scale_base + 4 + c.scale_span));
+          }
+    }
+  }
   Rng r{42};
   p.x.resize(size_t(c.T) * c.H);
   for (float& v : p.x) v = r.normal() * c.x_scale;
   if (c.poisoned_token >= 0) p.x[size_t(c.poisoned_token) * c.H + 5] = INFINITY;
+  if (c.wide_token >= 0)
+    for (int i = 0; i < c.H; i++)
+      p.x[size_t(c.wide_token) * c.H + size_t(i)] *= float(1 << (3 * ((i / 32) % 5)));
+  for (int t : c.zero_blocks_token)
+    for (int i = 0; i < c.H; i++)
+      if ((i / 32) % 3 == 0) p.x[size_t(t) * c.H + size_t(i)] = 0.0f;
   p.offsets.push_back(0);
   for (int g = 0; g < int(c.group_tokens.size()); g++) {
     for (int t : c.group_tokens[g]) p.pair_token.push_back(t), p.pair_group.push_back(g);
@@ -136,6 +164,7 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
   INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
                    : path == moe::ExpertPath::imma ? "imma"
+                   : path == moe::ExpertPath::gemm ? "gemm"
                                                    : "automatic"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
@@ -229,6 +258,7 @@ TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the 
   Prepared p = prepare(c);
   check_gpu(p, moe::ExpertPath::gemv);
   check_gpu(p, moe::ExpertPath::imma);
+  check_gpu(p, moe::ExpertPath::gemm);  // scale spans of 4-6 codes: the strict rows
 }
 
 TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd shapes", "[gpu]") {
@@ -306,6 +336,7 @@ TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu
   check_gpu(p, moe::ExpertPath::gemv);
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::automatic);
+  check_gpu(p, moe::ExpertPath::gemm);
 }
 
 TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups, poison", "[gpu]") {
@@ -327,6 +358,7 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
+      if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::gemm);
     }
   }
 }
@@ -358,6 +390,101 @@ TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scale
       check_gpu(pd, moe::ExpertPath::gemv);
     }
   }
+}
+
+TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]") {
+  strata::test::skip_without_gpu();
+  // Groups of 1, 7, 8, 9, 64 (one token tile), 65 and 130 tokens (tiles + a ragged rest), an empty
+  // group, in an order unrelated to slot order. Weight rows inside the 3-code window (scale_span
+  // 4), so the integer method carries the outputs; token 3 spans > 7 binades (strict for its
+  // pairs), token 11 is poisoned (NaN), tokens 20 and 21 have zero blocks (left out of e_min).
+  Case c;
+  c.H = 3584, c.I = 3072, c.T = 140, c.slots = 10, c.glu = situ();
+  c.scale_span = 4;
+  c.wide_token = 3;
+  c.poisoned_token = 11;
+  c.zero_blocks_token = {20, 21};
+  auto range = [](int from, int n) {
+    std::vector<int> v;
+    for (int k = 0; k < n; k++) v.push_back(from + k);
+    return v;
+  };
+  c.group_tokens = {{50},
+                    {3, 11, 20, 21, 30, 31, 32},
+                    {},
+                    range(100, 8),
+                    {1, 13, 25, 37, 49, 61, 73, 85, 97},
+                    range(0, 64),    // one full tile, with the wide, poisoned, zero-block tokens
+                    range(75, 65),   // a tile and one
+                    range(5, 130)};  // two tiles and two
+  for (int g = 0; g < int(c.group_tokens.size()); g++) c.group_slot.push_back((g * 3 + 1) % 10);
+  Prepared p = prepare(c);
+  check_gpu(p, moe::ExpertPath::gemm);
+  SECTION("rows outside the weight window (strict rows in every tile position)") {
+    c.wide_rows = true;
+    Prepared pw = prepare(c);
+    check_gpu(pw, moe::ExpertPath::gemm);
+  }
+}
+
+TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu]") {
+  strata::test::skip_without_gpu();
+  struct Shape {
+    int H, I;
+    GluParams glu;
+  };
+  // nb = 2, 3, 5 (a partial pipeline stage), 65 and 128 (the largest K the path takes); rows past
+  // N in the last 128-row tile; gate|up tiles straddling w1 and w3 (I not a multiple of 128).
+  const Shape shapes[] = {
+      {64, 96, situ()}, {96, 160, silu()}, {4096, 2080, situ(4.0, 0.0)}, {160, 4096, situ()}};
+  for (const Shape& sh : shapes) {
+    DYNAMIC_SECTION("H=" << sh.H << " I=" << sh.I) {
+      Case c;
+      c.H = sh.H, c.I = sh.I, c.T = 70, c.slots = 5, c.glu = sh.glu;
+      c.scale_span = 4;
+      c.poisoned_token = 4;
+      c.x_scale = 3.0f;
+      c.group_slot = {4, 1, 2, 0};
+      std::vector<int> all;
+      for (int t = 0; t < c.T; t++) all.push_back(t);
+      c.group_tokens = {{0, 4, 7, 12}, {}, all, {6}};
+      Prepared p = prepare(c);
+      check_gpu(p, moe::ExpertPath::gemm);
+    }
+  }
+  const struct {
+    float x_scale;
+    int scale_base;
+  } extremes[] = {{1e-38f, 0}, {1e-38f, 249}, {1e30f, 0}, {1e30f, 249}, {3.0f, 249}};
+  for (const auto& ex : extremes) {
+    DYNAMIC_SECTION("extreme x_scale=" << ex.x_scale << " codes from " << ex.scale_base) {
+      Case c;
+      c.H = 256, c.I = 192, c.T = 9, c.slots = 3, c.glu = situ();
+      c.x_scale = ex.x_scale, c.scale_base = ex.scale_base, c.scale_span = 4;
+      c.group_slot = {2, 0};
+      c.group_tokens = {{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 8}};
+      Prepared p = prepare(c);
+      check_gpu(p, moe::ExpertPath::gemm);
+    }
+  }
+}
+
+TEST_CASE("moe gpu: GEMM path reports widths above 4096 as not supported", "[gpu]") {
+  strata::test::skip_without_gpu();
+  moe::ExpertBatch b;
+  b.G = 1, b.P = 1, b.T = 1, b.H = 4128, b.I = 96;
+  const size_t ws_bytes = moe::experts_workspace_bytes(b.T, b.P, b.H, b.I);
+  DeviceBuffer ws(ws_bytes), x(size_t(b.H) * 4), y(size_t(b.H) * 4);
+  std::vector<Mxfp4ExpertView> v(1);
+  DeviceBuffer dv = DeviceBuffer::from(v);
+  DeviceBuffer off = DeviceBuffer::from(std::vector<int32_t>{0, 1});
+  DeviceBuffer tok = DeviceBuffer::from(std::vector<int32_t>{0});
+  b.experts = dv.as<Mxfp4ExpertView>(), b.group_offsets = off.as<int32_t>();
+  b.pair_token = tok.as<int32_t>(), b.x = x.as<float>(), b.y = y.as<float>();
+  const strata::kernels::Status s =
+      moe::grouped_experts(b, ws.get(), ws_bytes, moe::ExpertPath::gemm, nullptr);
+  CHECK_FALSE(s.ok());
+  CHECK(std::string(s.message).find("4096") != std::string::npos);
 }
 
 TEST_CASE("moe gpu: weighted merge in expert-id order is bit-identical to the host", "[gpu]") {

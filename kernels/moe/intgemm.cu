@@ -1,0 +1,390 @@
+// Grouped-GEMM path of the MXFP4 experts (many tokens per expert; prefill): int8 tensor cores with
+// ONE exact epilogue per output instead of one fp64 block term per output per 32-block (the IMMA
+// path's cost), bit-identical to the contract (docs/numerics.md §3.2,
+// storage/expert_contract_int.h).
+//
+// The integer method (bounds proved in storage/expert_contract_int.h; K ≤ 4096):
+//   per token (activation row): e_min = min e_x over nonzero blocks, sx(b) = e_x(b) − e_min ≤ 7;
+//     a = q · 2^sx (0 in zero blocks), |a| ≤ 16,256, split a = 128·hi + lo, hi ∈ [−127, 127],
+//     lo ∈ [0, 127]: two int8 planes, written once per row by planes_kernel;
+//   per weight row o: s_min = min scale code, sw(b) = s_w(o, b) − s_min ≤ 3; w' = w2 · 2^sw,
+//     |w'| ≤ 96, decoded from the packed nibbles in registers by byte permutes of shifted tables;
+//   D_hi = Σ_K hi·w', D_lo = Σ_K lo·w' in the mma's int32 accumulators (|.| ≤ 4096·127·96 < 2^31,
+//     every partial sum too, so no wrap in any order);
+//   out = (float)((128·D_hi + D_lo) · 2^(e_min + s_min − 128)): exact in fp64 (|D| < 2^33, the
+//     exponent in [−283, 247]); the nonzero block terms span ≤ 7 + 3 = 10 ≤ 30 binades, so by the
+//     lemma of §3.1 this is the fixed-order sum of §3, and (float) of it the contract's bits.
+// Outputs outside the window — a row whose codes span > 3 or a token whose nonzero blocks span > 7
+// — are computed by the strict per-block contract (one warp per output: lane j sums blocks j,
+// j+32, … from the exact block terms, then the butterfly; the GEMV's order) inside the same CTA,
+// after its tile; a poisoned token's outputs are the canonical NaN. So every input is exact; only
+// the speed depends on the window (strata synth and the bench pool: 2–4 scale codes per row).
+//
+// Tiling: a CTA (8 warps) owns 128 output rows of one expert (grid: row tiles × groups, sized from
+// host counts — fine for prefill, which the engine does not capture in CUDA graphs) and walks the
+// group's tokens in tiles of 64; per token tile it streams the rows' packed weights and the tokens'
+// two planes through a 3-stage cp.async pipeline of 128-column stages. Warp w computes rows
+// 16w..16w+15 against the whole token tile: per 32-column block one A fragment (decoded once), two
+// mma.m16n8k32 (hi, lo planes) per 8 tokens, skipping the 8-token fragments past the tile's count.
+// The k-slot permutation of the IMMA path (lane t: elements 8t..8t+3 in slots 4t..4t+3 and
+// 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which leaves each dot product unchanged.
+// The scale codes of the CTA's rows are read once into shared memory, with each row's window.
+#include <cuda_runtime.h>
+
+#include "kernels/moe/contract_device.cuh"
+#include "kernels/moe/paths.h"
+#include "kernels/ops/launch.cuh"
+#include "storage/expert_contract.h"
+#include "storage/expert_contract_int.h"
+
+namespace strata::kernels::moe::detail {
+namespace {
+
+namespace c = strata::contract;
+namespace is = strata::contract::intsum;
+
+constexpr int kBM = 128;                     // output rows per CTA
+constexpr int kBN = 64;                      // tokens per tile
+constexpr int kBK = 128;                     // columns per pipeline stage
+constexpr int kKB = kBK / c::kBlock;         // 32-blocks per stage
+constexpr int kStages = 3;                   // cp.async pipeline depth
+constexpr int kWarps = kBM / 16;             // one 16-row mma fragment per warp
+constexpr int kThreads = kWarps * 32;        // 256
+constexpr int kFrags = kBN / 8;              // 8-token mma fragments per tile
+constexpr int kAStride = kBK / 2 + 16;       // bytes per weight row in shared memory (padded: the
+                                             // 8 rows a fragment load touches hit distinct banks)
+constexpr int kBStride = kBK + 32;           // bytes per token row per plane (padded likewise)
+constexpr int kAStage = kBM * kAStride;      // 10,240 bytes
+constexpr int kBStage = 2 * kBN * kBStride;  // 20,480 bytes (hi and lo planes)
+
+static_assert(kBM * kKB == 2 * kThreads, "A stage: 2 chunks (one block of one row) per thread");
+static_assert(2 * kBN * (kBK / 16) == 4 * kThreads, "B stage: 4 chunks per thread");
+
+struct GemmArgs {
+  const Mxfp4ExpertView* experts;
+  const int32_t* group_offsets;
+  const int32_t* row_map;  // pair → input row (nullptr: the pair itself)
+  QuantRows in;            // q, e of the input rows (strict path)
+  Planes planes;           // hi, lo planes and per-row metadata of the input rows
+  int K, N, split;         // input width, output rows; rows ≥ split from w3 (gate|up) — N: w2
+  float* out;              // [P, N]
+};
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(dst))),
+      "l"(src)
+      : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// decode4 of contract_device.cuh with the tables of w2 · 2^sw (is::shifted_tables).
+__device__ __forceinline__ uint32_t decode4_shifted(uint32_t codes, const is::ShiftedTables& t) {
+  const uint32_t idx = codes & 0x7777u;
+  const uint32_t pos = __byte_perm(t.pos0, t.pos1, idx);
+  const uint32_t neg = __byte_perm(t.neg0, t.neg1, idx);
+  return __byte_perm(pos, neg, 0x3210u | ((codes & 0x8888u) >> 1));
+}
+
+// Packed weights and scale codes of output row o (clamped to the last row: rows past N are read,
+// never stored).
+__device__ __forceinline__ void row_source(const GemmArgs& a, const Mxfp4ExpertView& v, int o,
+                                           const uint8_t*& pk, const uint8_t*& sc) {
+  o = min(o, a.N - 1);
+  const bool down = a.split == a.N, second = !down && o >= a.split;
+  const int r = second ? o - a.split : o;
+  pk = (down ? v.w2_packed : second ? v.w3_packed : v.w1_packed) + size_t(r) * size_t(a.K / 2);
+  sc = (down ? v.w2_scale : second ? v.w3_scale : v.w1_scale) + size_t(r) * size_t(a.K / c::kBlock);
+}
+
+// The strict contract (numerics.md §3) for one output, by one warp: lane j sums the exact terms of
+// blocks j, j+32, … in increasing order from +0.0, then the butterfly (off 16 … 1). Lane 0 holds
+// the result.
+__device__ float strict_element(const uint8_t* pk, const uint8_t* sc, const int8_t* q,
+                                const int32_t* e, int nb, int lane) {
+  double L = 0.0;
+  for (int b = lane; b < nb; b += 32) {
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(pk) + b);
+    const uint4* qb = reinterpret_cast<const uint4*>(q + size_t(b) * c::kBlock);
+    const uint32_t d = dot_block_biased(w, __ldg(qb), __ldg(qb + 1));
+    L = c::dadd(L, block_term_bits(d, __ldg(e + b), __ldg(sc + b)));
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
+  return float(L);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* const sA = smem;
+  uint8_t* const sB = smem + kStages * kAStage;
+  uint8_t* const sS = sB + kStages * kBStage;  // [kBM, nb] scale codes
+  __shared__ int32_t s_smin[kBM], s_rowok[kBM];
+  __shared__ int32_t s_tokrow[kBN], s_tokemin[kBN], s_tokst[kBN], s_bad[kBN];
+  __shared__ int32_t s_nbad;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int g = blockIdx.y, row0 = blockIdx.x * kBM;
+  const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
+  if (p1 <= p0 || row0 >= a.N) return;
+  const Mxfp4ExpertView v = a.experts[g];
+  const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
+
+  // The rows' scale codes and windows: warp w takes rows 16w..16w+15.
+  for (int r = warp * 16; r < warp * 16 + 16; r++) {
+    const uint8_t *pk, *sc;
+    row_source(a, v, row0 + r, pk, sc);
+    int mn = 255, mx = 0;
+    for (int b = lane; b < nb; b += 32) {
+      const int s = __ldg(sc + b);
+      sS[r * nb + b] = uint8_t(s);
+      mn = min(mn, s), mx = max(mx, s);
+    }
+    mn = __reduce_min_sync(0xffffffffu, mn), mx = __reduce_max_sync(0xffffffffu, mx);
+    if (lane == 0) {
+      s_smin[r] = mn;
+      s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;  // rows past N: never used
+    }
+  }
+
+  // This thread's cp.async chunks: A rows tid/4 and tid/4 + 64, block tid%4 of the stage; B token
+  // rows tid/8 and tid/8 + 32 of both planes, 16 bytes at (tid%8)·16 of the stage.
+  const int ar = tid >> 2, ablk = tid & 3;
+  const uint8_t* apk[2];
+  {
+    const uint8_t* sc;
+    row_source(a, v, row0 + ar, apk[0], sc);
+    row_source(a, v, row0 + ar + 64, apk[1], sc);
+  }
+  const int bt = tid >> 3, bpart = tid & 7;
+
+  for (int pt = p0; pt < p1; pt += kBN) {
+    const int cnt = min(kBN, p1 - pt), nfrag = (cnt + 7) / 8;
+    if (tid < kBN) {
+      int row = 0, em = 0, st = is::kTokenOk;
+      if (tid < cnt) {
+        const int p = pt + tid;
+        row = a.row_map ? __ldg(a.row_map + p) : p;
+        em = __ldg(a.planes.meta + 2 * size_t(row));
+        st = __ldg(a.planes.meta + 2 * size_t(row) + 1);
+      }
+      s_tokrow[tid] = row, s_tokemin[tid] = em, s_tokst[tid] = st;
+    }
+    if (tid == 0) s_nbad = 0;
+    __syncthreads();
+    if (tid < cnt && s_tokst[tid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = tid;
+    const int8_t* bsrc[2][2];  // [plane][token half], nullptr past the tile
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int t = bt + 32 * h;
+      const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
+      bsrc[0][h] = t < cnt ? a.planes.hi + off : nullptr;
+      bsrc[1][h] = t < cnt ? a.planes.lo + off : nullptr;
+    }
+    auto load_stage = [&](int st, int kt) {
+      const int b = kt * kKB + ablk;
+      if (b < nb) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          cp16(sA + st * kAStage + (ar + 64 * h) * kAStride + ablk * 16, apk[h] + size_t(b) * 16);
+      }
+      if (kt * kKB + (bpart >> 1) < nb) {
+#pragma unroll
+        for (int pl = 0; pl < 2; pl++)
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            if (bsrc[pl][h])
+              cp16(sB + st * kBStage + (pl * kBN + bt + 32 * h) * kBStride + bpart * 16,
+                   bsrc[pl][h] + size_t(kt) * kBK);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++) {
+      if (s < nkt) load_stage(s, s);
+      cp_commit();
+    }
+
+    int acc_hi[kFrags][4], acc_lo[kFrags][4];
+#pragma unroll
+    for (int f = 0; f < kFrags; f++)
+#pragma unroll
+      for (int r = 0; r < 4; r++) acc_hi[f][r] = 0, acc_lo[f][r] = 0;
+    const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+
+    for (int kt = 0; kt < nkt; kt++) {
+      cp_wait<kStages - 2>();
+      __syncthreads();
+      if (kt + kStages - 1 < nkt) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+      cp_commit();
+      const int st = kt % kStages;
+      const uint8_t* A = sA + st * kAStage;
+      const uint8_t* B = sB + st * kBStage;
+      const int smin_lo = s_smin[r_lo], smin_hi = s_smin[r_hi];
+#pragma unroll
+      for (int kb = 0; kb < kKB; kb++) {
+        const int b = kt * kKB + kb;
+        if (b >= nb) break;
+        // Rows outside their window get a clamped shift; their results are replaced (strict).
+        const is::ShiftedTables tl =
+            is::shifted_tables(min(int(sS[r_lo * nb + b]) - smin_lo, is::kMaxWeightShift));
+        const is::ShiftedTables th =
+            is::shifted_tables(min(int(sS[r_hi * nb + b]) - smin_hi, is::kMaxWeightShift));
+        const uint32_t wl =
+            *reinterpret_cast<const uint32_t*>(A + r_lo * kAStride + kb * 16 + tig * 4);
+        const uint32_t wh =
+            *reinterpret_cast<const uint32_t*>(A + r_hi * kAStride + kb * 16 + tig * 4);
+        const uint32_t a0 = decode4_shifted(wl, tl), a2 = decode4_shifted(wl >> 16, tl);
+        const uint32_t a1 = decode4_shifted(wh, th), a3 = decode4_shifted(wh >> 16, th);
+#pragma unroll
+        for (int f = 0; f < kFrags; f++) {
+          if (f < nfrag) {
+            const uint8_t* bp = B + (f * 8 + gid) * kBStride + kb * 32 + tig * 8;
+            const uint2 bh = *reinterpret_cast<const uint2*>(bp);
+            const uint2 bl = *reinterpret_cast<const uint2*>(bp + kBN * kBStride);
+            mma_s8(acc_hi[f], a0, a1, a2, a3, bh.x, bh.y);
+            mma_s8(acc_lo[f], a0, a1, a2, a3, bl.x, bl.y);
+          }
+        }
+      }
+    }
+    cp_wait<0>();
+
+    // Epilogue: fragment element r of fragment f is (row gid + 8·(r ≥ 2), token 8f + 2·tig + r%2).
+#pragma unroll
+    for (int f = 0; f < kFrags; f++) {
+      if (f >= nfrag) continue;
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const int row = r >= 2 ? r_hi : r_lo, col = f * 8 + 2 * tig + (r & 1);
+        if (col >= cnt || row0 + row >= a.N) continue;
+        const int st = s_tokst[col];
+        float val;
+        if (st == is::kTokenPoisoned)
+          val = c::canonical_nan();
+        else if (st == is::kTokenOk && s_rowok[row])
+          val = is::finish(acc_hi[f][r], acc_lo[f][r], s_tokemin[col], s_smin[row]);
+        else
+          continue;  // strict path below
+        a.out[size_t(pt + col) * a.N + row0 + row] = val;
+      }
+    }
+
+    // Strict path: this warp's rows outside their window (every token of the tile) and its other
+    // rows for the tile's tokens outside theirs. Warp-uniform loops.
+    const unsigned badrows = __ballot_sync(0xffffffffu, lane < 16 && !s_rowok[warp * 16 + lane]);
+    const int nbad = s_nbad;
+    if (badrows != 0u || nbad > 0) {
+      for (int rr = 0; rr < 16; rr++) {
+        const int row = warp * 16 + rr;
+        if (row0 + row >= a.N) break;
+        const bool rbad = (badrows >> rr) & 1u;
+        const int n = rbad ? cnt : nbad;
+        if (n == 0) continue;
+        const uint8_t *pk, *sc;
+        row_source(a, v, row0 + row, pk, sc);
+        for (int i = 0; i < n; i++) {
+          const int col = rbad ? i : s_bad[i];
+          if (s_tokst[col] == is::kTokenPoisoned) continue;
+          const size_t in_row = size_t(s_tokrow[col]);
+          const float val = strict_element(pk, sc, a.in.q + in_row * size_t(K),
+                                           a.in.e + in_row * size_t(nb), nb, lane);
+          if (lane == 0) a.out[size_t(pt + col) * a.N + row0 + row] = val;
+        }
+      }
+    }
+    __syncthreads();  // the next tile rewrites the token tables and the stages
+  }
+}
+
+// Per input row: metadata (e_min, status) and, for rows inside the window, the two planes.
+// One warp per row.
+constexpr int kPlaneWarps = 8;
+__global__ void __launch_bounds__(kPlaneWarps * 32)
+    planes_kernel(QuantRows in, int rows, int K, Planes out) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kPlaneWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int nb = K / c::kBlock;
+  const int8_t* q = in.q + size_t(row) * K;
+  const int32_t* e = in.e + size_t(row) * nb;
+  is::TokenScan s;
+  for (int b = lane; b < nb; b += 32) {
+    const uint4* qb = reinterpret_cast<const uint4*>(q + size_t(b) * c::kBlock);
+    const uint4 x0 = qb[0], x1 = qb[1];
+    const bool nz = (x0.x | x0.y | x0.z | x0.w | x1.x | x1.y | x1.z | x1.w) != 0u;
+    const int ex = e[b];
+    is::token_scan_add(s, ex, nz, ex == kPoisonedBlock);
+  }
+  s.mn = __reduce_min_sync(0xffffffffu, s.mn);
+  s.mx = __reduce_max_sync(0xffffffffu, s.mx);
+  s.poisoned = __any_sync(0xffffffffu, s.poisoned);
+  const is::TokenMeta m = is::token_meta_finish(s);
+  if (lane == 0) out.meta[2 * size_t(row)] = m.e_min, out.meta[2 * size_t(row) + 1] = m.status;
+  if (m.status != is::kTokenOk) return;  // planes unused: strict path or NaN
+  for (int b = 0; b < nb; b++) {
+    const size_t i = size_t(row) * K + size_t(b) * c::kBlock + lane;
+    const int qv = q[size_t(b) * c::kBlock + lane];
+    int8_t hi = 0, lo = 0;
+    if (__any_sync(0xffffffffu, qv != 0)) is::split_plane(qv, e[b] - m.e_min, hi, lo);
+    out.hi[i] = hi, out.lo[i] = lo;
+  }
+}
+
+Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void* stream) {
+  if (rows == 0) return {};
+  planes_kernel<<<unsigned((rows + kPlaneWarps - 1) / kPlaneWarps), kPlaneWarps * 32, 0,
+                  kernels::detail::as_stream(stream)>>>(in, rows, K, out);
+  return kernels::detail::launch_status();
+}
+
+Status launch(const GemmArgs& a, int G, void* stream) {
+  const size_t smem = size_t(kStages) * (kAStage + kBStage) + size_t(kBM) * (a.K / c::kBlock);
+  if (cudaError_t e =
+          cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      e != cudaSuccess)
+    return kernels::detail::status_of(e);
+  const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
+  gemm_kernel<<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  return kernels::detail::launch_status();
+}
+
+Status not_supported() {
+  return {int(cudaErrorNotSupported), "grouped_experts: the GEMM path takes input widths <= 4096"};
+}
+
+}  // namespace
+
+bool gemm_supports(int K) {
+  return K > 0 && K % c::kBlock == 0 && K <= is::kMaxK;
+}
+
+Status gemm_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
+  if (!gemm_supports(b.H)) return not_supported();
+  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
+  GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
+  return launch(a, b.G, stream);
+}
+
+Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
+  if (!gemm_supports(b.I)) return not_supported();
+  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
+  GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
+  return launch(a, b.G, stream);
+}
+
+}  // namespace strata::kernels::moe::detail
