@@ -76,6 +76,12 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
       "l"(src)
       : "memory");
 }
+__device__ __forceinline__ void cp4(void* dst, const void* src) {
+  asm volatile(
+      "cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(unsigned(__cvta_generic_to_shared(dst))),
+      "l"(src)
+      : "memory");
+}
 __device__ __forceinline__ void cp_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -145,22 +151,28 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
 
-  // The rows' scale codes and windows: warp w takes rows 16w..16w+15.
-  for (int r = warp * 16; r < warp * 16 + 16; r++) {
-    const uint8_t *pk, *sc;
-    row_source(a, v, row0 + r, pk, sc);
-    int mn = 255, mx = 0;
-    for (int b = lane; b < nb; b += 32) {
-      const int s = __ldg(sc + b);
-      sS[r * nb + b] = uint8_t(s);
-      mn = min(mn, s), mx = max(mx, s);
+  // The rows' scale codes into shared memory, issued ahead of the first weight stages (4-byte
+  // cp.async when rows start 4-byte aligned — every real shape and slot layout — else plain
+  // loads); each warp derives its own rows' windows once they have landed (first K step of the
+  // first tile).
+  const bool down = a.split == a.N;
+  const auto a4 = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0u; };
+  if (nb % 4 == 0 && (down ? a4(v.w2_scale) : a4(v.w1_scale) && a4(v.w3_scale))) {
+    for (int i = tid; i < kBM * (nb / 4); i += kThreads) {
+      const int r = i / (nb / 4), j = i - r * (nb / 4);
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      cp4(sS + r * nb + 4 * j, sc + 4 * j);
     }
-    mn = __reduce_min_sync(0xffffffffu, mn), mx = __reduce_max_sync(0xffffffffu, mx);
-    if (lane == 0) {
-      s_smin[r] = mn;
-      s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;  // rows past N: never used
+  } else {
+    for (int i = tid; i < kBM * nb; i += kThreads) {
+      const int r = i / nb, j = i - r * nb;
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      sS[i] = __ldg(sc + j);
     }
   }
+  bool windows_done = false;
 
   // This thread's cp.async chunks: A rows tid/4 and tid/4 + 64, block tid%4 of the stage; B token
   // rows tid/8 and tid/8 + 32 of both planes, 16 bytes at (tid%8)·16 of the stage.
@@ -173,8 +185,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
   }
   const int bt = tid >> 3, bpart = tid & 7;
 
+  auto load_a = [&](int st, int kt) {
+    const int b = kt * kKB + ablk;
+    if (b < nb) {
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+        cp16(sA + st * kAStage + (ar + 64 * h) * kAStride + ablk * 16, apk[h] + size_t(b) * 16);
+    }
+  };
+
   for (int pt = p0; pt < p1; pt += kBN) {
     const int cnt = min(kBN, p1 - pt), nfrag = (cnt + 7) / 8;
+    // The weights of the first stages go out before the tokens' metadata is known.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++)
+      if (s < nkt) load_a(s, s);
     if (tid < kBN) {
       int row = 0, em = 0, st = is::kTokenOk;
       if (tid < cnt) {
@@ -196,13 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
       bsrc[0][h] = t < cnt ? a.planes.hi + off : nullptr;
       bsrc[1][h] = t < cnt ? a.planes.lo + off : nullptr;
     }
-    auto load_stage = [&](int st, int kt) {
-      const int b = kt * kKB + ablk;
-      if (b < nb) {
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          cp16(sA + st * kAStage + (ar + 64 * h) * kAStride + ablk * 16, apk[h] + size_t(b) * 16);
-      }
+    auto load_b = [&](int st, int kt) {
       if (kt * kKB + (bpart >> 1) < nb) {
 #pragma unroll
         for (int pl = 0; pl < 2; pl++)
@@ -213,9 +232,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
                    bsrc[pl][h] + size_t(kt) * kBK);
       }
     };
+    // Groups: [scales (first tile) + A of stages 0..S-2 + B of stage 0], [B of stage 1], …
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
-      if (s < nkt) load_stage(s, s);
+      if (s < nkt) load_b(s, s);
       cp_commit();
     }
 
@@ -229,7 +249,29 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
     for (int kt = 0; kt < nkt; kt++) {
       cp_wait<kStages - 2>();
       __syncthreads();
-      if (kt + kStages - 1 < nkt) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+      if (!windows_done) {
+        // Lanes 0–15 and 16–31 scan halves of row 16·warp + (lane mod 16); the scales (first
+        // group) have landed. Only this warp uses its rows' windows.
+        windows_done = true;
+        const int r = warp * 16 + (lane & 15), half = (nb + 1) / 2;
+        const int b0 = lane < 16 ? 0 : half, b1 = lane < 16 ? half : nb;
+        int mn = 255, mx = 0;
+        for (int b = b0; b < b1; b++) {
+          const int sv = sS[r * nb + b];
+          mn = min(mn, sv), mx = max(mx, sv);
+        }
+        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 16));
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        if (lane < 16) {
+          s_smin[r] = mn;
+          s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;  // past N: never used
+        }
+        __syncwarp();
+      }
+      if (kt + kStages - 1 < nkt) {
+        load_a((kt + kStages - 1) % kStages, kt + kStages - 1);
+        load_b((kt + kStages - 1) % kStages, kt + kStages - 1);
+      }
       cp_commit();
       const int st = kt % kStages;
       const uint8_t* A = sA + st * kAStage;
