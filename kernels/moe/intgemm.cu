@@ -22,13 +22,15 @@
 //
 // Tiling: a CTA (8 warps) owns 128 output rows of one expert (grid: row tiles × groups, sized from
 // host counts — fine for prefill, which the engine does not capture in CUDA graphs) and walks the
-// group's tokens in tiles of 64; per token tile it streams the rows' packed weights and the tokens'
-// two planes through a 3-stage cp.async pipeline of 128-column stages. Warp w computes rows
-// 16w..16w+15 against the whole token tile: per 32-column block one A fragment (decoded once), two
-// mma.m16n8k32 (hi, lo planes) per 8 tokens, skipping the 8-token fragments past the tile's count.
-// The k-slot permutation of the IMMA path (lane t: elements 8t..8t+3 in slots 4t..4t+3 and
-// 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which leaves each dot product unchanged.
-// The scale codes of the CTA's rows are read once into shared memory, with each row's window.
+// group's tokens in tiles of BN; per token tile it streams the rows' packed weights and the
+// tokens' two planes through a cp.async pipeline of 128-column stages. BN and the depth are picked
+// from the mean tokens per expert: 16 tokens × 6 stages, 32 × 4 or 64 × 3 (two CTAs per SM each).
+// Warp w computes rows 16w..16w+15 against the whole token tile: per 32-column block one A
+// fragment (decoded once), two mma.m16n8k32 (hi, lo planes) per 8 tokens, skipping the 8-token
+// fragments past the tile's count. The k-slot permutation of the IMMA path (lane t: elements
+// 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which leaves
+// each dot product unchanged. The scale codes of the CTA's rows are copied once into shared
+// memory, with each row's window.
 #include <cuda_runtime.h>
 
 #include "kernels/moe/contract_device.cuh"
@@ -43,22 +45,30 @@ namespace {
 namespace c = strata::contract;
 namespace is = strata::contract::intsum;
 
-constexpr int kBM = 128;                     // output rows per CTA
-constexpr int kBN = 64;                      // tokens per tile
-constexpr int kBK = 128;                     // columns per pipeline stage
-constexpr int kKB = kBK / c::kBlock;         // 32-blocks per stage
-constexpr int kStages = 3;                   // cp.async pipeline depth
-constexpr int kWarps = kBM / 16;             // one 16-row mma fragment per warp
-constexpr int kThreads = kWarps * 32;        // 256
-constexpr int kFrags = kBN / 8;              // 8-token mma fragments per tile
-constexpr int kAStride = kBK / 2 + 16;       // bytes per weight row in shared memory (padded: the
-                                             // 8 rows a fragment load touches hit distinct banks)
-constexpr int kBStride = kBK + 32;           // bytes per token row per plane (padded likewise)
-constexpr int kAStage = kBM * kAStride;      // 10,240 bytes
-constexpr int kBStage = 2 * kBN * kBStride;  // 20,480 bytes (hi and lo planes)
+constexpr int kBM = 128;                 // output rows per CTA
+constexpr int kBK = 128;                 // columns per pipeline stage
+constexpr int kKB = kBK / c::kBlock;     // 32-blocks per stage
+constexpr int kWarps = kBM / 16;         // one 16-row mma fragment per warp
+constexpr int kThreads = kWarps * 32;    // 256
+constexpr int kAStride = kBK / 2 + 16;   // bytes per weight row in shared memory (padded: the
+                                         // 8 rows a fragment load touches hit distinct banks)
+constexpr int kBStride = kBK + 32;       // bytes per token row per plane (padded likewise)
+constexpr int kAStage = kBM * kAStride;  // 10,240 bytes
 
 static_assert(kBM * kKB == 2 * kThreads, "A stage: 2 chunks (one block of one row) per thread");
-static_assert(2 * kBN * (kBK / 16) == 4 * kThreads, "B stage: 4 chunks per thread");
+
+// Token-tile variants (BN tokens per tile, STAGES pipeline stages), all at two CTAs per SM
+// (≈ 104 KB of shared memory each with K3's 112 scale bytes per row): small tiles leave room for
+// deeper pipelines, which the weight-streaming (memory-bound) regime of few tokens per expert
+// needs; large tiles read each expert's weights fewer times when groups are large.
+template <int BN, int STAGES>
+struct Tile {
+  static constexpr int kFrags = BN / 8;                            // 8-token mma fragments per tile
+  static constexpr int kBStage = 2 * BN * kBStride;                // hi and lo planes
+  static constexpr int kBChunks = 2 * BN * (kBK / 16) / kThreads;  // 16-byte copies per thread
+  static_assert(kBChunks * kThreads == 2 * BN * (kBK / 16), "B stage: whole chunks per thread");
+  static size_t smem(int nb) { return size_t(STAGES) * (kAStage + kBStage) + size_t(kBM) * nb; }
+};
 
 struct GemmArgs {
   const Mxfp4ExpertView* experts;
@@ -135,7 +145,10 @@ __device__ float strict_element(const uint8_t* pk, const uint8_t* sc, const int8
   return float(L);
 }
 
+template <int BN, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
+  using Tl = Tile<BN, STAGES>;
+  constexpr int kBN = BN, kStages = STAGES, kFrags = Tl::kFrags, kBStage = Tl::kBStage;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const sA = smem;
   uint8_t* const sB = smem + kStages * kAStage;
@@ -174,8 +187,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
   }
   bool windows_done = false;
 
-  // This thread's cp.async chunks: A rows tid/4 and tid/4 + 64, block tid%4 of the stage; B token
-  // rows tid/8 and tid/8 + 32 of both planes, 16 bytes at (tid%8)·16 of the stage.
+  // This thread's A copies: rows tid/4 and tid/4 + 64, block tid%4 of the stage.
   const int ar = tid >> 2, ablk = tid & 3;
   const uint8_t* apk[2];
   {
@@ -183,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
     row_source(a, v, row0 + ar, apk[0], sc);
     row_source(a, v, row0 + ar + 64, apk[1], sc);
   }
-  const int bt = tid >> 3, bpart = tid & 7;
+  const int bpart = tid & 7;
 
   auto load_a = [&](int st, int kt) {
     const int b = kt * kKB + ablk;
@@ -213,23 +225,22 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
     if (tid == 0) s_nbad = 0;
     __syncthreads();
     if (tid < cnt && s_tokst[tid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = tid;
-    const int8_t* bsrc[2][2];  // [plane][token half], nullptr past the tile
+    // This thread's B copies: chunk c = tid + 256·i of the stage is plane c / (8·BN), token
+    // (c / 8) mod BN, bytes (c mod 8)·16; nullptr past the tile.
+    const int8_t* bsrc[Tl::kBChunks];
+    int bdst[Tl::kBChunks];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int t = bt + 32 * h;
+    for (int i = 0; i < Tl::kBChunks; i++) {
+      const int ch = tid + kThreads * i, pl = ch / (8 * kBN), t = (ch >> 3) % kBN;
       const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
-      bsrc[0][h] = t < cnt ? a.planes.hi + off : nullptr;
-      bsrc[1][h] = t < cnt ? a.planes.lo + off : nullptr;
+      bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
+      bdst[i] = (pl * kBN + t) * kBStride + bpart * 16;
     }
     auto load_b = [&](int st, int kt) {
       if (kt * kKB + (bpart >> 1) < nb) {
 #pragma unroll
-        for (int pl = 0; pl < 2; pl++)
-#pragma unroll
-          for (int h = 0; h < 2; h++)
-            if (bsrc[pl][h])
-              cp16(sB + st * kBStage + (pl * kBN + bt + 32 * h) * kBStride + bpart * 16,
-                   bsrc[pl][h] + size_t(kt) * kBK);
+        for (int i = 0; i < Tl::kBChunks; i++)
+          if (bsrc[i]) cp16(sB + st * kBStage + bdst[i], bsrc[i] + size_t(kt) * kBK);
       }
     };
     // Groups: [scales (first tile) + A of stages 0..S-2 + B of stage 0], [B of stage 1], …
@@ -394,15 +405,24 @@ Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void
   return kernels::detail::launch_status();
 }
 
-Status launch(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = size_t(kStages) * (kAStage + kBStage) + size_t(kBM) * (a.K / c::kBlock);
-  if (cudaError_t e =
-          cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+template <int BN, int STAGES>
+Status launch_tile(const GemmArgs& a, int G, void* stream) {
+  const size_t smem = Tile<BN, STAGES>::smem(a.K / c::kBlock);
+  if (cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, STAGES>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
       e != cudaSuccess)
     return kernels::detail::status_of(e);
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  gemm_kernel<<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  gemm_kernel<BN, STAGES><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
+}
+
+// The tile by the mean tokens per expert (host counts; the per-group counts are on the device).
+// Thresholds are a first guess, to be measured: a group of up to ~1.5 means fits one tile.
+Status launch(const GemmArgs& a, int G, int P, void* stream) {
+  if (P < 8 * G) return launch_tile<16, 6>(a, G, stream);
+  if (P < 32 * G) return launch_tile<32, 4>(a, G, stream);
+  return launch_tile<64, 3>(a, G, stream);
 }
 
 Status not_supported() {
@@ -419,14 +439,14 @@ Status gemm_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.H)) return not_supported();
   if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
-  return launch(a, b.G, stream);
+  return launch(a, b.G, b.P, stream);
 }
 
 Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.I)) return not_supported();
   if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
-  return launch(a, b.G, stream);
+  return launch(a, b.G, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail

@@ -395,9 +395,10 @@ TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scale
 TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]") {
   strata::test::skip_without_gpu();
   // Groups of 1, 7, 8, 9, 64 (one token tile), 65 and 130 tokens (tiles + a ragged rest), an empty
-  // group, in an order unrelated to slot order. Weight rows inside the 3-code window (scale_span
-  // 4), so the integer method carries the outputs; token 3 spans > 7 binades (strict for its
-  // pairs), token 11 is poisoned (NaN), tokens 20 and 21 have zero blocks (left out of e_min).
+  // group, in an order unrelated to slot order; 284 pairs over 8 groups: the 64-token tile. Weight
+  // rows inside the 3-code window (scale_span 4), so the integer method carries the outputs; token
+  // 3 spans > 7 binades (strict for its pairs), token 11 is poisoned (NaN), tokens 20 and 21 have
+  // zero blocks (left out of e_min).
   Case c;
   c.H = 3584, c.I = 3072, c.T = 140, c.slots = 10, c.glu = situ();
   c.scale_span = 4;
@@ -434,7 +435,8 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
     GluParams glu;
   };
   // nb = 2, 3, 5 (a partial pipeline stage), 65 and 128 (the largest K the path takes); rows past
-  // N in the last 128-row tile; gate|up tiles straddling w1 and w3 (I not a multiple of 128).
+  // N in the last 128-row tile; gate|up tiles straddling w1 and w3 (I not a multiple of 128);
+  // 75 pairs over 4 groups: the 32-token tile, a group of 70 over three tiles.
   const Shape shapes[] = {
       {64, 96, situ()}, {96, 160, silu()}, {4096, 2080, situ(4.0, 0.0)}, {160, 4096, situ()}};
   for (const Shape& sh : shapes) {
@@ -459,10 +461,14 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
   for (const auto& ex : extremes) {
     DYNAMIC_SECTION("extreme x_scale=" << ex.x_scale << " codes from " << ex.scale_base) {
       Case c;
-      c.H = 256, c.I = 192, c.T = 9, c.slots = 3, c.glu = situ();
+      // 22 pairs over 4 groups (two empty): a mean below 8, so the 16-token tile, and a group of
+      // 20 tokens spanning two of them.
+      c.H = 256, c.I = 192, c.T = 20, c.slots = 4, c.glu = situ();
       c.x_scale = ex.x_scale, c.scale_base = ex.scale_base, c.scale_span = 4;
-      c.group_slot = {2, 0};
-      c.group_tokens = {{0, 1, 2, 3, 4, 5, 6, 7, 8}, {1, 8}};
+      c.group_slot = {2, 0, 1, 3};
+      std::vector<int> all;
+      for (int t = 0; t < c.T; t++) all.push_back(t);
+      c.group_tokens = {all, {1, 8}, {}, {}};
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
     }
