@@ -52,8 +52,9 @@ size_t experts_workspace_bytes(int T, int P, int H, int I);
 // and for benches; automatic now picks GEMV or GEMM.
 inline constexpr int kImmaMinMeanPairsPerGroup = 12;
 // Mean tokens per expert from which the automatic choice takes the GEMM path. NOT YET MEASURED:
-// a first guess (the GEMM streams each expert's weights once per 64 tokens, GEMV once per row of
-// tokens); to be set from `strata bench kernels --filter moe` on the H200.
+// a first guess (the GEMM reads each expert's weights once per token tile of 16–64, the GEMV's
+// cost grows with every token); to be set from `strata bench kernels --filter moe` on the H200.
+// Like the grids, the GEMM's tile size is chosen from the host counts P and G.
 inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 
 // y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
