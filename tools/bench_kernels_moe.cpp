@@ -176,6 +176,16 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
       std::snprintf(note, sizeof note, "%.1f%% of bf16 GEMM peak; int8 MACs counted as 2 FLOPs",
                     100.0 * g.tflops() / gemm_tflops);
       g.note = note;
+      if (path == moe::ExpertPath::gemm) {
+        // How much of the line's work the integer method carried (rows outside the window take
+        // the strict path): the input rows of the last call.
+        moe::GemmWindowCounts wc;
+        ok(moe::gemm_window_counts(batch.ws.get(), batch.b.T, batch.b.P, kH, kI, &wc),
+           "gemm_window_counts");
+        std::snprintf(note, sizeof note, "; x rows in window %lld/%d, h rows %lld/%d", wc.x_ok,
+                      batch.b.T, wc.h_ok, batch.b.P);
+        g.note += note;
+      }
       r.add(g);
     };
     for (int T : {64, 256, 1024, 4096}) {

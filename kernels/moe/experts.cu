@@ -3,9 +3,12 @@
 // kernels live in gemv.cu and imma.cu.
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "kernels/moe/paths.h"
 #include "kernels/ops/launch.cuh"
 #include "storage/expert_contract.h"
+#include "storage/expert_contract_int.h"
 
 namespace strata::kernels::moe {
 namespace detail {
@@ -181,6 +184,32 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   if (path == ExpertPath::gemm) s = detail::gemm_down(b, ws, stream);
   if (path == ExpertPath::gemv) s = detail::gemv_down(b, ws, stream);
   return s;
+}
+
+Status gemm_window_counts(const void* workspace, int T, int P, int H, int I,
+                          GemmWindowCounts* out) {
+  namespace kd = kernels::detail;
+  if (workspace == nullptr || out == nullptr || T < 0 || P < 0)
+    return kd::invalid("gemm_window_counts: bad arguments");
+  const detail::Workspace ws = detail::carve(const_cast<void*>(workspace), T, P, H, I);
+  *out = GemmWindowCounts{};
+  const auto count = [](const int32_t* meta, int rows, long long& ok, long long& wide,
+                        long long& poisoned) -> Status {
+    if (rows == 0) return {};
+    std::vector<int32_t> m(size_t(rows) * 2);
+    if (cudaError_t e = cudaMemcpy(m.data(), meta, m.size() * 4, cudaMemcpyDeviceToHost);
+        e != cudaSuccess)
+      return kd::status_of(e);
+    for (int r = 0; r < rows; r++) {
+      const int32_t st = m[size_t(r) * 2 + 1];
+      ok += st == contract::intsum::kTokenOk;
+      wide += st == contract::intsum::kTokenSpan;
+      poisoned += st == contract::intsum::kTokenPoisoned;
+    }
+    return {};
+  };
+  if (Status s = count(ws.xp.meta, T, out->x_ok, out->x_wide, out->x_poisoned); !s.ok()) return s;
+  return count(ws.hp.meta, P, out->h_ok, out->h_wide, out->h_poisoned);
 }
 
 Status merge_weighted(const float* y, const int32_t* token_offsets, const int32_t* pair,

@@ -63,6 +63,15 @@ inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
                        ExpertPath path, void* stream);
 
+// Diagnostics of the GEMM path's last launch on `workspace` (synchronous: copies the per-row
+// metadata back): how many input rows of x (of T) and of h (of P) were inside the integer
+// method's window, outside it (their pairs took the strict per-block path) or poisoned.
+struct GemmWindowCounts {
+  long long x_ok = 0, x_wide = 0, x_poisoned = 0;
+  long long h_ok = 0, h_wide = 0, h_poisoned = 0;
+};
+Status gemm_window_counts(const void* workspace, int T, int P, int H, int I, GemmWindowCounts* out);
+
 // The routed output (numerics.md §5): for token t, acc = +0; for q in [token_offsets[t],
 // token_offsets[t+1]) (the token's experts in increasing expert id): acc = acc + (weight[q] ·
 // y[pair[q], :]) in fp32 without FMA; out[t, :] = acc. token_offsets [T+1], pair/weight [Q].

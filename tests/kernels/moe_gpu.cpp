@@ -159,8 +159,8 @@ Prepared prepare(const Case& c) {
 }
 
 // Runs the GPU experts on `path` and checks every output bit against the contract, and that the
-// sentinel rows after y are untouched.
-void check_gpu(const Prepared& p, moe::ExpertPath path) {
+// sentinel rows after y are untouched. Returns the GEMM path's window counts (zeros otherwise).
+moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
   INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
                    : path == moe::ExpertPath::imma ? "imma"
@@ -226,6 +226,10 @@ void check_gpu(const Prepared& p, moe::ExpertPath path) {
   size_t stray = 0;
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
+  moe::GemmWindowCounts wc;
+  if (path == moe::ExpertPath::gemm)
+    REQUIRE(moe::gemm_window_counts(ws.get(), c.T, p.P, c.H, c.I, &wc).ok());
+  return wc;
 }
 
 GluParams situ(double b1 = 4.0, double b2 = 25.0) {
@@ -420,7 +424,14 @@ TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]"
                     range(5, 130)};  // two tiles and two
   for (int g = 0; g < int(c.group_tokens.size()); g++) c.group_slot.push_back((g * 3 + 1) % 10);
   Prepared p = prepare(c);
-  check_gpu(p, moe::ExpertPath::gemm);
+  const moe::GemmWindowCounts wc = check_gpu(p, moe::ExpertPath::gemm);
+  // The integer method carried every token but the wide and the poisoned one (zero blocks do not
+  // widen a token), and the poison reached h in all three of token 11's pairs.
+  CHECK(wc.x_ok == c.T - 2);
+  CHECK(wc.x_wide == 1);
+  CHECK(wc.x_poisoned == 1);
+  CHECK(wc.h_poisoned == 3);
+  CHECK(wc.h_ok + wc.h_wide + wc.h_poisoned == p.P);
   SECTION("rows outside the weight window (strict rows in every tile position)") {
     c.wide_rows = true;
     Prepared pw = prepare(c);
