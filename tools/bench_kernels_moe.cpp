@@ -2,7 +2,8 @@
 // lines: the MXFP4 expert GEMV (one token, 16 experts of 3584→3072→3584) in weight GB/s against the
 // measured copy bandwidth, the grouped MXFP4 experts at 64–4096 tokens per layer in TFLOP/s against
 // each line's roofline min(bf16 GEMM peak, FLOPs / (bytes of the touched experts / copy rate)) from
-// the peaks measured in the same run (every path: GEMM, IMMA, GEMV), and the cuBLASLt shapes of
+// the peaks measured in the same run (every path: GEMM, IMMA, GEMV; the whole routed step, merge
+// into the tokens' outputs included), and the cuBLASLt shapes of
 // the K3 dense trunk (decode T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
 //
 // Napkin (STYLE.md §17): 16 experts × 17.55 MB = 280.8 MB per token per MoE layer; at the H200's
@@ -75,6 +76,7 @@ struct ExpertPool {
 // One routed batch: T tokens, each to kTopk distinct experts; groups by increasing expert id.
 struct Routed {
   DeviceBuffer views, offsets, pair_token, x, y, ws;
+  DeviceBuffer merge_offsets, merge_pair, merge_weight, out;  // the merge (numerics.md §5)
   moe::ExpertBatch b;
   int distinct = 0;
   size_t ws_bytes = 0;
@@ -107,6 +109,18 @@ struct Routed {
       off.push_back(int32_t(pt.size()));
     }
     distinct = int(v.size());
+    // Each token's pairs in increasing expert id (the groups' order), with made-up weights.
+    std::vector<std::vector<int32_t>> pairs_of(static_cast<size_t>(T));
+    for (size_t q = 0; q < pt.size(); q++) pairs_of[size_t(pt[q])].push_back(int32_t(q));
+    std::vector<int32_t> moff = {0}, mpair;
+    std::vector<float> mw;
+    std::uniform_real_distribution<float> ud(0.0f, 0.3f);
+    for (const auto& ps : pairs_of) {
+      for (int32_t q : ps) mpair.push_back(q), mw.push_back(ud(rng));
+      moff.push_back(int32_t(mpair.size()));
+    }
+    merge_offsets = DeviceBuffer::from(moff), merge_pair = DeviceBuffer::from(mpair);
+    merge_weight = DeviceBuffer::from(mw), out = DeviceBuffer(size_t(T) * kH * 4);
     std::vector<float> xs(size_t(T) * kH);
     std::normal_distribution<float> nd;
     for (float& f : xs) f = nd(rng);
@@ -121,6 +135,13 @@ struct Routed {
   }
   void run(moe::ExpertPath path) {
     ok(moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr), "grouped_experts");
+  }
+  // The whole routed step: the experts, then the weighted merge into the tokens' outputs.
+  void run_and_merge(moe::ExpertPath path) {
+    run(path);
+    ok(moe::merge_weighted(y.as<float>(), merge_offsets.as<int32_t>(), merge_pair.as<int32_t>(),
+                           merge_weight.as<float>(), out.as<float>(), b.T, kH, nullptr),
+       "merge_weighted");
   }
 };
 
@@ -162,7 +183,7 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
           std::string("moe/mxfp4-grouped T=") + std::to_string(T) + " " + path_name(path) + suffix;
       g.shape =
           std::to_string(batch.distinct) + " experts, " + std::to_string(batch.b.P) + " pairs";
-      g.time = to_stats(kernels::gpu_time([&] { batch.run(path); }, nullptr, repeats, 1));
+      g.time = to_stats(kernels::gpu_time([&] { batch.run_and_merge(path); }, nullptr, repeats, 1));
       g.flops = 6.0 * double(batch.b.P) * kH * kI;
       g.bytes = batch.distinct * ExpertPool::expert_bytes();
       // The line's roofline: compute at the bf16 peak, or every touched expert read once at the
@@ -173,7 +194,9 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
                                              : "roofline: bf16 GEMM (measured)";
       g.peak_is_bandwidth = false;
       char note[160];
-      std::snprintf(note, sizeof note, "%.1f%% of bf16 GEMM peak; int8 MACs counted as 2 FLOPs",
+      std::snprintf(note, sizeof note,
+                    "%.1f%% of bf16 GEMM peak; whole step (quantize, experts, GLU, merge); int8 "
+                    "MACs as 2 FLOPs",
                     100.0 * g.tflops() / gemm_tflops);
       g.note = note;
       if (path == moe::ExpertPath::gemm) {
