@@ -174,6 +174,7 @@ std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const Sessio
     co.max_step_rows = in_.max_step_rows;
     co.hardware_file = in_.hardware;
     co.cuda_graphs = !in_.no_cuda_graphs;
+    co.profile = in_.profile;
     if (!in_.gpu_mem.empty()) co.gpu_mem_bytes = parse_size(in_.gpu_mem, 0, "--gpu-mem");
     if (!in_.gpu_experts.empty()) {
       const std::string& g = in_.gpu_experts;

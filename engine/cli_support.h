@@ -43,6 +43,7 @@ struct InspectOptions {
   int64_t max_step_rows = 512;
   std::string hardware;         // a `strata bench hw --save` profile for the cost model's decisions
   bool no_cuda_graphs = false;  // decode steps with eager launches (for comparisons)
+  bool profile = false;         // GPU time per sublayer kind (CudaBackendOptions::profile)
   int threads = 0;              // 0: all cores
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;

@@ -211,6 +211,7 @@ struct CudaBackend::Graphs {
     std::vector<void*> segments;  // executable graphs, in step order
     bool complete = false;
   };
+
   std::map<std::string, Entry> by_shape;
   std::deque<std::string> order;  // insertion order, for the bound
   static constexpr size_t kMaxShapes = 64;
@@ -220,6 +221,63 @@ struct CudaBackend::Graphs {
   ~Graphs() {
     for (auto& [k, e] : by_shape)
       for (void* g : e.segments) rt::graph_destroy(g);
+  }
+};
+
+// Sublayer profile (CudaBackendOptions::profile): a pool of timing events, the (kind, start, end)
+// marks of the current step, and the totals per kind.
+struct CudaBackend::Profile {
+  static constexpr const char* kKinds[] = {"embed", "mix", "norm", "kda",    "mla",   "mlp",
+                                           "moe",   "add", "copy", "finite", "logits"};
+  static constexpr int kNumKinds = int(sizeof(kKinds) / sizeof(kKinds[0]));
+  std::vector<void*> pool;
+  size_t used = 0;
+  struct Mark {
+    int kind;
+    void *a, *b;
+  };
+  std::vector<Mark> marks;
+  void* step_a = nullptr;
+  double ms[kNumKinds] = {};
+  double span_ms = 0;
+  uint64_t steps = 0;
+  void* take() {
+    if (used == pool.size()) {
+      void* e = rt::timing_event_create();
+      if (!e) throw Error("CUDA backend: cannot create a timing event");
+      pool.push_back(e);
+    }
+    return pool[used++];
+  }
+  ~Profile() {
+    for (void* e : pool) rt::event_destroy(e);
+  }
+};
+
+namespace {
+int kind_of(const char* k) {
+  for (int i = 0; i < CudaBackend::Profile::kNumKinds; ++i)
+    if (std::strcmp(CudaBackend::Profile::kKinds[i], k) == 0) return i;
+  return 0;
+}
+}  // namespace
+
+// Marks the GPU time of one backend call (a no-op unless profiling).
+struct ProfScope {
+  CudaBackend::Profile* p;
+  void* stream;
+  int kind;
+  void* b = nullptr;
+  ProfScope(CudaBackend& cb, void* s, const char* k) : p(cb.prof_.get()), stream(s), kind(0) {
+    if (!p) return;
+    kind = kind_of(k);
+    void* a = p->take();
+    b = p->take();
+    check(rt::event_record(a, stream), "profile");
+    p->marks.push_back({kind, a, b});
+  }
+  ~ProfScope() {
+    if (p) rt::event_record(b, stream);
   }
 };
 
@@ -659,6 +717,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   for (int s = 0; s < cuda_.slots; ++s) reset_slot(s);
   check(rt::stream_sync(im.stream), "start-up");
   graphs_ = std::make_unique<Graphs>();
+  if (cuda_.profile) {
+    cuda_.cuda_graphs = false;  // timing events around every call: eager launches
+    prof_ = std::make_unique<Profile>();
+  }
   name_ = "cuda bf16, experts contract (" + std::to_string(im.resident) + " of " +
           std::to_string(n_routed) + " routed experts in the GPU cache)";
 }
@@ -720,7 +782,26 @@ std::string CudaBackend::telemetry_line() const {
                 tel_.sync_wait_s * per, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9,
                 (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches,
                 (unsigned long long)tel_.device_group_layers);
-  return b;
+  std::string line = b;
+  if (prof_ && prof_->steps) {
+    const Profile& p = *prof_;
+    const double n = double(p.steps);
+    double sum = 0;
+    std::string parts;
+    for (int k = 0; k < Profile::kNumKinds; ++k) {
+      sum += p.ms[k];
+      if (p.ms[k] <= 0) continue;
+      char t[64];
+      std::snprintf(t, sizeof t, "%s%s %.3f", parts.empty() ? "" : ", ", Profile::kKinds[k],
+                    p.ms[k] / n);
+      parts += t;
+    }
+    char t[160];
+    std::snprintf(t, sizeof t, " | GPU ms per step: %s; sum %.3f of a %.3f ms span (eager)",
+                  parts.c_str(), sum / n, p.span_ms / n);
+    line += t;
+  }
+  return line;
 }
 
 std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() const {
@@ -777,6 +858,12 @@ void CudaBackend::begin_step(const StepShape& s) {
                   std::to_string(cuda_.max_context));
   impl_->arena.used = 0;
   ++tel_.steps;
+  if (prof_) {
+    prof_->used = 0;
+    prof_->marks.clear();
+    prof_->step_a = prof_->take();
+    check(rt::event_record(prof_->step_a, impl_->stream), "profile");
+  }
   // A fresh non-finite record (eager, before the step's first graph segment).
   finite_sites_.clear();
   finite_read_ = 0;
@@ -849,6 +936,7 @@ Act CudaBackend::alloc(int64_t rows, int64_t cols) {
 }
 
 void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* site) {
+  ProfScope prof_scope(*this, impl_->stream, "finite");
   finite_sites_.push_back({layer, site, a.cols});
   if (!graphable()) return;
   check(kops::finite_scan(a.data, a.size(), uint32_t(finite_sites_.size() - 1), impl_->finite_dev,
@@ -891,6 +979,24 @@ void CudaBackend::commit_step(const StepShape& s) {
     g.entry = nullptr;
   }
   for (const SeqSpan& q : s.seqs) pos_[size_t(q.slot)] += q.T;
+  if (prof_) {
+    Profile& p = *prof_;
+    void* end = p.take();
+    check(rt::event_record(end, impl_->stream), "profile");
+    check(rt::event_sync(end), "profile");
+    for (const Profile::Mark& m : p.marks) p.ms[m.kind] += rt::event_elapsed_ms(m.a, m.b);
+    p.span_ms += rt::event_elapsed_ms(p.step_a, end);
+    ++p.steps;
+  }
+}
+
+void CudaBackend::reset_telemetry() {
+  tel_ = {};
+  if (prof_) {
+    std::fill(std::begin(prof_->ms), std::end(prof_->ms), 0.0);
+    prof_->span_ms = 0;
+    prof_->steps = 0;
+  }
 }
 
 void CudaBackend::to_host(Act a, float* dst) {
@@ -904,6 +1010,7 @@ void CudaBackend::from_host(const float* src, Act a) {
   check(rt::stream_sync(impl_->stream), "upload");
 }
 void CudaBackend::copy(Act src, Act dst) {
+  ProfScope prof_scope(*this, impl_->stream, "copy");
   if (!graphable()) return;
   check(rt::copy_async(dst.data, src.data, size_t(src.size()) * 4, impl_->stream), "copy");
 }
@@ -923,6 +1030,7 @@ struct Scratch {
 }  // namespace
 
 void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
+  ProfScope prof_scope(*this, impl_->stream, "embed");
   Impl& im = *impl_;
   // The ids go through pinned memory (a fixed address, so a replayed graph's copy reads this
   // step's ids); nothing writes that staging again before the next routing synchronisation.
@@ -937,6 +1045,7 @@ void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
 }
 
 void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
+  ProfScope prof_scope(*this, impl_->stream, "mix");
   if (!graphable()) return;
   Impl& im = *impl_;
   kops::AttnResSources src;
@@ -956,6 +1065,7 @@ void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act
 }
 
 void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
+  ProfScope prof_scope(*this, impl_->stream, "norm");
   if (!graphable()) return;
   Impl& im = *impl_;
   const float* w = site == NormSite::final   ? im.final_norm.p
@@ -966,6 +1076,7 @@ void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
 }
 
 void CudaBackend::add(Act acc, Act b) {
+  ProfScope prof_scope(*this, impl_->stream, "add");
   if (!graphable()) return;
   check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
 }
@@ -1008,6 +1119,7 @@ void mlp(CudaBackend::Impl& im, const MlpDev& w, const kops::GluParams& act, con
 }  // namespace
 
 void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
+  ProfScope prof_scope(*this, impl_->stream, "logits");
   eager_point();
   Impl& im = *impl_;
   Scratch sc(im.arena);
@@ -1035,6 +1147,7 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
 // Token mixers
 
 void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
+  ProfScope prof_scope(*this, impl_->stream, c_.is_kda(l) ? "kda" : "mla");
   // KDA has no position-dependent host arguments: a graph segment. MLA's cache positions and
   // lengths are host arguments of its launchers: eager.
   if (c_.is_kda(l)) {
@@ -1208,6 +1321,7 @@ void CudaBackend::moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const f
 }
 
 void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
+  ProfScope prof_scope(*this, impl_->stream, c_.is_moe(l) ? "moe" : "mlp");
   Impl& im = *impl_;
   LayerDev& d = im.layers[size_t(l)];
   const int64_t T = x.rows, D = c_.hidden_size;

@@ -47,6 +47,9 @@ struct CudaBackendOptions {
   // MoE layers whose routed experts are all in the GPU cache build their expert groups on the
   // device (no host round trip); false forces the host path (tests compare the two bitwise).
   bool device_groups = true;
+  // GPU time per sublayer kind from timing events around each backend call (eager launches: it
+  // turns CUDA graphs off), in the telemetry line — where a step's GPU time goes.
+  bool profile = false;
 };
 
 // Step telemetry (summed over steps; reset by the caller reading it).
@@ -106,11 +109,12 @@ class CudaBackend final : public Backend {
   int64_t routed_experts() const;
   CudaTelemetry& telemetry() { return tel_; }
   std::string telemetry_line() const override;
-  void reset_telemetry() override { tel_ = {}; }
+  void reset_telemetry() override;
   std::vector<std::pair<std::string, double>> telemetry_values() const override;
 
   struct Impl;
   struct Graphs;
+  struct Profile;
 
   // The prefill staging threshold in use (resolving it on first call; see CudaBackendOptions).
   int stage_threshold();
@@ -127,6 +131,8 @@ class CudaBackend final : public Backend {
   CudaTelemetry tel_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<Graphs> graphs_;
+  std::unique_ptr<Profile> prof_;
+  friend struct ProfScope;
   // Graph segments: graphable() opens (or, when replaying, skips) a segment and says whether the
   // caller issues its launches; eager_point() closes the open segment (capture: end, keep and
   // launch it; replay: launch the kept one) before host-dependent work.

@@ -8,6 +8,7 @@ namespace strata::engine {
 
 struct CudaBackend::Impl {};
 struct CudaBackend::Graphs {};
+struct CudaBackend::Profile {};
 
 CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackendOptions cuda)
     : model_(model), c_(model.config()), opt_(std::move(options)), cuda_(cuda) {
@@ -60,6 +61,9 @@ void CudaBackend::logits(Act, std::span<const int64_t>, float*) {
 std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() const {
   STRATA_ASSERT(false);
   return {};
+}
+void CudaBackend::reset_telemetry() {
+  STRATA_ASSERT(false);
 }
 void CudaBackend::check_finite(Act, const StepShape&, int, const char*) {
   STRATA_ASSERT(false);

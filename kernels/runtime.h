@@ -56,6 +56,10 @@ void event_destroy(void* e);
 Status event_record(void* e, void* stream);
 Status stream_wait(void* stream, void* e);
 Status event_sync(void* e);  // host waits until the event's work is done
+// Timing events (profiling only): a timing-enabled event, and the GPU time between two recorded,
+// completed events in ms (−1 on error).
+void* timing_event_create();
+double event_elapsed_ms(void* start, void* end);
 
 // cudaMemcpyAsync with cudaMemcpyDefault (unified addressing decides the direction).
 Status copy_async(void* dst, const void* src, size_t bytes, void* stream);

@@ -38,6 +38,12 @@ Status stream_sync(void*) {
 void* event_create() {
   return nullptr;
 }
+void* timing_event_create() {
+  return nullptr;
+}
+double event_elapsed_ms(void*, void*) {
+  return -1;
+}
 void event_destroy(void*) {}
 Status event_record(void*, void*) {
   return none();

@@ -48,6 +48,23 @@ void* event_create() {
   }
   return e;
 }
+void* timing_event_create() {
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreate(&e) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return e;
+}
+double event_elapsed_ms(void* a, void* b) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return ms;
+}
 void event_destroy(void* e) {
   if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }

@@ -34,6 +34,7 @@ struct Options {
   int64_t context = 256;
   int steps = 32;
   bool quick = false;
+  bool profile = false;  // GPU time per sublayer kind (eager launches) in each line's telemetry
 };
 
 struct PlacementSpec {
@@ -119,6 +120,7 @@ int run(const Options& o) {
   for (const PlacementSpec& sp : specs) {
     engine::InspectOptions io;
     io.device = o.device;
+    io.profile = o.profile;
     io.gpu_experts = sp.gpu_experts;
     io.max_context = max_prefill + o.context + o.steps + 16;
     engine::SessionSetup setup(io, c);
@@ -216,6 +218,8 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
       ->capture_default_str();
   app.add_option("--steps", o->steps, "timed decode steps")->capture_default_str();
   app.add_option("--json", o->json, "write the lines as JSON");
+  app.add_flag("--profile", o->profile,
+               "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
   return [o] {
     if (o->steps < 1 || o->context < 1) throw Error("--steps and --context must be >= 1");
     for (int b : o->batches)
