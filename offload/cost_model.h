@@ -25,12 +25,17 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "offload/hardware.h"
 #include "storage/config.h"
 
 namespace strata::offload {
+
+// Experts per prefill staging round of the GPU engine (engine/cuda_backend.cpp copies a round into
+// one half of 2 × this many device slots while the other half computes).
+constexpr int kStageSlotsPerRound = 32;
 
 // Where the routed experts are served from: shares of all routed experts (sum 1).
 struct Placement {
@@ -95,9 +100,38 @@ struct CostAssumptions {
   double gpu_kda_decode_hbm_efficiency = 0.5;
   // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
   double pcie_default_gbps = 55;
-  // Fixed cost per MoE layer in decode on the GPU backend: routing ids to the host and back, the
-  // CPU kernels' start and join (µs).
-  double gpu_moe_layer_sync_us = 30;
+  // The GPU engine as it runs (engine/cuda_backend.cpp), its fixed costs when `strata bench hw`
+  // did not measure them (kernels.gpu_kernel_us, gpu_sync_us, stage_copy_gbps), fitted to the
+  // 4-layer k3-slice `bench e2e` on the H200 at main 8a03e24's parent runs (docs/planner.md
+  // "The GPU engine"):
+  //   one small kernel or async copy in the stream (norm, add, rounding, conversion, routing,
+  //   merge), graph-launched or eager, µs;
+  double gpu_kernel_us = 3.0;
+  //   a cuBLASLt GEMM's fixed cost beyond its weight bytes (µs): the small decode GEMMs sit at a
+  //   floor (docs/performance.md "Trunk GEMMs");
+  double gpu_gemm_fixed_us = 4.0;
+  //   one host synchronisation: the stream drains, the host wakes and its next launch reaches the
+  //   GPU (µs); one per MoE layer (routing to the host), one for the logits, one per finite check;
+  double gpu_sync_us = 20;
+  //   host work per MoE layer between the routing sync and the expert launches (grouping, lists),
+  //   and starting/joining the CPU expert job when there is one (µs);
+  double gpu_moe_host_us = 15;
+  double cpu_expert_call_us = 20;
+  //   the CPU experts of the GPU engine read their weights from the mmapped checkpoint (page
+  //   cache, 4 KiB pages; or the host expert cache), not from the bound, huge-page buffers bench
+  //   hw times the CPU expert kernel on: this share of the measured curve's rate;
+  double gpu_engine_cpu_expert_efficiency = 1.0;
+  //   host memcpy of an expert into pinned staging (TBB over all cores): the engine's telemetry
+  //   "host copy" on the H200 host, 1743–1920 experts in 1.36–1.40 s = 21.9–24.8 GB/s;
+  double stage_copy_gbps = 23;
+  //   host synchronisations per layer besides the MoE routing (the schedule's finite checks: 2
+  //   before main 8a03e24's successor removed them from the GPU path; 0 now);
+  double gpu_extra_syncs_per_layer = 0;
+  // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
+  // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert
+  // I/O"). Each predicted expert not in the host cache is read from disk; the actual experts it
+  // missed are read on demand.
+  double prefetch_recall = 0.5;
   // Fixed cost per layer and step on the CPU reference backend (norms, AttnRes, small ops), µs.
   double cpu_layer_overhead_us = 0;
   // Network hop between pipeline stages on different nodes (when the profile states none), µs.
@@ -209,6 +243,33 @@ class CostModel {
   // The rates the model uses, one line each, "measured" or "assumed: <why>" — printed by plan and
   // bench e2e so a prediction can be traced to its inputs.
   std::vector<std::string> describe_rates() const;
+
+  // --- the GPU engine as it runs (engine/cuda_backend.cpp; docs/planner.md "The GPU engine") ---
+  // One step of `rows` rows over `seqs` sequences on one GPU stream: decode (one row per
+  // sequence, `context` cached positions each, CUDA graphs: shared experts after the CPU join) or
+  // a prefill chunk (`context` = positions before it; logits for the last row only when
+  // `logits`). The step's critical path and its parts.
+  struct EngineStep {
+    double seconds = 0;          // critical path: GPU stream + host round trips + waits
+    double gpu_dense_s = 0;      // trunk GEMMs (shared experts included) and small kernels
+    double gpu_attention_s = 0;  // KDA and MLA kernels
+    double gpu_experts_s = 0;    // grouped experts from the cache and staged
+    double cpu_experts_s = 0;    // CPU experts (the host, beside the GPU)
+    double stage_copy_s = 0;     // host copies into pinned staging (serial on the host)
+    double host_s = 0;           // synchronisations and host work per MoE layer
+    double disk_s = 0;           // disk reads (demand and prefetch), overlapping the step
+    int kernels = 0, gemms = 0, syncs = 0;
+    double staged_experts = 0, cpu_experts = 0;  // over all MoE layers
+  };
+  EngineStep engine_step(const Placement& p, int64_t rows, int seqs, bool decode, int64_t context,
+                         bool logits) const;
+  double gpu_gemm_seconds(double out_features, double in_features, double M) const;
+  double gpu_kernel_s() const;
+  double gpu_sync_s() const;
+  double stage_copy_gbps() const;
+  // Expected number of experts of one MoE layer with exactly m tokens, for a step of `tokens`
+  // routed tokens under flat routing (Binomial(tokens, k/E) per expert): (m, experts) pairs.
+  std::vector<std::pair<int64_t, double>> tokens_per_expert(int64_t tokens) const;
 
  private:
   double cpu_expert_spb(double M) const;  // seconds per expert weight byte

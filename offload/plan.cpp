@@ -140,8 +140,11 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
                            std::to_string(w.concurrency) + (G > 1 ? ", layers split" : ""),
                        ceil_div(state_all, uint64_t(G))});
     b.items.push_back({"prefill workspace (chunk " + std::to_string(chunk) + ")", workspace});
-    b.items.push_back({std::to_string(o.staging_slots) + " expert staging slots",
-                       uint64_t(o.staging_slots) * eb});
+    const uint64_t stage_slots =
+        2 * uint64_t(std::min(kStageSlotsPerRound, std::max(1, cfg.moe.num_experts)));
+    b.items.push_back({"prefill staging: 2 rounds × " + std::to_string(stage_slots / 2) +
+                           " expert slots (engine/cuda_backend.cpp)",
+                       stage_slots * eb});
     b.items.push_back({"CUDA context, cuBLASLt workspace, graphs (assumed)", o.gpu_context_bytes});
     b.items.push_back({fmt("headroom (%.0f%%)", o.gpu_headroom_share * 100),
                        uint64_t(o.gpu_headroom_share * double(cap))});
@@ -193,8 +196,9 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
              gb(double(o.host_headroom_min_bytes)) + ")",
          std::max(uint64_t(o.host_headroom_share * double(cap)), o.host_headroom_min_bytes)});
     if (gpu) {
-      b.items.push_back({"pinned staging slots (" + std::to_string(o.staging_slots) + " per GPU)",
-                         uint64_t(o.staging_slots) * eb * ceil_div(uint64_t(p.gpus), nodes)});
+      b.items.push_back(
+          {"pinned staging buffers (" + std::to_string(o.staging_pinned_slots) + " per GPU)",
+           uint64_t(o.staging_pinned_slots) * eb * ceil_div(uint64_t(p.gpus), nodes)});
     } else {
       b.items.push_back({"dense trunk + embedding (bf16, mmapped)", trunk + embed});
       b.items.push_back({"sequence state × " + std::to_string(w.concurrency), state_all});

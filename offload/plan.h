@@ -41,7 +41,9 @@ struct PlanOptions {
   double gpu_headroom_share = 0.05;         // of each GPU's memory, kept free
   uint64_t gpu_context_bytes = 1ull << 30;  // CUDA context, cuBLASLt workspace, graphs
   uint64_t workspace_bytes_per_chunk_token = 1ull << 20;  // prefill activations per chunk token
-  int staging_slots = 8;              // pinned host + GPU expert slots for staging
+  // Staging (the GPU engine, engine/cuda_backend.cpp): 2 rounds of kStageSlotsPerRound device
+  // slots per GPU (fewer when a layer has fewer experts) and 2 pinned host buffers.
+  int staging_pinned_slots = 2;
   double host_headroom_share = 0.10;  // of DRAM, kept for the OS and page cache
   uint64_t host_headroom_min_bytes = 8ull << 30;
 };

@@ -176,32 +176,78 @@ TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   CHECK(m.trunk_prefill_seconds(32) == Approx((trunk - head) / 0.5e9 + head / 2e9));
 }
 
-TEST_CASE("GPU decode: CPU experts overlap the shared and cached experts of the same layer",
+ModelConfig k3_slice8() {  // the validation slice: 8 layers (6 KDA, 2 MLA), 64 experts top-16
+  SynthOptions o;
+  o.preset = "k3-slice";
+  o.layers = 8;
+  o.experts = 64;
+  return parse_config(synth_config_json(o), "k3-slice8");
+}
+
+TEST_CASE("GPU engine: a GEMM at the trunk curve's shape takes the curve's time", "[cost]") {
+  const CostModel m(gpu_machine(), k3_slice());
+  // 12288×7168 bf16 = 176.2 MB at 3000 GB/s (M = 1): the fixed cost is inside the measurement.
+  CHECK(m.gpu_gemm_seconds(12288, 7168, 1) == Approx(2.0 * 12288 * 7168 / 3000e9));
+  // A small GEMM pays the fixed cost: 96×7168 is 1.4 MB, 0.46 µs of bytes, plus 4 µs.
+  const double fixed = CostAssumptions{}.gpu_gemm_fixed_us * 1e-6;
+  CHECK(m.gpu_gemm_seconds(96, 7168, 1) > fixed);
+  CHECK(m.gpu_gemm_seconds(96, 7168, 1) < fixed + 2.0 * 96 * 7168 / 3000e9);
+  // Flat routing: the histogram of tokens per expert covers U(B) experts and B·k pairs.
+  for (int64_t T : {1, 8, 512}) {
+    double experts = 0, pairs = 0;
+    for (auto [mm, n] : m.tokens_per_expert(T)) experts += n, pairs += double(mm) * n;
+    CHECK(experts == Approx(m.distinct_experts(double(T))).epsilon(1e-6));
+    CHECK(pairs == Approx(double(T) * 16).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("GPU engine decode: one stream, a host round trip per MoE layer, CPU beside GPU",
           "[cost]") {
-  const ModelConfig cfg = k3_slice();
+  const ModelConfig cfg = k3_slice8();
   const HardwareProfile hw = gpu_machine();
   const CostModel m(hw, cfg);
-  const Placement p{0.25, 0.75, 0};
-  const DecodeEstimate d = m.decode_step(p, 1, 4096);
-  const double n = 16.0 * cfg.num_moe_layers();
+  const int moe = cfg.num_moe_layers();
+  REQUIRE(moe == 7);
+  const CostAssumptions a;
   const double eb = double(m.costs().bytes_per_routed_expert);
-  const double gpu_exp = 0.25 * n * eb / 3000e9, cpu_exp = 0.75 * n * eb / 300e9;
-  const double shared = m.shared_expert_seconds(1);
-  const double sync = cfg.num_moe_layers() * CostAssumptions{}.gpu_moe_layer_sync_us * 1e-6;
-  const double serial =
-      m.trunk_seconds(1) - shared + m.kda_decode_seconds(1) + m.mla_decode_seconds(1, 4096) + sync;
-  CHECK(d.step_s == Approx(serial + std::max(shared + gpu_exp, cpu_exp)));
-  CHECK(m.trunk_seconds(1) == Approx(double(m.trunk_bytes()) / 3000e9));
-  // KDA decode: the fp32 state read and written at the assumed share of HBM copy.
-  CHECK(m.kda_decode_seconds(2) ==
-        Approx(4.0 * double(m.costs().kda_state_bytes) /
-               (4000e9 * CostAssumptions{}.gpu_kda_decode_hbm_efficiency)));
-  // Full overlap is never slower than moe-layer, serial never faster.
+  // All experts cached: nothing overlaps; the step is the sum of its parts. B = 1 routes 16
+  // experts per MoE layer with one token each, at the GPU curve's M = 1 rate (plus the launch of
+  // the grouped kernel: 8 small kernels).
+  const auto all = m.engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(all.seconds ==
+        Approx(all.gpu_dense_s + all.gpu_attention_s + all.gpu_experts_s + all.host_s));
+  CHECK(all.gpu_experts_s == Approx(moe * (16 * eb / 3000e9 + 8 * a.gpu_kernel_us * 1e-6)));
+  CHECK(all.cpu_experts_s == 0);
+  CHECK(all.syncs == moe + 1);  // the routing of each MoE layer and the logits
+  CHECK(all.host_s == Approx(all.syncs * a.gpu_sync_us * 1e-6 + moe * a.gpu_moe_host_us * 1e-6));
+  CHECK(m.decode_step(Placement{1, 0, 0}, 1, 256).step_s == Approx(all.seconds));
+  // All in host memory: the CPU computes the 16 experts of each layer at M = 1 (300 GB/s)
+  // while the GPU waits, then the shared experts run (CUDA graphs: after the join).
+  const auto host = m.engine_step(Placement{0, 1, 0}, 1, 1, true, 256, true);
+  const double cpu_layer = 16 * eb / 300e9 + a.cpu_expert_call_us * 1e-6;
+  CHECK(host.cpu_experts_s == Approx(moe * cpu_layer));
+  CHECK(host.seconds == Approx(host.gpu_dense_s + host.gpu_attention_s + host.host_s +
+                               moe * (cpu_layer + a.gpu_kernel_us * 1e-6)));
+  // Half cached: per MoE layer the longer of the two branches, not their sum.
+  const auto half = m.engine_step(Placement{0.5, 0.5, 0}, 1, 1, true, 256, true);
+  const double g = 8 * eb / 3000e9 + 8 * a.gpu_kernel_us * 1e-6,
+               c = 8 * eb / 300e9 + a.cpu_expert_call_us * 1e-6;
+  CHECK(half.seconds == Approx(half.gpu_dense_s + half.gpu_attention_s + half.host_s +
+                               moe * (std::max(g, c) + a.gpu_kernel_us * 1e-6)));
+  // Measured fixed costs in the profile replace the assumptions.
+  HardwareProfile hw2 = hw;
+  hw2.kernels.gpu_sync_us = Rate(100);
+  const auto slow = CostModel(hw2, cfg).engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(slow.seconds - all.seconds ==
+        Approx(all.syncs * (100 - a.gpu_sync_us) * 1e-6).epsilon(1e-6));
+  // Full overlap is never slower than the engine, serial never faster.
   CostOptions full, serial_o;
   full.overlap = Overlap::full;
   serial_o.overlap = Overlap::serial;
-  CHECK(CostModel(hw, cfg, full).decode_step(p, 1, 4096).step_s <= d.step_s);
-  CHECK(CostModel(hw, cfg, serial_o).decode_step(p, 1, 4096).step_s >= d.step_s);
+  const Placement p{0.25, 0.75, 0};
+  const double d = m.decode_step(p, 8, 256).step_s;
+  CHECK(CostModel(hw, cfg, full).decode_step(p, 8, 256).step_s <= d);
+  CHECK(CostModel(hw, cfg, serial_o).decode_step(p, 8, 256).step_s >= d);
   // A placement with experts in a GPU cache needs the GPU backend.
   HardwareProfile cpu = hw;
   cpu.kernels.cpu_trunk_ref = curve({{1, 2}});
@@ -211,6 +257,33 @@ TEST_CASE("GPU decode: CPU experts overlap the shared and cached experts of the 
   co.trunk = TrunkBackend::cpu_reference;
   CHECK_THROWS_AS(CostModel(cpu, cfg, co).decode_step(p, 1, 10), Error);
   CHECK_THROWS_AS(m.decode_step(Placement{0.5, 0.6, 0}, 1, 10), Error);  // sums to 1.1
+}
+
+TEST_CASE("GPU engine prefill: staged rounds are copied on the host, then computed", "[cost]") {
+  const ModelConfig cfg = k3_slice8();
+  const HardwareProfile hw = gpu_machine();
+  const CostModel m(hw, cfg);
+  const int moe = cfg.num_moe_layers();
+  const double eb = double(m.costs().bytes_per_routed_expert);
+  REQUIRE(m.prefill_stage_threshold() < 100);
+  // A 512-token chunk gives every one of the 64 experts ≈ 128 tokens: all of them are staged
+  // when none is cached, copied at the slower of the host copy (23 GB/s) and host→device (50).
+  const auto st = m.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, true);
+  CHECK(st.staged_experts == Approx(64.0 * moe).epsilon(1e-6));
+  CHECK(st.cpu_experts == Approx(0).margin(1e-6));
+  CHECK(st.stage_copy_s == Approx(64.0 * moe * eb / 23e9).epsilon(1e-6));
+  // Two rounds of 32 per layer: the first round's copy is not hidden, so the chunk takes at
+  // least the GPU's own work plus 32 copies per layer.
+  const auto cached = m.engine_step(Placement{1, 0, 0}, 512, 1, false, 0, true);
+  CHECK(st.seconds >= cached.seconds + moe * 32 * eb / 23e9);
+  CHECK(st.seconds <= cached.seconds + st.stage_copy_s + st.host_s);
+  // The prefill estimate sums its chunks; only the last one computes logits.
+  const PrefillEstimate pf = m.prefill(Placement{0, 1, 0}, 1024, 512);
+  CHECK(pf.chunks == 2);
+  const auto first = m.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, false);
+  const auto second = m.engine_step(Placement{0, 1, 0}, 512, 1, false, 512, true);
+  CHECK(pf.total_s == Approx(first.seconds + second.seconds));
+  CHECK(pf.staged_experts_per_chunk == Approx(64.0 * moe).epsilon(1e-6));
 }
 
 TEST_CASE("a pipeline of GPUs raises throughput only when there are micro-batches", "[cost]") {
