@@ -467,7 +467,8 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     // The schedule (engine/schedule.cpp): AttnRes mixes, two norms, the residual adds.
     kernels += 2 + (c.opens_block(l) ? 0 : 1) + 1;
     if (c.has_attn_res()) kernels += (l > 0 ? 1 : 0) + 1;
-    s.syncs += int(a.gpu_extra_syncs_per_layer);
+    s.syncs += int(a.gpu_extra_syncs_per_layer);  // each with its download
+    kernels += int(a.gpu_extra_syncs_per_layer);
     if (c.is_kda(l)) {
       G(3 * P, D, T), G(r, D, T), G(P, r, T), G(kd.num_heads, D, T);
       if (kd.full_rank_output_gate)

@@ -46,6 +46,22 @@ BackendChoice parse_backend(const std::string& s, const std::string& what) {
   throw Error(what + " '" + s + "': expected auto, gpu, cpu-reference or cpu-bf16");
 }
 
+double engine_gpu_share(double share, int num_experts) {
+  if (num_experts <= 0) return share;
+  return double(std::llround(share * num_experts)) / num_experts;
+}
+
+std::vector<BenchPlacement> bench_e2e_placements(bool gpu, int num_experts) {
+  if (!gpu) return {{"all host", {0, 1, 0}, "", ""}, {"30% host + disk", {0, 0.3, 0.7}, "", "30%"}};
+  const double g = engine_gpu_share(0.1, num_experts);
+  // The host cache holds 30% of all experts' bytes; the GPU-cached ones are not excluded from it
+  // (the prefetcher may fetch them), so it serves 30% whatever the GPU holds.
+  return {{"all GPU", {1, 0, 0}, "100%", ""},
+          {"10% GPU + host", {g, 1 - g, 0}, "10%", ""},
+          {"10% GPU + 30% host + disk", {g, 0.3, 0.7 - g}, "10%", "30%"},
+          {"all host", {0, 1, 0}, "0%", ""}};
+}
+
 uint64_t TierBudget::used() const {
   uint64_t u = 0;
   for (auto& i : items) u += i.bytes;

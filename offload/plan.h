@@ -101,6 +101,19 @@ Plan make_plan(const HardwareProfile& hw, const ModelConfig& cfg, const Workload
 Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Workload& w,
                     const PlanOptions& o);
 
+// The placements of the routed experts `strata bench e2e` measures and `strata plan --bench-e2e`
+// predicts (one list for both): the share each tier serves and the engine flags that make it.
+struct BenchPlacement {
+  std::string name;         // "all GPU", "10% GPU + host", ... (bench e2e's --placements names)
+  Placement share;          // as the engine realises it (see engine_gpu_share)
+  std::string gpu_experts;  // the engine's --gpu-experts ("" on the CPU backends)
+  std::string host_mem;     // --host-mem: the host expert cache ("" = the mmapped checkpoint)
+};
+std::vector<BenchPlacement> bench_e2e_placements(bool gpu, int num_experts);
+// The share of each MoE layer's experts the GPU engine caches for --gpu-experts `share`: it
+// rounds share·E to whole experts per layer (engine/cuda_backend.cpp).
+double engine_gpu_share(double share, int num_experts);
+
 nlohmann::json plan_json(const Plan& p);
 std::string plan_text(const Plan& p);  // the terminal report
 

@@ -21,6 +21,7 @@
 #include "engine/session.h"
 #include "offload/cost_model.h"
 #include "offload/hw_measure.h"
+#include "offload/plan.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 
@@ -36,12 +37,7 @@ struct Options {
   bool quick = false;
 };
 
-struct PlacementSpec {
-  const char* name;
-  offload::Placement share;  // what the roofline assumes
-  std::string gpu_experts;   // --gpu-experts
-  std::string host_mem;      // --host-mem ("" = experts in the mmapped checkpoint)
-};
+using PlacementSpec = offload::BenchPlacement;  // one list with `strata plan --bench-e2e`
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -67,17 +63,9 @@ int run(const Options& o) {
   for (const auto& n : hw.not_measured)
     std::fprintf(stderr, "bench e2e: not measured: %s\n", n.c_str());
 
-  std::vector<PlacementSpec> specs;
-  const bool gpu = o.device != "cpu" && hw.gpu.count > 0;
-  if (gpu) {
-    specs.push_back({"all GPU", {1.0, 0.0, 0.0}, "100%", ""});
-    specs.push_back({"10% GPU + host", {0.1, 0.9, 0.0}, "10%", ""});
-    specs.push_back({"10% GPU + 30% host + disk", {0.1, 0.3, 0.6}, "10%", "30%"});
-    specs.push_back({"all host", {0.0, 1.0, 0.0}, "0%", ""});
-  } else {
-    specs.push_back({"all host", {0.0, 1.0, 0.0}, "", ""});
-    specs.push_back({"30% host + disk", {0.0, 0.3, 0.7}, "", "30%"});
-  }
+  // The GPU placements for --device gpu, or auto with a GPU; the CPU ones for cpu and cpu-ref.
+  const bool gpu = (o.device == "gpu" || o.device == "auto") && hw.gpu.count > 0;
+  std::vector<PlacementSpec> specs = offload::bench_e2e_placements(gpu, c.moe.num_experts);
   if (o.placements != "all") {
     std::vector<PlacementSpec> keep;
     for (const auto& s : specs)
@@ -103,8 +91,8 @@ int run(const Options& o) {
   auto report = [&](const PlacementSpec& sp, const std::string& what, double toks,
                     const offload::Roofline* r) {
     const double roof = r ? r->tokens_per_s : 0;
-    std::printf("%-28s %-22s %12.2f %12.2f %7.1f%%  %s\n", sp.name, what.c_str(), toks, roof,
-                roof > 0 ? 100.0 * toks / roof : 0.0, r ? r->bound.c_str() : "-");
+    std::printf("%-28s %-22s %12.2f %12.2f %7.1f%%  %s\n", sp.name.c_str(), what.c_str(), toks,
+                roof, roof > 0 ? 100.0 * toks / roof : 0.0, r ? r->bound.c_str() : "-");
     std::fflush(stdout);
     nlohmann::json j = {{"placement", sp.name}, {"measure", what}, {"tokens_per_s", toks}};
     if (r) {
@@ -130,7 +118,7 @@ int run(const Options& o) {
     progress(std::string(sp.name) + ": loading");
     auto backend = setup.make_backend(*model, so, max_batch);
     if (tty) std::fprintf(stderr, "\r\033[K");
-    std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name, backend->name());
+    std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name.c_str(), backend->name());
     engine::Schedule sched(*backend, c);
     // The backend's telemetry of the line just measured (its timed part only).
     auto print_telemetry = [&] {
@@ -206,7 +194,8 @@ int run(const Options& o) {
 BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   auto o = std::make_shared<Options>();
   app.add_option("-m,--model", o->model_dir, "model directory")->required();
-  app.add_option("--device", o->device, "auto, cpu or gpu")->capture_default_str();
+  app.add_option("--device", o->device, "auto, gpu, cpu (the fast CPU backend) or cpu-ref")
+      ->capture_default_str();
   app.add_option("--placements", o->placements,
                  "all, or one placement name (e.g. 'all GPU', 'all host')")
       ->capture_default_str();
