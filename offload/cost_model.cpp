@@ -452,7 +452,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     gemm += gpu_gemm_seconds(out, in, M);
     ++s.gemms;
   };
-  // Embedding: ids upload and gather.
+  // Embedding: ids upload and gather; the non-finite record's reset and the embedding's scan.
   kernels += 2;
   const auto& kd = c.kda;
   const auto& ml = c.mla;
@@ -461,14 +461,22 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   const double L = c.expert_in_dim(), Is = mo.shared_intermediate();
   const double eb = double(costs_.bytes_per_routed_expert);
   const double hbm = hw_.gpu.hbm_copy_gbps.value() * 1e9;
-  double attention = 0, shared_one = 0;
+  double attention = 0, shared_one = 0, scan = 0;
+  if (a.gpu_extra_syncs_per_layer <= 0) scan += kern + std::max(kern, T * D * 4 / hbm);
   int moe_layers = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     // The schedule (engine/schedule.cpp): AttnRes mixes, two norms, the residual adds.
     kernels += 2 + (c.opens_block(l) ? 0 : 1) + 1;
     if (c.has_attn_res()) kernels += (l > 0 ? 1 : 0) + 1;
-    s.syncs += int(a.gpu_extra_syncs_per_layer);  // each with its download
-    kernels += int(a.gpu_extra_syncs_per_layer);
+    // The non-finite guard (engine/cuda_backend.cpp check_finite): a scan kernel per site (the
+    // mixer's and the FFN's output), read back at the step's existing synchronisations; before
+    // main 4880830 a download and host sync per site instead (gpu_extra_syncs_per_layer = 2).
+    if (a.gpu_extra_syncs_per_layer > 0) {
+      s.syncs += int(a.gpu_extra_syncs_per_layer);
+      kernels += int(a.gpu_extra_syncs_per_layer);
+    } else {
+      scan += 2 * std::max(kern, T * D * 4 / hbm);
+    }
     if (c.is_kda(l)) {
       G(3 * P, D, T), G(r, D, T), G(P, r, T), G(kd.num_heads, D, T);
       if (kd.full_rank_output_gate)
@@ -547,6 +555,8 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     kernels += (c.has_attn_res() ? 1 : 0) + 1 + 4;  // norm, gather, bf16, rounding, download
     G(c.vocab_size, D, rows_out);
     ++s.syncs;
+  } else if (a.gpu_extra_syncs_per_layer <= 0) {
+    ++s.syncs;  // commit_step reads the non-finite record of the sites after the last sync
   }
   // The routed experts of each MoE layer, and the host round trip that splits them.
   const auto hist = tokens_per_expert(rows);
@@ -615,8 +625,9 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     s.disk_s = (demand_n + prefetch_n) * disk_read_seconds();
   }
   s.syncs += moe_layers;
+  if (a.gpu_extra_syncs_per_layer <= 0) kernels += s.syncs;  // the record's download per sync
   s.kernels = kernels;
-  s.gpu_dense_s = gemm + kernels * kern + shared_one * moe_layers;
+  s.gpu_dense_s = gemm + kernels * kern + scan + shared_one * moe_layers;
   s.gpu_attention_s = attention;
   s.gpu_experts_s = (res_s + stage_gpu) * moe_layers;
   s.cpu_experts_s = cpu_s * moe_layers;
@@ -625,7 +636,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   s.host_s = s.syncs * sync + a.gpu_moe_host_us * 1e-6 * moe_layers;
   // Critical path: the stream's own work, the host round trips, and per MoE layer the time from
   // its routing sync to the join (host work, cached + staged + CPU experts, shared experts).
-  s.seconds = gemm + kernels * kern + attention + s.syncs * sync + moe_layers * join;
+  s.seconds = gemm + kernels * kern + scan + attention + s.syncs * sync + moe_layers * join;
   s.seconds = std::max(s.seconds + demand_n * disk_read_seconds() * (decode ? 0 : 1), s.disk_s);
   return s;
 }
