@@ -461,7 +461,8 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   const double L = c.expert_in_dim(), Is = mo.shared_intermediate();
   const double eb = double(costs_.bytes_per_routed_expert);
   const double hbm = hw_.gpu.hbm_copy_gbps.value() * 1e9;
-  double attention = 0, shared_one = 0, scan = 0;
+  double attention = 0, shared_one = 0, scan = 0, xfer = 0;
+  const double d2h = hw_.gpu.d2h_gbps.value_or(a.pcie_default_gbps) * 1e9;
   if (a.gpu_extra_syncs_per_layer <= 0) scan += kern + std::max(kern, T * D * 4 / hbm);
   int moe_layers = 0;
   for (int l = 0; l < c.num_layers; ++l) {
@@ -544,6 +545,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
       kernels += 3 + (mo.latent_norm ? 1 : 0);  // roundings, bf16 of the merge, latent norm
     }
     kernels += 3 + 3 + 2;  // routing to the host, merge lists up, merge + its rounding
+    xfer += T * (L + 2.0 * mo.top_k) * 4 / d2h;  // the expert input and the routing, fp32
     if (Is > 0) {
       shared_one = gpu_gemm_seconds(2 * Is, D, T) + gpu_gemm_seconds(D, Is, T) + 5 * kern;
       s.gemms += 2;
@@ -554,6 +556,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     const double rows_out = decode ? T : double(seqs);
     kernels += (c.has_attn_res() ? 1 : 0) + 1 + 4;  // norm, gather, bf16, rounding, download
     G(c.vocab_size, D, rows_out);
+    xfer += rows_out * c.vocab_size * 4 / d2h;  // fp32 logits to the host
     ++s.syncs;
   } else if (a.gpu_extra_syncs_per_layer <= 0) {
     ++s.syncs;  // commit_step reads the non-finite record of the sites after the last sync
@@ -562,7 +565,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   const auto hist = tokens_per_expert(rows);
   const double g = gpus_ > 0 ? p.gpu : 0.0, nc = 1.0 - g;
   const int thr = threshold_;
-  double res_s = 0, res_n = 0, st_n = 0, cpu_s = 0, cpu_n = 0, touched = 0;
+  double res_s = 0, res_n = 0, st_n = 0, cpu_s = 0, cpu_n = 0, cpu_pairs = 0, touched = 0;
   std::vector<std::pair<int64_t, double>> staged;  // (m, experts)
   for (auto [m, n] : hist) {
     touched += n;
@@ -574,6 +577,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     } else {
       cpu_s += nc * n * eb * cpu_expert_spb(double(m)) / a.gpu_engine_cpu_expert_efficiency;
       cpu_n += nc * n;
+      cpu_pairs += nc * n * double(m);
     }
   }
   const double launch = 8 * kern;  // lists up, quantize, two GEMVs, GLU, rounding
@@ -611,7 +615,8 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   } else {
     join = std::max(chain + shared_one, host_t + cpu_s);
   }
-  if (cpu_n > 0) join += kern;  // the CPU rows' upload
+  // The CPU rows' upload (fp32, one row per pair).
+  if (cpu_n > 0) join += kern + cpu_pairs * L * 4 / (h2d_gbps() * 1e9);
   // Disk (the host cache holds p.host of all experts; engine/offload_executor.cpp): a CPU expert
   // not in it is read on demand unless the router-lookahead prefetcher predicted it; in decode
   // the prefetcher also reads its predictions (as many experts as the layer touches) for every
@@ -627,7 +632,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   s.syncs += moe_layers;
   if (a.gpu_extra_syncs_per_layer <= 0) kernels += s.syncs;  // the record's download per sync
   s.kernels = kernels;
-  s.gpu_dense_s = gemm + kernels * kern + scan + shared_one * moe_layers;
+  s.gpu_dense_s = gemm + kernels * kern + scan + xfer + shared_one * moe_layers;
   s.gpu_attention_s = attention;
   s.gpu_experts_s = (res_s + stage_gpu) * moe_layers;
   s.cpu_experts_s = cpu_s * moe_layers;
@@ -636,7 +641,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   s.host_s = s.syncs * sync + a.gpu_moe_host_us * 1e-6 * moe_layers;
   // Critical path: the stream's own work, the host round trips, and per MoE layer the time from
   // its routing sync to the join (host work, cached + staged + CPU experts, shared experts).
-  s.seconds = gemm + kernels * kern + scan + attention + s.syncs * sync + moe_layers * join;
+  s.seconds = gemm + kernels * kern + scan + xfer + attention + s.syncs * sync + moe_layers * join;
   s.seconds = std::max(s.seconds + demand_n * disk_read_seconds() * (decode ? 0 : 1), s.disk_s);
   return s;
 }
