@@ -569,7 +569,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   std::vector<std::pair<int64_t, double>> staged;  // (m, experts)
   for (auto [m, n] : hist) {
     touched += n;
-    res_s += g * n * eb * gpu_expert_spb(double(m));
+    res_s += g * n * eb * gpu_expert_spb(double(m)) / a.gpu_engine_expert_efficiency;
     res_n += g * n;
     if (m >= thr) {
       staged.push_back({m, nc * n});
@@ -592,7 +592,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     double stage_sum = 0, spb_sum = 0;
     for (auto [m, n] : staged) {
       stage_sum += n;
-      spb_sum += n * eb * gpu_expert_spb(double(m));
+      spb_sum += n * eb * gpu_expert_spb(double(m)) / a.gpu_engine_expert_efficiency;
     }
     const double per_expert_gpu = spb_sum / stage_sum;
     for (int round = 0; left > 1e-9; ++round) {
@@ -627,6 +627,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     demand_n = cpu_n * miss * (1 + (moe_layers - 1) * (1 - rho));
     if (decode) prefetch_n = (moe_layers - 1) * touched * miss;
     s.syncs += moe_layers;  // the prefetcher's host copy of each MoE input
+    xfer += moe_layers * T * D * 4 / d2h;
     s.disk_s = (demand_n + prefetch_n) * disk_read_seconds();
   }
   s.syncs += moe_layers;

@@ -100,19 +100,21 @@ struct CostAssumptions {
   double gpu_kda_decode_hbm_efficiency = 0.5;
   // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
   double pcie_default_gbps = 55;
-  // The GPU engine as it runs (engine/cuda_backend.cpp), its fixed costs when `strata bench hw`
-  // did not measure them (kernels.gpu_kernel_us, gpu_sync_us, stage_copy_gbps), fitted to the
-  // 4-layer k3-slice `bench e2e` on the H200 at main 8a03e24's parent runs (docs/planner.md
-  // "The GPU engine"):
+  // The GPU engine as it runs (engine/cuda_backend.cpp), its fixed costs when the hardware file
+  // does not state them (kernels.gpu_kernel_us, gpu_sync_us, stage_copy_gbps; bench hw does not
+  // measure them yet). docs/planner.md "The GPU engine" says where each comes from:
   //   one small kernel or async copy in the stream (norm, add, rounding, conversion, routing,
-  //   merge), graph-launched or eager, µs;
+  //   merge, non-finite scan), graph-launched or eager, µs (assumed);
   double gpu_kernel_us = 3.0;
-  //   a cuBLASLt GEMM's fixed cost beyond its weight bytes (µs): the small decode GEMMs sit at a
-  //   floor (docs/performance.md "Trunk GEMMs");
+  //   a cuBLASLt GEMM's fixed cost beyond its weight bytes, µs (the small decode GEMMs measure
+  //   8–12 µs alone with their launch, docs/performance.md "Trunk GEMMs"; assumed 4 in a stream);
   double gpu_gemm_fixed_us = 4.0;
-  //   one host synchronisation: the stream drains, the host wakes and its next launch reaches the
-  //   GPU (µs); one per MoE layer (routing to the host), one for the logits, one per finite check;
-  double gpu_sync_us = 20;
+  //   one host synchronisation: the graph segment before it launched, the stream drained, the
+  //   host woken and its next launch reaching the GPU, µs; one per MoE layer (routing to the
+  //   host) and one for the logits. Fitted: the 4-layer k3-slice all-cached decode B=1 on the
+  //   H200 (304.8 tok/s, docs/performance.md "End to end", engine with a host sync per non-finite
+  //   check) with docs/hardware/h200-measured.json;
+  double gpu_sync_us = 50;
   //   host work per MoE layer between the routing sync and the expert launches (grouping, lists),
   //   and starting/joining the CPU expert job when there is one (µs);
   double gpu_moe_host_us = 15;
@@ -121,11 +123,17 @@ struct CostAssumptions {
   //   cache, 4 KiB pages; or the host expert cache), not from the bound, huge-page buffers bench
   //   hw times the CPU expert kernel on: this share of the measured curve's rate;
   double gpu_engine_cpu_expert_efficiency = 1.0;
+  //   the GPU engine's grouped experts launch 16–64 experts per MoE layer, bench hw's curve 128 per
+  //   call: this share of the curve's rate (the 16-expert decode line 3470 GB/s against bench hw's
+  //   4177 at M = 1: 0.83; the 4-layer slice's prefill 4096 all cached: 0.86);
+  double gpu_engine_expert_efficiency = 0.85;
   //   host memcpy of an expert into pinned staging (TBB over all cores): the engine's telemetry
-  //   "host copy" on the H200 host, 1743–1920 experts in 1.36–1.40 s = 21.9–24.8 GB/s;
+  //   line ("host copy") of the 4-layer slice runs in docs/performance.md "End to end": 1743–1920
+  //   experts in 1.36–1.40 s = 21.9–24.8 GB/s;
   double stage_copy_gbps = 23;
-  //   host synchronisations per layer besides the MoE routing (the schedule's finite checks: 2
-  //   before main 8a03e24's successor removed them from the GPU path; 0 now);
+  //   host synchronisations per layer besides the MoE routing: the engine before main 4880830
+  //   downloaded and checked the mixer's and the FFN's output on the host (2); now 0 (scans on
+  //   the stream, read at the existing syncs);
   double gpu_extra_syncs_per_layer = 0;
   // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
   // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert

@@ -6,7 +6,8 @@
 // host→device, disk O_DIRECT — never our kernels' rates), with its overlap assumption printed.
 // Protocol: per placement one backend; decode: a prompt of --context tokens per sequence, 4
 // warm-up steps, then --steps timed steps (aggregate tok/s = sequences · steps / seconds);
-// prefill: a fresh sequence, one warm-up prefill of 64 tokens, then the timed prompt.
+// prefill: a fresh sequence, one warm-up prefill of one chunk (min(prompt, the backend's step
+// rows) tokens), then the timed prompt.
 #include <unistd.h>
 
 #include <chrono>
@@ -164,7 +165,9 @@ int run(const Options& o) {
       progress(std::string(sp.name) + ": prefill " + std::to_string(P));
       backend->reset_slot(0);
       engine::Session s(*model, *backend, 0, so);
-      std::vector<int32_t> warm(64, 1);
+      // Warm-up: one chunk of the timed prompt's shape (cuBLASLt plans and workspaces are made
+      // at a shape's first use: tens of ms that are not the steady state).
+      std::vector<int32_t> warm(size_t(std::min<int64_t>(P, backend->max_step_rows())), 1);
       s.forward(warm);
       backend->reset_slot(0);
       std::vector<int32_t> ids(static_cast<size_t>(P));

@@ -51,6 +51,7 @@ void apply_assumption(CostAssumptions& a, const std::string& kv) {
       {"gpu_moe_host_us", &a.gpu_moe_host_us},
       {"cpu_expert_call_us", &a.cpu_expert_call_us},
       {"gpu_engine_cpu_expert_efficiency", &a.gpu_engine_cpu_expert_efficiency},
+      {"gpu_engine_expert_efficiency", &a.gpu_engine_expert_efficiency},
       {"stage_copy_gbps", &a.stage_copy_gbps},
       {"gpu_extra_syncs_per_layer", &a.gpu_extra_syncs_per_layer},
       {"prefetch_recall", &a.prefetch_recall},
