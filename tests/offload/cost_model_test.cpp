@@ -211,12 +211,13 @@ TEST_CASE("GPU engine decode: one stream, a host round trip per MoE layer, CPU b
   const CostAssumptions a;
   const double eb = double(m.costs().bytes_per_routed_expert);
   // All experts cached: nothing overlaps; the step is the sum of its parts. B = 1 routes 16
-  // experts per MoE layer with one token each, at the GPU curve's M = 1 rate (plus the launch of
-  // the grouped kernel: 8 small kernels).
+  // experts per MoE layer with one token each, at the engine's share of the GPU curve's M = 1
+  // rate (plus the launch of the grouped kernel: 8 small kernels).
   const auto all = m.engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
   CHECK(all.seconds ==
         Approx(all.gpu_dense_s + all.gpu_attention_s + all.gpu_experts_s + all.host_s));
-  CHECK(all.gpu_experts_s == Approx(moe * (16 * eb / 3000e9 + 8 * a.gpu_kernel_us * 1e-6)));
+  const double gpu_rate = 3000e9 * a.gpu_engine_expert_efficiency;  // 16 experts, not bench's 128
+  CHECK(all.gpu_experts_s == Approx(moe * (16 * eb / gpu_rate + 8 * a.gpu_kernel_us * 1e-6)));
   CHECK(all.cpu_experts_s == 0);
   CHECK(all.syncs == moe + 1);  // the routing of each MoE layer and the logits
   CHECK(all.host_s == Approx(all.syncs * a.gpu_sync_us * 1e-6 + moe * a.gpu_moe_host_us * 1e-6));
@@ -232,8 +233,8 @@ TEST_CASE("GPU engine decode: one stream, a host round trip per MoE layer, CPU b
                                moe * (cpu_layer + a.gpu_kernel_us * 1e-6 + 16 * row_up)));
   // Half cached: per MoE layer the longer of the two branches, not their sum.
   const auto half = m.engine_step(Placement{0.5, 0.5, 0}, 1, 1, true, 256, true);
-  const double g = 8 * eb / 3000e9 + 8 * a.gpu_kernel_us * 1e-6,
-               c = 8 * eb / 300e9 + a.cpu_expert_call_us * 1e-6;
+  const double g = 8 * eb / gpu_rate + 8 * a.gpu_kernel_us * 1e-6;
+  const double c = 8 * eb / 300e9 + a.cpu_expert_call_us * 1e-6;
   CHECK(half.seconds == Approx(half.gpu_dense_s + half.gpu_attention_s + half.host_s +
                                moe * (std::max(g, c) + a.gpu_kernel_us * 1e-6 + 8 * row_up)));
   // Measured fixed costs in the profile replace the assumptions.
