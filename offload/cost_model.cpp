@@ -256,9 +256,11 @@ double CostModel::h2d_gbps() const {
   return hw_.gpu.h2d_gbps.known() ? hw_.gpu.h2d_gbps.value() : opt_.assumptions.pcie_default_gbps;
 }
 
+// The engine stages an expert by a host copy into pinned memory and a DMA, overlapped expert by
+// expert (engine/cuda_backend.cpp): the slower of the two sets the rate.
 double CostModel::stage_seconds() const {
   if (gpus_ == 0) return kInf;
-  return double(costs_.bytes_per_routed_expert) / (h2d_gbps() * 1e9);
+  return double(costs_.bytes_per_routed_expert) / (std::min(stage_copy_gbps(), h2d_gbps()) * 1e9);
 }
 
 double CostModel::disk_read_seconds() const {
@@ -585,7 +587,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   if (cpu_n > 0) cpu_s += a.cpu_expert_call_us * 1e-6 * std::min(1.0, cpu_n);
   // Staging rounds of stage_slots experts: the host copies a round into pinned memory (DMA
   // overlapped), the GPU computes it while the next round is copied.
-  const double copy_one = eb / (std::min(stage_copy_gbps(), h2d_gbps()) * 1e9);
+  const double copy_one = stage_seconds();
   double chain = a.gpu_moe_host_us * 1e-6 + res_s, host_t = a.gpu_moe_host_us * 1e-6, stage_gpu = 0;
   if (st_n > 0) {
     double left = st_n, prev_end = chain, prev2_end = 0;
@@ -998,8 +1000,9 @@ std::vector<std::string> CostModel::describe_rates() const {
             (cfg_.moe.mxfp4 ? a.gpu_expert_hbm_efficiency : a.gpu_trunk_hbm_efficiency) * 100,
             (cfg_.moe.mxfp4 ? a.gpu_expert_gemm_efficiency : a.gpu_trunk_gemm_efficiency) * 100);
       v.push_back(s);
-      v.push_back(fmt("staging one expert host→GPU: %.3f ms at %.1f GB/s", stage_seconds() * 1e3,
-                      h2d_gbps()) +
+      v.push_back(fmt("staging one expert host→GPU: %.3f ms (host copy into pinned memory at %.1f "
+                      "GB/s, DMA at %.1f GB/s: the slower)",
+                      stage_seconds() * 1e3, stage_copy_gbps(), h2d_gbps()) +
                   (hw_.gpu.h2d_gbps.known() ? " (" + hw_.gpu.h2d_gbps.source() + ")"
                                             : std::string(" (assumed: PCIe Gen5 x16 effective)")));
       v.push_back(threshold_ == kNever

@@ -5,7 +5,8 @@
 //
 // What it models (napkin level, every assumption named in CostAssumptions and printed):
 //   routed experts  — time = expert weight bytes / kernel rate at M tokens per expert (RateCurve);
-//                     staging = bytes / host→device; disk = bytes / O_DIRECT read bandwidth;
+//                     staging = bytes / the slower of the host copy into pinned memory and
+//                     host→device; disk = bytes / O_DIRECT read bandwidth;
 //   dense trunk     — every non-routed weight except the embedding table, bf16, read once per
 //                     step: bytes / trunk rate at M = tokens in the step (HBM-bound at M = 1,
 //                     GEMM-bound for prefill chunks);
@@ -17,7 +18,10 @@
 //   routing         — flat (Quantile Balancing, spec/offload.md §2.3): a step of B tokens touches
 //                     U(B) = E·(1 − (1 − k/E)^B) distinct experts per MoE layer, each with B·k/U
 //                     tokens; in prefill the tokens per expert follow Binomial(C, k/E); an expert
-//                     is in a tier with the probability of the placement's fraction.
+//                     is in a tier with the probability of the placement's fraction;
+//   the GPU engine  — engine_step: what engine/cuda_backend.cpp does in a step (one stream of
+//                     GEMMs and small kernels with fixed costs, a host round trip per MoE layer,
+//                     CPU experts beside the cached ones, staging rounds), not a roofline.
 // What it does not model: popularity skew (a GPU cache holding x% of experts serves x% of hits),
 // NUMA effects beyond the measured read bandwidth, contention between CPU experts and the CPU
 // trunk when both run (they are serial on the CPU backend).
@@ -211,8 +215,8 @@ class CostModel {
   // --- one routed expert of this model (the engine's placement decisions) ---
   double cpu_expert_seconds(int tokens) const;  // on the CPU, weights in host memory
   double gpu_expert_seconds(int tokens) const;  // on one GPU, weights in its cache; +inf w/o GPU
-  double stage_seconds() const;                 // host → GPU copy of one expert; +inf w/o GPU
-  double disk_read_seconds() const;             // O_DIRECT read of one expert; +inf w/o disk rate
+  double stage_seconds() const;      // host copy + DMA of one expert to the GPU; +inf w/o GPU
+  double disk_read_seconds() const;  // O_DIRECT read of one expert; +inf w/o disk rate
   // Smallest tokens-per-expert M for which staging + GPU compute beats the CPU:
   // stage_seconds() + gpu_expert_seconds(M) < cpu_expert_seconds(M). kNever when no M up to
   // 1 << 20 does (or there is no GPU).

@@ -82,8 +82,9 @@ TEST_CASE("per-expert times, staging and disk reads of a K3 expert", "[cost]") {
   CHECK(m.cpu_expert_seconds(16) == Approx(eb / 30e9));   // 585 µs
   CHECK(m.cpu_expert_seconds(32) == Approx(eb / 15e9));   // compute-bound: twice M=16
   CHECK(m.gpu_expert_seconds(1) == Approx(eb / 3000e9));  // 5.85 µs
-  CHECK(m.stage_seconds() == Approx(eb / 50e9));          // 351 µs
-  CHECK(m.disk_read_seconds() == Approx(eb / 40e9));      // 4 drives × 10 GB/s
+  // Staging: the host copy into pinned memory (23 GB/s assumed) is slower than the DMA (50).
+  CHECK(m.stage_seconds() == Approx(eb / 23e9));      // 763 µs
+  CHECK(m.disk_read_seconds() == Approx(eb / 40e9));  // 4 drives × 10 GB/s
   CHECK(m.distinct_experts(1) == Approx(16));
   // 896·(1 − (880/896)^2) = 31.714…
   CHECK(m.distinct_experts(2) == Approx(896.0 * (1 - std::pow(880.0 / 896.0, 2))));
