@@ -110,7 +110,7 @@ Overlap parse_overlap(const std::string& s) {
 // length of context + 4 + steps/2; prefill of a fresh prompt in chunks of the backend's step
 // rows: 512 on the GPU, the whole prompt on the CPU backends).
 int predict_bench_e2e(const HardwareProfile& hw, const ModelConfig& cfg, const Options& o,
-                      int64_t context) {
+                      int64_t context, const std::string& note) {
   CostOptions co;
   co.overlap = parse_overlap(o.overlap);
   for (const std::string& kv : o.assume) apply_assumption(co.assumptions, kv);
@@ -135,6 +135,8 @@ int predict_bench_e2e(const HardwareProfile& hw, const ModelConfig& cfg, const O
     if (keep.empty()) throw Error("--placements: no placement named '" + o.placements + "'");
     specs = keep;
   }
+  if (!note.empty()) std::printf("%s\n", note.c_str());
+  std::printf("model: %s\nhardware: %s\n", describe_config(cfg).c_str(), hw.description.c_str());
   const int64_t chunk_rows = gpu ? engine::InspectOptions{}.max_step_rows : 0;
   const int64_t mean_context = context + 4 + o.steps / 2;
   std::printf(
@@ -403,10 +405,7 @@ CommandRun setup(CLI::App& app) {
         if (n < 1) throw Error("--prefill: expected positive lengths");
       const int64_t context = ctx_opt->count() ? o->context : 256;
       if (context < 1) throw Error("--context: expected ≥ 1");
-      if (!note.empty()) std::printf("%s\n", note.c_str());
-      std::printf("model: %s\nhardware: %s\n", describe_config(cfg).c_str(),
-                  hw.description.c_str());
-      return predict_bench_e2e(hw, cfg, *o, context);
+      return predict_bench_e2e(hw, cfg, *o, context, note);
     }
     Workload w;
     w.context = o->context;
