@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -30,7 +31,7 @@ namespace strata::tools {
 namespace {
 
 struct Options {
-  std::string model_dir, json, device = "auto", placements = "all";
+  std::string model_dir, json, device = "auto", placements = "all", hardware;
   std::vector<int> batches = {1, 8};
   std::vector<int64_t> prefill = {1024, 16384};
   int64_t context = 256;
@@ -108,6 +109,7 @@ int run(const Options& o) {
   for (const PlacementSpec& sp : specs) {
     engine::InspectOptions io;
     io.device = o.device;
+    io.hardware = o.hardware;  // the cost model's inputs for the engine's decisions (staging)
     io.gpu_experts = sp.gpu_experts;
     io.max_context = max_prefill + o.context + o.steps + 16;
     engine::SessionSetup setup(io, c);
@@ -207,9 +209,15 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   app.add_option("--context", o->context, "prompt tokens per sequence before decode")
       ->capture_default_str();
   app.add_option("--steps", o->steps, "timed decode steps")->capture_default_str();
+  app.add_option("--hardware", o->hardware,
+                 "a `strata bench hw --save` profile for the engine's cost-model decisions (the "
+                 "prefill staging threshold); default: rates measured at first need");
   app.add_option("--json", o->json, "write the lines as JSON");
   return [o] {
     if (o->steps < 1 || o->context < 1) throw Error("--steps and --context must be >= 1");
+    std::error_code ec;
+    if (!o->hardware.empty() && !std::filesystem::is_regular_file(o->hardware, ec))
+      throw Error("--hardware " + o->hardware + ": not found");
     for (int b : o->batches)
       if (b < 1 || b > 256) throw Error("--batch: expected 1..256, got " + std::to_string(b));
     for (int64_t p : o->prefill)
