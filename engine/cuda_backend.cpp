@@ -40,6 +40,9 @@
 
 namespace strata::engine {
 
+// The planner predicts which MoE layers group their experts on the device (one model).
+static_assert(offload::kDeviceGroupMaxPairs == kernels::moe::kMaxGroupPairs);
+
 namespace rt = kernels::rt;
 namespace kops = kernels::ops;
 

@@ -463,6 +463,11 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   const double L = c.expert_in_dim(), Is = mo.shared_intermediate();
   const double eb = double(costs_.bytes_per_routed_expert);
   const double hbm = hw_.gpu.hbm_copy_gbps.value() * 1e9;
+  // MoE layers whose experts are all in the GPU cache group their experts on the device
+  // (kernels/moe/groups.h, main b7cb672): no host round trip, unless the prefetcher wants the
+  // layer's input or the step has more than 4096 (token, expert) pairs.
+  const bool device_groups = a.gpu_device_groups > 0 && gpus_ > 0 && p.gpu >= 1.0 && p.disk <= 0 &&
+                             T * mo.top_k <= kDeviceGroupMaxPairs;
   double attention = 0, shared_one = 0, scan = 0, xfer = 0;
   const double d2h = hw_.gpu.d2h_gbps.value_or(a.pcie_default_gbps) * 1e9;
   if (a.gpu_extra_syncs_per_layer <= 0) scan += kern + std::max(kern, T * D * 4 / hbm);
@@ -546,8 +551,12 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
       G(L, D, T), G(D, L, T);
       kernels += 3 + (mo.latent_norm ? 1 : 0);  // roundings, bf16 of the merge, latent norm
     }
-    kernels += 3 + 3 + 2;  // routing to the host, merge lists up, merge + its rounding
-    xfer += T * (L + 2.0 * mo.top_k) * 4 / d2h;  // the expert input and the routing, fp32
+    if (device_groups) {
+      kernels += 1 + 2;  // the groups, the merge + its rounding
+    } else {
+      kernels += 3 + 3 + 2;  // routing to the host, merge lists up, merge + its rounding
+      xfer += T * (L + 2.0 * mo.top_k) * 4 / d2h;  // the expert input and the routing, fp32
+    }
     if (Is > 0) {
       shared_one = gpu_gemm_seconds(2 * Is, D, T) + gpu_gemm_seconds(D, Is, T) + 5 * kern;
       s.gemms += 2;
@@ -582,13 +591,15 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
       cpu_pairs += nc * n * double(m);
     }
   }
-  const double launch = 8 * kern;  // lists up, quantize, two GEMVs, GLU, rounding
+  // The grouped launch: its lists up (host groups only), quantize, two GEMVs, GLU, rounding.
+  const double launch = (device_groups ? 5 : 8) * kern;
   if (res_n > 0) res_s += launch * std::min(1.0, res_n);
+  const double host_us = device_groups ? 0 : a.gpu_moe_host_us * 1e-6;
   if (cpu_n > 0) cpu_s += a.cpu_expert_call_us * 1e-6 * std::min(1.0, cpu_n);
   // Staging rounds of stage_slots experts: the host copies a round into pinned memory (DMA
   // overlapped), the GPU computes it while the next round is copied.
   const double copy_one = stage_seconds();
-  double chain = a.gpu_moe_host_us * 1e-6 + res_s, host_t = a.gpu_moe_host_us * 1e-6, stage_gpu = 0;
+  double chain = host_us + res_s, host_t = host_us, stage_gpu = 0;
   if (st_n > 0) {
     double left = st_n, prev_end = chain, prev2_end = 0;
     double stage_sum = 0, spb_sum = 0;
@@ -632,7 +643,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     xfer += moe_layers * T * D * 4 / d2h;
     s.disk_s = (demand_n + prefetch_n) * disk_read_seconds();
   }
-  s.syncs += moe_layers;
+  if (!device_groups) s.syncs += moe_layers;
   if (a.gpu_extra_syncs_per_layer <= 0) kernels += s.syncs;  // the record's download per sync
   s.kernels = kernels;
   s.gpu_dense_s = gemm + kernels * kern + scan + xfer + shared_one * moe_layers;
@@ -641,7 +652,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   s.cpu_experts_s = cpu_s * moe_layers;
   s.staged_experts = st_n * moe_layers;
   s.cpu_experts = cpu_n * moe_layers;
-  s.host_s = s.syncs * sync + a.gpu_moe_host_us * 1e-6 * moe_layers;
+  s.host_s = s.syncs * sync + host_us * moe_layers;
   // Critical path: the stream's own work, the host round trips, and per MoE layer the time from
   // its routing sync to the join (host work, cached + staged + CPU experts, shared experts).
   s.seconds = gemm + kernels * kern + scan + xfer + attention + s.syncs * sync + moe_layers * join;

@@ -40,6 +40,9 @@ namespace strata::offload {
 // Experts per prefill staging round of the GPU engine (engine/cuda_backend.cpp copies a round into
 // one half of 2 × this many device slots while the other half computes).
 constexpr int kStageSlotsPerRound = 32;
+// The most (token, expert) pairs of a step whose expert groups the GPU engine builds on the device
+// (kernels/moe/groups.h kMaxGroupPairs).
+constexpr int kDeviceGroupMaxPairs = 4096;
 
 // Where the routed experts are served from: shares of all routed experts (sum 1).
 struct Placement {
@@ -139,6 +142,9 @@ struct CostAssumptions {
   //   downloaded and checked the mixer's and the FFN's output on the host (2); now 0 (scans on
   //   the stream, read at the existing syncs);
   double gpu_extra_syncs_per_layer = 0;
+  //   1: MoE layers whose experts are all cached group them on the device, without a host round
+  //   trip (main b7cb672); 0: the engine before it (every MoE layer's routing to the host);
+  double gpu_device_groups = 1;
   // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
   // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert
   // I/O"). Each predicted expert not in the host cache is read from disk; the actual experts it

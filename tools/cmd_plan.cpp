@@ -54,6 +54,7 @@ void apply_assumption(CostAssumptions& a, const std::string& kv) {
       {"gpu_engine_expert_efficiency", &a.gpu_engine_expert_efficiency},
       {"stage_copy_gbps", &a.stage_copy_gbps},
       {"gpu_extra_syncs_per_layer", &a.gpu_extra_syncs_per_layer},
+      {"gpu_device_groups", &a.gpu_device_groups},
       {"prefetch_recall", &a.prefetch_recall},
       {"gpu_kda_decode_hbm_efficiency", &a.gpu_kda_decode_hbm_efficiency},
       {"cpu_layer_overhead_us", &a.cpu_layer_overhead_us}};

@@ -213,15 +213,28 @@ TEST_CASE("GPU engine decode: one stream, a host round trip per MoE layer, CPU b
   const double eb = double(m.costs().bytes_per_routed_expert);
   // All experts cached: nothing overlaps; the step is the sum of its parts. B = 1 routes 16
   // experts per MoE layer with one token each, at the engine's share of the GPU curve's M = 1
-  // rate (plus the launch of the grouped kernel: 8 small kernels).
+  // rate; the groups are built on the device (5 small kernels with the grouped launch) and the
+  // only host round trip is the logits'.
   const auto all = m.engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
   CHECK(all.seconds ==
         Approx(all.gpu_dense_s + all.gpu_attention_s + all.gpu_experts_s + all.host_s));
   const double gpu_rate = 3000e9 * a.gpu_engine_expert_efficiency;  // 16 experts, not bench's 128
-  CHECK(all.gpu_experts_s == Approx(moe * (16 * eb / gpu_rate + 8 * a.gpu_kernel_us * 1e-6)));
+  CHECK(all.gpu_experts_s == Approx(moe * (16 * eb / gpu_rate + 5 * a.gpu_kernel_us * 1e-6)));
   CHECK(all.cpu_experts_s == 0);
-  CHECK(all.syncs == moe + 1);  // the routing of each MoE layer and the logits
-  CHECK(all.host_s == Approx(all.syncs * a.gpu_sync_us * 1e-6 + moe * a.gpu_moe_host_us * 1e-6));
+  CHECK(all.syncs == 1);
+  CHECK(all.host_s == Approx(a.gpu_sync_us * 1e-6));
+  // The engine before device groups: each MoE layer's routing goes to the host and back (one
+  // synchronisation and the host's grouping each), the lists go up with the grouped launch.
+  CostOptions host_groups;
+  host_groups.assumptions.gpu_device_groups = 0;
+  const auto hg =
+      CostModel(hw, cfg, host_groups).engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(hg.syncs == moe + 1);
+  CHECK(hg.host_s == Approx(hg.syncs * a.gpu_sync_us * 1e-6 + moe * a.gpu_moe_host_us * 1e-6));
+  CHECK(hg.gpu_experts_s == Approx(moe * (16 * eb / gpu_rate + 8 * a.gpu_kernel_us * 1e-6)));
+  CHECK(hg.seconds > all.seconds + moe * a.gpu_sync_us * 1e-6);
+  // Past 4096 (token, expert) pairs (a 512-row prefill chunk: 8192) the host groups them.
+  CHECK(m.engine_step(Placement{1, 0, 0}, 512, 1, false, 0, true).syncs == moe + 1);
   CHECK(m.decode_step(Placement{1, 0, 0}, 1, 256).step_s == Approx(all.seconds));
   // All in host memory: the CPU computes the 16 experts of each layer at M = 1 (300 GB/s)
   // while the GPU waits, then the shared experts run (CUDA graphs: after the join).
