@@ -576,12 +576,14 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   const auto hist = tokens_per_expert(rows);
   const double g = gpus_ > 0 ? p.gpu : 0.0, nc = 1.0 - g;
   const int thr = threshold_;
-  double res_s = 0, res_n = 0, st_n = 0, cpu_s = 0, cpu_n = 0, cpu_pairs = 0, touched = 0;
+  double res_s = 0, res_n = 0, res_pairs = 0, st_n = 0, cpu_s = 0, cpu_n = 0, cpu_pairs = 0,
+         touched = 0;
   std::vector<std::pair<int64_t, double>> staged;  // (m, experts)
   for (auto [m, n] : hist) {
     touched += n;
     res_s += g * n * eb * gpu_expert_spb(double(m)) / a.gpu_engine_expert_efficiency;
     res_n += g * n;
+    res_pairs += g * n * double(m);
     if (m >= thr) {
       staged.push_back({m, nc * n});
       st_n += nc * n;
@@ -591,6 +593,14 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
       cpu_pairs += nc * n * double(m);
     }
   }
+  // The grouped launch takes the GEMV path when it has fewer than kExpertGemmMinMeanPairs pairs
+  // per group (gpu_expert_gemv_below_mean_pairs) (kernels/moe/experts.cu, automatic; device groups
+  // are padded to min(pairs, E)), and the GEMV's cost grows with every pair: each pair at the
+  // curve's M = 1 rate. Above it, the curve at each expert's tokens (bench hw measures the
+  // automatic path at M tokens per expert).
+  const double groups = device_groups ? std::min(res_pairs, double(mo.num_experts)) : res_n;
+  if (res_n > 0 && res_pairs < a.gpu_expert_gemv_below_mean_pairs * groups)
+    res_s = res_pairs * eb * gpu_expert_spb(1) / a.gpu_engine_expert_efficiency;
   // The grouped launch: its lists up (host groups only), quantize, two GEMVs, GLU, rounding.
   const double launch = (device_groups ? 5 : 8) * kern;
   if (res_n > 0) res_s += launch * std::min(1.0, res_n);

@@ -43,6 +43,9 @@ constexpr int kStageSlotsPerRound = 32;
 // The most (token, expert) pairs of a step whose expert groups the GPU engine builds on the device
 // (kernels/moe/groups.h kMaxGroupPairs).
 constexpr int kDeviceGroupMaxPairs = 4096;
+// The mean (token, expert) pairs per group from which the grouped-experts launch leaves the GEMV
+// path (kernels/moe/experts.h kGemmMinMeanPairsPerGroup).
+constexpr int kExpertGemmMinMeanPairs = 4;
 
 // Where the routed experts are served from: shares of all routed experts (sum 1).
 struct Placement {
@@ -145,6 +148,9 @@ struct CostAssumptions {
   //   1: MoE layers whose experts are all cached group them on the device, without a host round
   //   trip (main b7cb672); 0: the engine before it (every MoE layer's routing to the host);
   double gpu_device_groups = 1;
+  //   the grouped-experts launch runs the GEMV path below this mean of pairs per group (main
+  //   8f03932: kExpertGemmMinMeanPairs, the GEMM path above; before it 12, the IMMA path above);
+  double gpu_expert_gemv_below_mean_pairs = kExpertGemmMinMeanPairs;
   // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
   // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert
   // I/O"). Each predicted expert not in the host cache is read from disk; the actual experts it

@@ -55,6 +55,7 @@ void apply_assumption(CostAssumptions& a, const std::string& kv) {
       {"stage_copy_gbps", &a.stage_copy_gbps},
       {"gpu_extra_syncs_per_layer", &a.gpu_extra_syncs_per_layer},
       {"gpu_device_groups", &a.gpu_device_groups},
+      {"gpu_expert_gemv_below_mean_pairs", &a.gpu_expert_gemv_below_mean_pairs},
       {"prefetch_recall", &a.prefetch_recall},
       {"gpu_kda_decode_hbm_efficiency", &a.gpu_kda_decode_hbm_efficiency},
       {"cpu_layer_overhead_us", &a.cpu_layer_overhead_us}};
