@@ -192,10 +192,10 @@ TEST_CASE("plan --bench-e2e predicts bench e2e's lines: its placements, its prot
   CHECK(tps["10% GPU + host|decode B=1"] > tps["all host|decode B=1"]);
   CHECK(tps["all host|decode B=1"] > 10 * tps["10% GPU + 30% host + disk|decode B=1"]);
   CHECK(tps["all GPU|decode B=8"] > tps["all GPU|decode B=1"]);
-  // An assumption replaced on the command line moves the prediction: slower host round trips.
+  // An assumption replaced on the command line moves the prediction: slower small kernels.
   const auto slow = run_cli("plan -m " + q(model) + " --hardware " + q(h200) +
                             " --bench-e2e --device gpu --placements 'all GPU' --batch 1 "
-                            "--prefill 512 --assume gpu_sync_us=500 --json " +
+                            "--prefill 512 --assume gpu_kernel_us=30 --json " +
                             q(dir / "slow.json"));
   REQUIRE(slow.status == 0);
   std::ifstream fs2(dir / "slow.json");
