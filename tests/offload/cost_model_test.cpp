@@ -202,7 +202,7 @@ TEST_CASE("GPU engine: a GEMM at the trunk curve's shape takes the curve's time"
   }
 }
 
-TEST_CASE("GPU engine decode: one stream, a host round trip per MoE layer, CPU beside GPU",
+TEST_CASE("GPU engine decode: one stream, host round trips where the host groups, CPU beside GPU",
           "[cost]") {
   const ModelConfig cfg = k3_slice8();
   const HardwareProfile hw = gpu_machine();
