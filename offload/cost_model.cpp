@@ -319,6 +319,24 @@ double CostModel::kda_decode_seconds(int batch) const {
   return kInf;
 }
 
+int CostModel::ref_linear_calls() const {
+  // engine/cpu_backend.cpp: one call per projection (q, k, v separately), per MLP matrix, the
+  // router, the latent projections, and the logits.
+  const ModelConfig& c = cfg_;
+  int n = 1;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_kda(l))
+      n += 7 + (c.kda.full_rank_output_gate ? 1 : 2);
+    else
+      n += (c.mla.q_lora_rank > 0 ? 2 : 1) + 1 + (c.mla.output_gate ? 1 : 0) + 1;
+    if (!c.is_moe(l))
+      n += 3;
+    else
+      n += 1 + (c.moe.latent_size > 0 ? 2 : 0) + (c.moe.num_shared_experts > 0 ? 3 : 0);
+  }
+  return n;
+}
+
 double CostModel::kda_flops_per_token() const {
   const double H = cfg_.kda.num_heads, d = cfg_.kda.head_dim;
   return H * (10.0 * 64.0 * d + 6.0 * d * d) * cfg_.num_kda_layers();
@@ -736,13 +754,19 @@ DecodeEstimate CostModel::decode_latency(const Placement& p, int batch, int64_t 
     const double mla = mla_decode_seconds(batch, context);
     const double cpu_exp = n * eb * cpu_expert_spb(M);
     const double disk = p.disk > 0 ? p.disk * n * disk_read_seconds() : 0;
-    const double over = cfg_.num_layers * opt_.assumptions.cpu_layer_overhead_us * 1e-6;
+    double over = cfg_.num_layers * opt_.assumptions.cpu_layer_overhead_us * 1e-6;
+    if (opt_.trunk == TrunkBackend::cpu_reference)
+      over += ref_linear_calls() * opt_.assumptions.cpu_ref_linear_call_us * 1e-6 +
+              moe_layers * opt_.assumptions.cpu_expert_call_us * 1e-6;
     e.parts.push_back({"dense trunk (bf16 weights, incl. shared experts)", "cpu", trunk});
     e.parts.push_back({"KDA state", "cpu", kda});
     e.parts.push_back({"MLA attention", "cpu", mla});
     e.parts.push_back({"routed experts on the CPU (host memory)", "cpu", cpu_exp});
     if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
-    if (over > 0) e.parts.push_back({"per-layer overhead", "cpu", over});
+    if (over > 0)
+      e.parts.push_back({fmt("fixed costs: %.0f linear calls, %.0f CPU expert jobs",
+                             ref_linear_calls(), moe_layers),
+                         "cpu", over});
     const double compute = sum_parts(e.parts) - disk;
     step = opt_.overlap == Overlap::serial ? compute + disk : std::max(compute, disk);
   }

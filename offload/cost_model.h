@@ -158,6 +158,11 @@ struct CostAssumptions {
   double prefetch_recall = 0.5;
   // Fixed cost per layer and step on the CPU reference backend (norms, AttnRes, small ops), µs.
   double cpu_layer_overhead_us = 0;
+  // The CPU reference's linear (cpu/ref/linear.cpp) is one TBB parallel_for over all cores per
+  // call: its fork, join and last tile, µs per call beyond the bytes at the measured rate (which
+  // bench hw takes on one 64 MiB weight; a decode step makes ~115 calls on k3-mini, most on
+  // 1–8 MB weights). Assumed.
+  double cpu_ref_linear_call_us = 10;
   // Network hop between pipeline stages on different nodes (when the profile states none), µs.
   double network_latency_us = 10;
 };
@@ -304,6 +309,7 @@ class CostModel {
   double cpu_ref_flops() const;
   double h2d_gbps() const;
   double kda_flops_per_token() const;  // over all KDA layers
+  int ref_linear_calls() const;        // linear calls of one step of the CPU reference backend
   double mla_prefill_flops(int64_t tokens, int64_t context) const;
   DecodeEstimate decode_latency(const Placement& p, int batch, int64_t context) const;
 

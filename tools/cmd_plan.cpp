@@ -58,7 +58,8 @@ void apply_assumption(CostAssumptions& a, const std::string& kv) {
       {"gpu_expert_gemv_below_mean_pairs", &a.gpu_expert_gemv_below_mean_pairs},
       {"prefetch_recall", &a.prefetch_recall},
       {"gpu_kda_decode_hbm_efficiency", &a.gpu_kda_decode_hbm_efficiency},
-      {"cpu_layer_overhead_us", &a.cpu_layer_overhead_us}};
+      {"cpu_layer_overhead_us", &a.cpu_layer_overhead_us},
+      {"cpu_ref_linear_call_us", &a.cpu_ref_linear_call_us}};
   const size_t eq = kv.find('=');
   const std::string name = kv.substr(0, eq);
   auto it = known.find(name);

@@ -152,10 +152,15 @@ TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   // Experts: top-k distinct experts per MoE layer at batch 1, one token each, at 4 GB/s.
   const double t_exp =
       double(cfg.moe.top_k) * cfg.num_moe_layers() * double(k.bytes_per_routed_expert) / 4e9;
+  // Fixed costs: 115 linear calls (6 KDA layers × 8 projections, 3 MLA × 5, the dense layer's 3,
+  // 8 MoE layers × router, latent down/up and the shared experts' 3, the logits) and 8 CPU expert
+  // jobs.
+  const CostAssumptions a;
+  const double t_fixed = 115 * a.cpu_ref_linear_call_us * 1e-6 + 8 * a.cpu_expert_call_us * 1e-6;
   const DecodeEstimate d = m.decode_step(Placement{0, 1, 0}, 1, ctx);
   CHECK(d.experts_per_layer == Approx(cfg.moe.top_k));
   CHECK(d.tokens_per_expert == Approx(1));
-  CHECK(d.step_s == Approx(t_trunk + t_kda + t_mla + t_exp));
+  CHECK(d.step_s == Approx(t_trunk + t_kda + t_mla + t_exp + t_fixed));
   CHECK(d.tokens_per_s == Approx(1.0 / d.step_s));
   CHECK(d.bottleneck.find("dense trunk") == 0);
   // Disk reads overlap the CPU work (router-lookahead prefetch) under moe-layer...
@@ -171,7 +176,7 @@ TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   co.overlap = Overlap::serial;
   const CostModel ms(hw, cfg, co);
   CHECK(ms.decode_step(Placement{0, 0.5, 0.5}, 1, ctx).step_s ==
-        Approx(t_trunk + t_kda + t_mla + t_exp + t_disk));
+        Approx(t_trunk + t_kda + t_mla + t_exp + t_fixed + t_disk));
   // Prefill: lm_head only for the last token of the chunk.
   const double head = double(cfg.vocab_size) * cfg.hidden_size * 2;
   CHECK(m.trunk_prefill_seconds(32) == Approx((trunk - head) / 0.5e9 + head / 2e9));
