@@ -40,6 +40,10 @@
 
 namespace strata::engine {
 
+// The planner predicts which MoE layers group their experts on the device (one model).
+static_assert(offload::kDeviceGroupMaxPairs == kernels::moe::kMaxGroupPairs);
+static_assert(offload::kExpertGemmMinMeanPairs == kernels::moe::kGemmMinMeanPairsPerGroup);
+
 namespace rt = kernels::rt;
 namespace kops = kernels::ops;
 

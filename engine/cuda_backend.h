@@ -21,6 +21,7 @@
 
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "offload/cost_model.h"
 
 namespace strata::engine {
 
@@ -39,7 +40,9 @@ struct CudaBackendOptions {
   // or from host→device and memory rates measured at the first step that needs them.
   int stage_threshold = 0;
   std::string hardware_file;
-  int stage_slots = 32;  // experts per staging round (two rounds in flight: 2× this many slots)
+  // Experts per staging round (two rounds in flight: 2× this many slots); the planner budgets
+  // the same (offload/cost_model.h, one model).
+  int stage_slots = offload::kStageSlotsPerRound;
   // Decode steps (every sequence one token) run from CUDA graphs: the launches between host
   // decisions (MLA's positions, a MoE layer's routing on the host, the logits) are captured once
   // per step shape (rows and slots) and replayed afterwards.

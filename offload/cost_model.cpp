@@ -32,6 +32,29 @@ double sum_parts(const std::vector<TimePart>& parts, const char* resource = null
   return s;
 }
 
+// The part that takes longest (nullptr when there are none).
+const TimePart* largest(const std::vector<TimePart>& parts) {
+  const TimePart* big = nullptr;
+  for (auto& t : parts)
+    if (!big || t.seconds > big->seconds) big = &t;
+  return big;
+}
+
+// A hardware peak for a roofline in its unit (× scale), or 0 with the field listed as missing.
+double roofline_peak(const Rate& r, const char* field, double scale, Roofline& out) {
+  if (r.known()) return r.value() * scale;
+  out.missing.push_back(field);
+  return 0;
+}
+
+// A roofline's time, rate and bound (its largest part).
+void finish_roofline(Roofline& r, double seconds, double tokens) {
+  const TimePart* big = largest(r.parts);
+  r.seconds = seconds;
+  r.bound = big ? big->name : "nothing known";
+  r.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
+}
+
 // log of the Binomial(n, p) pmf at m.
 double log_binom_pmf(int64_t n, int64_t m, double p) {
   return std::lgamma(double(n) + 1) - std::lgamma(double(m) + 1) - std::lgamma(double(n - m) + 1) +
@@ -78,10 +101,11 @@ std::string overlap_description(Overlap o, TrunkBackend b) {
     case Overlap::serial:
       return "serial: every piece of work one after the other (no overlap)";
     case Overlap::moe_layer:
-      return gpu ? "moe-layer: per MoE layer the CPU computes the experts not cached on the GPU "
-                   "while the GPU runs the shared and cached experts; attention, norms, routers "
-                   "and the rest of the trunk are serial; disk reads (router-lookahead prefetch) "
-                   "and host→GPU staging overlap the whole step"
+      return gpu ? "moe-layer (the GPU engine as it runs): one stream of GEMMs and small kernels; "
+                   "per MoE layer a host round trip for the routing, then the CPU computes the "
+                   "experts not cached on the GPU while the GPU runs the cached ones (decode: the "
+                   "shared experts after the join; prefill: staging rounds copied on the host "
+                   "while the GPU computes the previous round); disk reads overlap the step"
                  : "moe-layer (CPU backend): the CPU runs trunk, attention and experts one after "
                    "the other; disk reads (router-lookahead prefetch) overlap the whole step";
     case Overlap::full:
@@ -232,9 +256,11 @@ double CostModel::h2d_gbps() const {
   return hw_.gpu.h2d_gbps.known() ? hw_.gpu.h2d_gbps.value() : opt_.assumptions.pcie_default_gbps;
 }
 
+// The engine stages an expert by a host copy into pinned memory and a DMA, overlapped expert by
+// expert (engine/cuda_backend.cpp): the slower of the two sets the rate.
 double CostModel::stage_seconds() const {
   if (gpus_ == 0) return kInf;
-  return double(costs_.bytes_per_routed_expert) / (h2d_gbps() * 1e9);
+  return double(costs_.bytes_per_routed_expert) / (std::min(stage_copy_gbps(), h2d_gbps()) * 1e9);
 }
 
 double CostModel::disk_read_seconds() const {
@@ -291,6 +317,24 @@ double CostModel::kda_decode_seconds(int batch) const {
       return bytes / (hw_.host.mem_read_gbps.value() * 1e9);
   }
   return kInf;
+}
+
+int CostModel::ref_linear_calls() const {
+  // engine/cpu_backend.cpp: one call per projection (q, k, v separately), per MLP matrix, the
+  // router, the latent projections, and the logits.
+  const ModelConfig& c = cfg_;
+  int n = 1;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_kda(l))
+      n += 7 + (c.kda.full_rank_output_gate ? 1 : 2);
+    else
+      n += (c.mla.q_lora_rank > 0 ? 2 : 1) + 1 + (c.mla.output_gate ? 1 : 0) + 1;
+    if (!c.is_moe(l))
+      n += 3;
+    else
+      n += 1 + (c.moe.latent_size > 0 ? 2 : 0) + (c.moe.num_shared_experts > 0 ? 3 : 0);
+  }
+  return n;
 }
 
 double CostModel::kda_flops_per_token() const {
@@ -374,6 +418,277 @@ double CostModel::mla_prefill_seconds(int64_t tokens, int64_t context) const {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The GPU engine as it runs (engine/cuda_backend.cpp): every launch of a step on one stream, the
+// host round trips of the MoE layers, the CPU experts beside the GPU's cached ones, and the
+// prefill staging rounds. Fixed costs from bench hw when measured, else CostAssumptions.
+
+double CostModel::gpu_kernel_s() const {
+  return hw_.kernels.gpu_kernel_us.value_or(opt_.assumptions.gpu_kernel_us) * 1e-6;
+}
+
+double CostModel::gpu_sync_s() const {
+  return hw_.kernels.gpu_sync_us.value_or(opt_.assumptions.gpu_sync_us) * 1e-6;
+}
+
+double CostModel::stage_copy_gbps() const {
+  return hw_.kernels.stage_copy_gbps.value_or(opt_.assumptions.stage_copy_gbps);
+}
+
+// A bf16 GEMM y[M, out] = x[M, in]·Wᵀ: a fixed cost plus the weight bytes at the trunk curve's
+// rate. The curve is measured at 12288×7168 (tools/bench_kernels_moe.cpp), where the fixed cost is
+// already inside the measured time: it is taken out of the per-byte rate there.
+double CostModel::gpu_gemm_seconds(double out_features, double in_features, double M) const {
+  constexpr double kCurveBytes = 2.0 * 12288 * 7168;
+  const double fixed = opt_.assumptions.gpu_gemm_fixed_us * 1e-6;
+  const double spb = trunk_spb(std::max(1.0, M));
+  return fixed + 2.0 * out_features * in_features * std::max(0.2 * spb, spb - fixed / kCurveBytes);
+}
+
+std::vector<std::pair<int64_t, double>> CostModel::tokens_per_expert(int64_t tokens) const {
+  std::vector<std::pair<int64_t, double>> h;
+  const double E = cfg_.moe.num_experts, k = cfg_.moe.top_k;
+  if (E <= 0 || k <= 0 || tokens <= 0) return h;
+  const double q = std::min(1.0, k / E);
+  if (q >= 1.0) return {{tokens, E}};
+  const double mean = double(tokens) * q, sd = std::sqrt(double(tokens) * q * (1 - q));
+  const int64_t lo = std::max<int64_t>(1, int64_t(mean - 12 * sd));
+  const int64_t hi = std::min<int64_t>(tokens, int64_t(mean + 12 * sd) + 2);
+  for (int64_t m = lo; m <= hi; ++m) {
+    const double pm = std::exp(log_binom_pmf(tokens, m, q));
+    if (pm >= 1e-15) h.push_back({m, E * pm});
+  }
+  return h;
+}
+
+CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, int seqs,
+                                             bool decode, int64_t context, bool logits) const {
+  const CostAssumptions& a = opt_.assumptions;
+  const ModelConfig& c = cfg_;
+  const double T = double(rows), D = c.hidden_size, kern = gpu_kernel_s(), sync = gpu_sync_s();
+  EngineStep s;
+  double gemm = 0;  // GEMM seconds
+  int kernels = 0;
+  auto G = [&](double out, double in, double M) {
+    gemm += gpu_gemm_seconds(out, in, M);
+    ++s.gemms;
+  };
+  // Embedding: ids upload and gather; the non-finite record's reset and the embedding's scan.
+  kernels += 2;
+  const auto& kd = c.kda;
+  const auto& ml = c.mla;
+  const auto& mo = c.moe;
+  const double P = kd.proj_dim(), r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
+  const double L = c.expert_in_dim(), Is = mo.shared_intermediate();
+  const double eb = double(costs_.bytes_per_routed_expert);
+  const double hbm = hw_.gpu.hbm_copy_gbps.value() * 1e9;
+  // MoE layers whose experts are all in the GPU cache group their experts on the device
+  // (kernels/moe/groups.h, main b7cb672): no host round trip, unless the prefetcher wants the
+  // layer's input or the step has more than 4096 (token, expert) pairs.
+  const bool device_groups = a.gpu_device_groups > 0 && gpus_ > 0 && p.gpu >= 1.0 && p.disk <= 0 &&
+                             T * mo.top_k <= kDeviceGroupMaxPairs;
+  double attention = 0, shared_one = 0, scan = 0, xfer = 0;
+  const double d2h = hw_.gpu.d2h_gbps.value_or(a.pcie_default_gbps) * 1e9;
+  if (a.gpu_extra_syncs_per_layer <= 0) scan += kern + std::max(kern, T * D * 4 / hbm);
+  int moe_layers = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    // The schedule (engine/schedule.cpp): AttnRes mixes, two norms, the residual adds.
+    kernels += 2 + (c.opens_block(l) ? 0 : 1) + 1;
+    if (c.has_attn_res()) kernels += (l > 0 ? 1 : 0) + 1;
+    // The non-finite guard (engine/cuda_backend.cpp check_finite): a scan kernel per site (the
+    // mixer's and the FFN's output), read back at the step's existing synchronisations; before
+    // main 4880830 a download and host sync per site instead (gpu_extra_syncs_per_layer = 2).
+    if (a.gpu_extra_syncs_per_layer > 0) {
+      s.syncs += int(a.gpu_extra_syncs_per_layer);
+      kernels += int(a.gpu_extra_syncs_per_layer);
+    } else {
+      scan += 2 * std::max(kern, T * D * 4 / hbm);
+    }
+    if (c.is_kda(l)) {
+      G(3 * P, D, T), G(r, D, T), G(P, r, T), G(kd.num_heads, D, T);
+      if (kd.full_rank_output_gate)
+        G(P, D, T);
+      else
+        G(r, D, T), G(P, r, T);
+      G(D, P, T);
+      kernels += 2;  // bf16 input, output rounding
+      if (decode) {
+        attention += std::max(kern, 2.0 * double(costs_.kda_state_bytes_per_layer) * T /
+                                        (hbm * a.gpu_kda_decode_hbm_efficiency));
+      } else {
+        const double rate =
+            hw_.kernels.gpu_kda_prefill_tflops.known()
+                ? hw_.kernels.gpu_kda_prefill_tflops.value() * 1e12
+                : hw_.gpu.bf16_gemm_tflops.value() * 1e12 * a.gpu_kda_prefill_gemm_share;
+        attention +=
+            kda_flops_per_token() / std::max(1, c.num_kda_layers()) * T / rate + 3 * kern * seqs;
+      }
+    } else {
+      const double H = ml.num_heads;
+      if (ml.q_lora_rank > 0) {
+        G(ml.q_lora_rank, D, T), G(H * ml.q_head_dim(), ml.q_lora_rank, T);
+        kernels += 3;  // rounding, q_a norm, bf16
+      } else {
+        G(H * ml.q_head_dim(), D, T);
+      }
+      G(ml.latent_cache_dim(), D, T);
+      if (ml.output_gate) G(H * ml.v_head_dim, D, T), ++kernels;
+      G(D, H * ml.v_head_dim, T);
+      kernels += 2 + seqs;  // bf16 input, output rounding, one latent write per sequence
+      const double kvb_out = H * double(ml.qk_nope_head_dim + ml.v_head_dim);
+      if (decode) {
+        const double S = double(std::max<int64_t>(1, context)) + 1;
+        const double bytes = T * S * ml.latent_cache_dim() * 2.0;
+        const double flops = 2.0 * H * (2.0 * ml.kv_lora_rank + ml.qk_rope_head_dim) * T * S;
+        const double rate =
+            hw_.kernels.gpu_mla_decode_tflops.known()
+                ? hw_.kernels.gpu_mla_decode_tflops.value() * 1e12
+                : hw_.gpu.bf16_gemm_tflops.value() * 1e12 * a.gpu_mla_decode_gemm_share;
+        // Absorbed form: kv_b is read once per step beside the cache; split + combine kernels.
+        attention += std::max(bytes / hbm, flops / rate) +
+                     gpu_gemm_seconds(kvb_out, ml.kv_lora_rank, T) + 2 * kern;
+      } else {
+        const double rate =
+            hw_.kernels.gpu_mla_prefill_tflops.known()
+                ? hw_.kernels.gpu_mla_prefill_tflops.value() * 1e12
+                : hw_.gpu.bf16_gemm_tflops.value() * 1e12 * a.gpu_mla_prefill_gemm_share;
+        const double S = double(context) + T;
+        const double pairs = T * double(context) + T * (T + 1) / 2;
+        attention += 2.0 * H * double(ml.q_head_dim() + ml.v_head_dim) * pairs / rate +
+                     gpu_gemm_seconds(kvb_out, ml.kv_lora_rank, S) + 3 * kern * seqs;
+      }
+    }
+    if (!c.is_moe(l)) {  // dense MLP
+      G(2.0 * c.dense_intermediate_size, D, T), G(D, c.dense_intermediate_size, T);
+      kernels += 5;
+      continue;
+    }
+    ++moe_layers;
+    G(mo.num_experts, D, T);
+    kernels += 2;  // bf16 input, route
+    if (mo.latent_size > 0) {
+      G(L, D, T), G(D, L, T);
+      kernels += 3 + (mo.latent_norm ? 1 : 0);  // roundings, bf16 of the merge, latent norm
+    }
+    if (device_groups) {
+      kernels += 1 + 2;  // the groups, the merge + its rounding
+    } else {
+      kernels += 3 + 3 + 2;  // routing to the host, merge lists up, merge + its rounding
+      xfer += T * (L + 2.0 * mo.top_k) * 4 / d2h;  // the expert input and the routing, fp32
+    }
+    if (Is > 0) {
+      shared_one = gpu_gemm_seconds(2 * Is, D, T) + gpu_gemm_seconds(D, Is, T) + 5 * kern;
+      s.gemms += 2;
+    }
+  }
+  // Head: final mix and norm; logits of the last row of each sequence (decode: every row).
+  if (logits) {
+    const double rows_out = decode ? T : double(seqs);
+    kernels += (c.has_attn_res() ? 1 : 0) + 1 + 4;  // norm, gather, bf16, rounding, download
+    G(c.vocab_size, D, rows_out);
+    xfer += rows_out * c.vocab_size * 4 / d2h;  // fp32 logits to the host
+    ++s.syncs;
+  } else if (a.gpu_extra_syncs_per_layer <= 0) {
+    ++s.syncs;  // commit_step reads the non-finite record of the sites after the last sync
+  }
+  // The routed experts of each MoE layer, and the host round trip that splits them.
+  const auto hist = tokens_per_expert(rows);
+  const double g = gpus_ > 0 ? p.gpu : 0.0, nc = 1.0 - g;
+  const int thr = threshold_;
+  double res_s = 0, res_n = 0, res_pairs = 0, st_n = 0, cpu_s = 0, cpu_n = 0, cpu_pairs = 0,
+         touched = 0;
+  std::vector<std::pair<int64_t, double>> staged;  // (m, experts)
+  for (auto [m, n] : hist) {
+    touched += n;
+    res_s += g * n * eb * gpu_expert_spb(double(m)) / a.gpu_engine_expert_efficiency;
+    res_n += g * n;
+    res_pairs += g * n * double(m);
+    if (m >= thr) {
+      staged.push_back({m, nc * n});
+      st_n += nc * n;
+    } else {
+      cpu_s += nc * n * eb * cpu_expert_spb(double(m)) / a.gpu_engine_cpu_expert_efficiency;
+      cpu_n += nc * n;
+      cpu_pairs += nc * n * double(m);
+    }
+  }
+  // The grouped launch takes the GEMV path when it has fewer than kExpertGemmMinMeanPairs pairs
+  // per group (gpu_expert_gemv_below_mean_pairs) (kernels/moe/experts.cu, automatic; device groups
+  // are padded to min(pairs, E)), and the GEMV's cost grows with every pair: each pair at the
+  // curve's M = 1 rate. Above it, the curve at each expert's tokens (bench hw measures the
+  // automatic path at M tokens per expert).
+  const double groups = device_groups ? std::min(res_pairs, double(mo.num_experts)) : res_n;
+  if (res_n > 0 && res_pairs < a.gpu_expert_gemv_below_mean_pairs * groups)
+    res_s = res_pairs * eb * gpu_expert_spb(1) / a.gpu_engine_expert_efficiency;
+  // The grouped launch: its lists up (host groups only), quantize, two GEMVs, GLU, rounding.
+  const double launch = (device_groups ? 5 : 8) * kern;
+  if (res_n > 0) res_s += launch * std::min(1.0, res_n);
+  const double host_us = device_groups ? 0 : a.gpu_moe_host_us * 1e-6;
+  if (cpu_n > 0) cpu_s += a.cpu_expert_call_us * 1e-6 * std::min(1.0, cpu_n);
+  // Staging rounds of stage_slots experts: the host copies a round into pinned memory (DMA
+  // overlapped), the GPU computes it while the next round is copied.
+  const double copy_one = stage_seconds();
+  double chain = host_us + res_s, host_t = host_us, stage_gpu = 0;
+  if (st_n > 0) {
+    double left = st_n, prev_end = chain, prev2_end = 0;
+    double stage_sum = 0, spb_sum = 0;
+    for (auto [m, n] : staged) {
+      stage_sum += n;
+      spb_sum += n * eb * gpu_expert_spb(double(m)) / a.gpu_engine_expert_efficiency;
+    }
+    const double per_expert_gpu = spb_sum / stage_sum;
+    for (int round = 0; left > 1e-9; ++round) {
+      const double n = std::min(left, double(kStageSlotsPerRound));
+      const double start = round >= 2 ? std::max(host_t, prev2_end) : host_t;
+      host_t = start + n * copy_one;
+      const double end = std::max(prev_end, host_t) + n * per_expert_gpu + launch;
+      prev2_end = prev_end;
+      prev_end = end;
+      left -= n;
+      s.stage_copy_s += n * copy_one * moe_layers;
+      stage_gpu += n * per_expert_gpu + launch;
+    }
+    chain = prev_end;
+  }
+  // Shared experts: in decode (CUDA graphs) after the join, in prefill beside the CPU experts.
+  double join;
+  if (decode) {
+    join = std::max(chain, host_t + cpu_s) + shared_one;
+  } else {
+    join = std::max(chain + shared_one, host_t + cpu_s);
+  }
+  // The CPU rows' upload (fp32, one row per pair).
+  if (cpu_n > 0) join += kern + cpu_pairs * L * 4 / (h2d_gbps() * 1e9);
+  // Disk (the host cache holds p.host of all experts; engine/offload_executor.cpp): a CPU expert
+  // not in it is read on demand unless the router-lookahead prefetcher predicted it; in decode
+  // the prefetcher also reads its predictions (as many experts as the layer touches) for every
+  // MoE layer but the first, asynchronously. Demand reads hold up their layer's CPU experts.
+  double demand_n = 0, prefetch_n = 0;
+  if (p.disk > 0 && moe_layers > 0) {
+    const double miss = 1.0 - p.host, rho = a.prefetch_recall;
+    demand_n = cpu_n * miss * (1 + (moe_layers - 1) * (1 - rho));
+    if (decode) prefetch_n = (moe_layers - 1) * touched * miss;
+    s.syncs += moe_layers;  // the prefetcher's host copy of each MoE input
+    xfer += moe_layers * T * D * 4 / d2h;
+    s.disk_s = (demand_n + prefetch_n) * disk_read_seconds();
+  }
+  if (!device_groups) s.syncs += moe_layers;
+  if (a.gpu_extra_syncs_per_layer <= 0) kernels += s.syncs;  // the record's download per sync
+  s.kernels = kernels;
+  s.gpu_dense_s = gemm + kernels * kern + scan + xfer + shared_one * moe_layers;
+  s.gpu_attention_s = attention;
+  s.gpu_experts_s = (res_s + stage_gpu) * moe_layers;
+  s.cpu_experts_s = cpu_s * moe_layers;
+  s.staged_experts = st_n * moe_layers;
+  s.cpu_experts = cpu_n * moe_layers;
+  s.host_s = s.syncs * sync + host_us * moe_layers;
+  // Critical path: the stream's own work, the host round trips, and per MoE layer the time from
+  // its routing sync to the join (host work, cached + staged + CPU experts, shared experts).
+  s.seconds = gemm + kernels * kern + scan + xfer + attention + s.syncs * sync + moe_layers * join;
+  s.seconds = std::max(s.seconds + demand_n * disk_read_seconds() * (decode ? 0 : 1), s.disk_s);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
 // Steps
 
 namespace {
@@ -395,71 +710,71 @@ DecodeEstimate CostModel::decode_latency(const Placement& p, int batch, int64_t 
   const double M = std::max(1.0, e.tokens_per_expert);
   const double eb = double(costs_.bytes_per_routed_expert);
   const double n = U * moe_layers;  // expert computations per step
-  const bool gpu = opt_.trunk == TrunkBackend::gpu;
-  const std::string proc = gpu ? "gpu" : "cpu";
-
-  const double trunk = trunk_seconds(batch);
-  const double shared = shared_expert_seconds(batch);
-  const double kda = kda_decode_seconds(batch);
-  const double mla = mla_decode_seconds(batch, context);
-  const double gpu_exp = gpu ? p.gpu * n * eb * gpu_expert_spb(M) : 0;
-  const double cpu_exp = (gpu ? p.host + p.disk : 1.0) * n * eb * cpu_expert_spb(M);
-  const double disk = p.disk > 0 ? p.disk * n * disk_read_seconds() : 0;
-  double sync = 0, hops = 0;
-  if (gpu) sync = moe_layers * opt_.assumptions.gpu_moe_layer_sync_us * 1e-6;
-  if (!gpu) sync = cfg_.num_layers * opt_.assumptions.cpu_layer_overhead_us * 1e-6;
-  if (hw_.nodes > 1 && gpu) {
-    const double lat = hw_.network_latency_us.value_or(opt_.assumptions.network_latency_us) * 1e-6;
-    const double act = double(batch) * cfg_.hidden_size * 4.0 *
-                       (1 + (cfg_.has_attn_res() ? cfg_.num_layers / cfg_.attn_res_block_size : 0));
-    const double bw = hw_.network_gbps.known() ? hw_.network_gbps.value() * 1e9 : kInf;
-    hops = (hw_.nodes - 1) * (lat + act / bw);
-  }
-
-  e.parts.push_back({"dense trunk (bf16 weights, incl. shared experts)", proc, trunk});
-  e.parts.push_back({"KDA state", proc, kda});
-  e.parts.push_back({"MLA attention", proc, mla});
-  if (gpu) e.parts.push_back({"routed experts in the GPU cache", "gpu", gpu_exp});
-  e.parts.push_back({"routed experts on the CPU (host memory)", "cpu", cpu_exp});
-  if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
-  if (sync > 0)
-    e.parts.push_back(
-        {gpu ? "per-MoE-layer host round trips (assumed)" : "per-layer overhead", proc, sync});
-  if (hops > 0) e.parts.push_back({"pipeline hops between nodes", "network", hops});
-
-  const double serial_gpu = trunk - shared + kda + mla + sync + hops;
+  e.overlap = overlap_description(opt_.overlap, opt_.trunk);
   double step = 0;
-  std::string bottleneck;
-  switch (opt_.overlap) {
-    case Overlap::serial:
-      step = sum_parts(e.parts);
-      break;
-    case Overlap::moe_layer: {
-      double compute;
-      if (gpu) {
-        const double gpu_branch = shared + gpu_exp;
-        compute = serial_gpu + std::max(gpu_branch, cpu_exp);
-      } else {
-        compute = sum_parts(e.parts) - disk;
-      }
-      step = std::max(compute, disk);
-      break;
+  if (opt_.trunk == TrunkBackend::gpu) {
+    // The engine as it runs: one stream, CUDA graphs between the host round trips.
+    const EngineStep s = engine_step(p, batch, batch, true, context, true);
+    double hops = 0;
+    if (hw_.nodes > 1) {
+      const double lat =
+          hw_.network_latency_us.value_or(opt_.assumptions.network_latency_us) * 1e-6;
+      const double act =
+          double(batch) * cfg_.hidden_size * 4.0 *
+          (1 + (cfg_.has_attn_res() ? cfg_.num_layers / cfg_.attn_res_block_size : 0));
+      const double bw = hw_.network_gbps.known() ? hw_.network_gbps.value() * 1e9 : kInf;
+      hops = (hw_.nodes - 1) * (lat + act / bw);
     }
-    case Overlap::full: {
-      const double g = gpu ? serial_gpu + shared + gpu_exp : 0;
-      const double c = gpu ? cpu_exp : sum_parts(e.parts) - disk;
-      step = std::max({g, c, disk});
-      break;
+    e.parts.push_back({fmt("dense trunk: %.0f GEMMs (shared experts included) + %.0f small kernels",
+                           s.gemms, s.kernels),
+                       "gpu", s.gpu_dense_s});
+    e.parts.push_back({"KDA + MLA kernels", "gpu", s.gpu_attention_s});
+    e.parts.push_back({"routed experts in the GPU cache", "gpu", s.gpu_experts_s});
+    e.parts.push_back({"routed experts on the CPU (host memory)", "cpu", s.cpu_experts_s});
+    e.parts.push_back({fmt("host round trips (%.0f syncs) and host work per MoE layer", s.syncs),
+                       "host", s.host_s});
+    if (s.disk_s > 0) e.parts.push_back({"routed experts read from disk", "disk", s.disk_s});
+    if (hops > 0) e.parts.push_back({"pipeline hops between nodes", "network", hops});
+    switch (opt_.overlap) {
+      case Overlap::serial:
+        step = sum_parts(e.parts);
+        break;
+      case Overlap::moe_layer:
+        step = s.seconds + hops;
+        break;
+      case Overlap::full:
+        step = std::max({sum_parts(e.parts, "gpu") + hops, s.cpu_experts_s, s.disk_s});
+        break;
     }
+  } else {
+    // The CPU backends: trunk, attention and experts one after the other on the CPU; disk reads
+    // (router-lookahead prefetch) overlap the whole step.
+    const double trunk = trunk_seconds(batch);
+    const double kda = kda_decode_seconds(batch);
+    const double mla = mla_decode_seconds(batch, context);
+    const double cpu_exp = n * eb * cpu_expert_spb(M);
+    const double disk = p.disk > 0 ? p.disk * n * disk_read_seconds() : 0;
+    double over = cfg_.num_layers * opt_.assumptions.cpu_layer_overhead_us * 1e-6;
+    if (opt_.trunk == TrunkBackend::cpu_reference)
+      over += ref_linear_calls() * opt_.assumptions.cpu_ref_linear_call_us * 1e-6 +
+              moe_layers * opt_.assumptions.cpu_expert_call_us * 1e-6;
+    e.parts.push_back({"dense trunk (bf16 weights, incl. shared experts)", "cpu", trunk});
+    e.parts.push_back({"KDA state", "cpu", kda});
+    e.parts.push_back({"MLA attention", "cpu", mla});
+    e.parts.push_back({"routed experts on the CPU (host memory)", "cpu", cpu_exp});
+    if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
+    if (over > 0)
+      e.parts.push_back({fmt("fixed costs: %.0f linear calls, %.0f CPU expert jobs",
+                             ref_linear_calls(), moe_layers),
+                         "cpu", over});
+    const double compute = sum_parts(e.parts) - disk;
+    step = opt_.overlap == Overlap::serial ? compute + disk : std::max(compute, disk);
   }
   // The bottleneck: the largest part (disk wins when it alone exceeds the compute).
-  const TimePart* big = &e.parts.front();
-  for (auto& t : e.parts)
-    if (t.seconds > big->seconds) big = &t;
+  const TimePart* big = largest(e.parts);
   e.bottleneck = big->name + " (" + pct(big->seconds, step) + " of the step)";
   e.step_s = step;
   e.tokens_per_s = step > 0 ? batch / step : 0;
-  e.overlap = overlap_description(opt_.overlap, opt_.trunk);
   return e;
 }
 
@@ -521,90 +836,71 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
   e.chunks = (tokens + chunk - 1) / chunk;
   e.stage_threshold = threshold_;
   const bool gpu = opt_.trunk == TrunkBackend::gpu;
-  const std::string proc = gpu ? "gpu" : "cpu";
   const int moe_layers = cfg_.num_moe_layers();
-  const double E = cfg_.moe.num_experts, k = cfg_.moe.top_k;
   const double eb = double(costs_.bytes_per_routed_expert);
-  const double not_cached = gpu ? p.host + p.disk : 1.0;
   std::string extra;
-  double t_trunk = 0, t_shared = 0, t_kda = 0, t_mla = 0, t_gexp = 0, t_cexp = 0, t_pcie = 0,
-         t_disk = 0, total = 0;
-  // Per chunk size (all chunks but the last have the same size): the expert work of one MoE
-  // layer, from the Binomial(C, k/E) tokens per expert.
-  struct ExpertWork {
-    double gpu_s = 0, cpu_s = 0, pcie_s = 0, disk_s = 0, staged = 0, on_cpu = 0;
-  };
-  auto expert_work = [&](int64_t C) {
-    ExpertWork w;
-    if (moe_layers == 0 || E <= 0) return w;
-    const double q = k / E;
-    const double mean = double(C) * q, sd = std::sqrt(double(C) * q * (1 - q));
-    const int64_t lo = std::max<int64_t>(1, int64_t(mean - 12 * sd));
-    const int64_t hi = std::min<int64_t>(C, int64_t(mean + 12 * sd) + 2);
-    double touched = 0;
-    for (int64_t m = lo; m <= hi; ++m) {
-      const double pm = std::exp(log_binom_pmf(C, m, q));
-      if (pm < 1e-15) continue;
-      const double experts = E * pm;  // experts with exactly m tokens
-      touched += experts;
-      const double cpu_t = eb * cpu_expert_spb(double(m));
-      if (gpu) {
-        const double gpu_t = eb * gpu_expert_spb(double(m));
-        w.gpu_s += experts * p.gpu * gpu_t;
-        if (m >= threshold_) {
-          w.gpu_s += experts * not_cached * gpu_t;
-          w.pcie_s += experts * not_cached * stage_seconds();
-          w.staged += experts * not_cached;
-        } else {
-          w.cpu_s += experts * not_cached * cpu_t;
-          w.on_cpu += experts * not_cached;
-        }
-      } else {
-        w.cpu_s += experts * cpu_t;
-        w.on_cpu += experts;
+  double total = 0;
+  const int64_t last = tokens - (e.chunks - 1) * chunk;
+  if (gpu) {
+    // The engine as it runs, chunk by chunk (logits for the last chunk only).
+    double dense = 0, attn = 0, gexp = 0, cexp = 0, copy = 0, host = 0, disk = 0;
+    for (int64_t i = 0; i < e.chunks; ++i) {
+      const bool is_last = i + 1 == e.chunks;
+      const EngineStep s = engine_step(p, is_last ? last : chunk, 1, false, i * chunk, is_last);
+      dense += s.gpu_dense_s, attn += s.gpu_attention_s, gexp += s.gpu_experts_s;
+      cexp += s.cpu_experts_s, copy += s.stage_copy_s, host += s.host_s, disk += s.disk_s;
+      e.staged_experts_per_chunk += s.staged_experts / double(e.chunks);
+      e.cpu_experts_per_chunk += s.cpu_experts / double(e.chunks);
+      switch (opt_.overlap) {
+        case Overlap::serial:
+          total += s.gpu_dense_s + s.gpu_attention_s + s.gpu_experts_s + s.cpu_experts_s +
+                   s.stage_copy_s + s.host_s + s.disk_s;
+          break;
+        case Overlap::moe_layer:
+          total += s.seconds;
+          break;
+        case Overlap::full:
+          total += std::max({s.gpu_dense_s + s.gpu_attention_s + s.gpu_experts_s, s.cpu_experts_s,
+                             s.stage_copy_s, s.disk_s});
+          break;
       }
     }
-    if (p.disk > 0) w.disk_s = touched * p.disk * disk_read_seconds();
-    return w;
-  };
-  const int64_t last = tokens - (e.chunks - 1) * chunk;
-  const ExpertWork full_w = expert_work(chunk);
-  const ExpertWork last_w = last == chunk ? full_w : expert_work(last);
-  for (int64_t i = 0; i < e.chunks; ++i) {
-    const int64_t C = i + 1 == e.chunks ? last : chunk;
-    const ExpertWork& w = i + 1 == e.chunks ? last_w : full_w;
-    const double trunk = trunk_prefill_seconds(C), shared = shared_expert_seconds(C);
-    const double kda = kda_prefill_seconds(C), mla = mla_prefill_seconds(C, i * chunk);
-    const double gexp = w.gpu_s * moe_layers, cexp = w.cpu_s * moe_layers;
-    const double pcie = w.pcie_s * moe_layers, disk = w.disk_s * moe_layers;
-    t_trunk += trunk, t_shared += shared, t_kda += kda, t_mla += mla;
-    t_gexp += gexp, t_cexp += cexp, t_pcie += pcie, t_disk += disk;
-    e.staged_experts_per_chunk += w.staged * moe_layers / double(e.chunks);
-    e.cpu_experts_per_chunk += w.on_cpu * moe_layers / double(e.chunks);
-    double t = 0;
-    switch (opt_.overlap) {
-      case Overlap::serial:
-        t = trunk + kda + mla + gexp + cexp + pcie + disk;
-        break;
-      case Overlap::moe_layer:
-        t = gpu ? std::max(trunk + kda + mla + std::max({gexp, pcie, cexp}), disk)
-                : std::max(trunk + kda + mla + cexp, disk);
-        break;
-      case Overlap::full:
-        t = gpu ? std::max({trunk + kda + mla + gexp, pcie, cexp, disk})
-                : std::max(trunk + kda + mla + cexp, disk);
-        break;
+    e.parts.push_back({"dense trunk (bf16 GEMMs) and small kernels", "gpu", dense});
+    e.parts.push_back({"KDA (chunked) + MLA attention", "gpu", attn});
+    e.parts.push_back({"routed experts on the GPU (cached + staged)", "gpu", gexp});
+    e.parts.push_back({"routed experts on the CPU", "cpu", cexp});
+    e.parts.push_back({"host copies into pinned staging", "pcie", copy});
+    e.parts.push_back({"host round trips", "host", host});
+    if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
+  } else {
+    // The CPU backends: everything on the CPU, one chunk after the other; disk reads overlap.
+    double t_trunk = 0, t_kda = 0, t_mla = 0, t_cexp = 0, t_disk = 0;
+    auto expert_s = [&](int64_t C, double* on_cpu, double* touched) {
+      double t = 0;
+      for (auto [m, n] : tokens_per_expert(C)) {
+        t += n * eb * cpu_expert_spb(double(m));
+        *on_cpu += n, *touched += n;
+      }
+      return t;
+    };
+    for (int64_t i = 0; i < e.chunks; ++i) {
+      const int64_t C = i + 1 == e.chunks ? last : chunk;
+      double on_cpu = 0, touched = 0;
+      const double trunk = trunk_prefill_seconds(C);
+      const double kda = kda_prefill_seconds(C), mla = mla_prefill_seconds(C, i * chunk);
+      const double cexp = expert_s(C, &on_cpu, &touched) * moe_layers;
+      const double disk = p.disk > 0 ? touched * p.disk * disk_read_seconds() * moe_layers : 0;
+      t_trunk += trunk, t_kda += kda, t_mla += mla, t_cexp += cexp, t_disk += disk;
+      e.cpu_experts_per_chunk += on_cpu * moe_layers / double(e.chunks);
+      const double t = trunk + kda + mla + cexp;
+      total += opt_.overlap == Overlap::serial ? t + disk : std::max(t, disk);
     }
-    total += t;
+    e.parts.push_back({"dense trunk (bf16 GEMMs)", "cpu", t_trunk});
+    e.parts.push_back({"KDA (chunked)", "cpu", t_kda});
+    e.parts.push_back({"MLA attention (causal)", "cpu", t_mla});
+    e.parts.push_back({"routed experts on the CPU", "cpu", t_cexp});
+    if (t_disk > 0) e.parts.push_back({"routed experts read from disk", "disk", t_disk});
   }
-  (void)t_shared;
-  e.parts.push_back({"dense trunk (bf16 GEMMs)", proc, t_trunk});
-  e.parts.push_back({"KDA (chunked)", proc, t_kda});
-  e.parts.push_back({"MLA attention (causal)", proc, t_mla});
-  if (gpu) e.parts.push_back({"routed experts on the GPU (cached + staged)", "gpu", t_gexp});
-  e.parts.push_back({"routed experts on the CPU", "cpu", t_cexp});
-  if (gpu) e.parts.push_back({"host→GPU expert staging", "pcie", t_pcie});
-  if (t_disk > 0) e.parts.push_back({"routed experts read from disk", "disk", t_disk});
   // Pipeline over G GPUs: chunks flow through the stages; with many chunks each GPU's share of
   // the GPU work bounds the time, the host's shared resources do not shrink.
   if (gpus_ > 1 && e.chunks > 1) {
@@ -617,9 +913,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
     total = std::min(total, pipelined);
     extra = fmt("; chunks pipelined over %.0f GPU stages", G);
   }
-  const TimePart* big = &e.parts.front();
-  for (auto& t : e.parts)
-    if (t.seconds > big->seconds) big = &t;
+  const TimePart* big = largest(e.parts);
   e.bottleneck = big->name + " (" + pct(big->seconds, total) + " of the time)";
   e.total_s = total;
   e.tokens_per_s = total > 0 ? double(tokens) / total : 0;
@@ -647,37 +941,21 @@ Roofline CostModel::decode_roofline(const Placement& p, int batch, int64_t conte
   if (gpu) {
     const int stages = batch >= gpus_ ? gpus_ : 1;  // GPUs working at once
     const double gpu_bytes = trunk_b + p.gpu * n * eb + attn_bytes;
-    if (hw_.gpu.hbm_copy_gbps.known())
-      r.parts.push_back({"GPU memory (HBM copy peak)", "gpu",
-                         gpu_bytes / (hw_.gpu.hbm_copy_gbps.value() * 1e9) / stages});
-    else
-      r.missing.push_back("gpu.hbm_copy_gbps");
-    if (hw_.gpu.bf16_gemm_tflops.known())
-      r.parts.push_back({"GPU compute (bf16 GEMM peak)", "gpu",
-                         trunk_flops / (hw_.gpu.bf16_gemm_tflops.value() * 1e12) / stages});
-    else
-      r.missing.push_back("gpu.bf16_gemm_tflops");
+    const double hbm = roofline_peak(hw_.gpu.hbm_copy_gbps, "gpu.hbm_copy_gbps", 1e9, r);
+    const double gemm = roofline_peak(hw_.gpu.bf16_gemm_tflops, "gpu.bf16_gemm_tflops", 1e12, r);
+    if (hbm > 0) r.parts.push_back({"GPU memory (HBM copy peak)", "gpu", gpu_bytes / hbm / stages});
+    if (gemm > 0)
+      r.parts.push_back({"GPU compute (bf16 GEMM peak)", "gpu", trunk_flops / gemm / stages});
   }
   const double host_bytes = (gpu ? (p.host + p.disk) * n * eb : n * eb + trunk_b + attn_bytes);
-  if (hw_.host.mem_read_gbps.known())
-    r.parts.push_back({"host memory read peak", "cpu",
-                       host_bytes / (hw_.host.mem_read_gbps.value() * 1e9) / hw_.nodes});
-  else
-    r.missing.push_back("host.mem_read_gbps");
+  const double mem = roofline_peak(hw_.host.mem_read_gbps, "host.mem_read_gbps", 1e9, r);
+  if (mem > 0) r.parts.push_back({"host memory read peak", "cpu", host_bytes / mem / hw_.nodes});
   if (p.disk > 0) {
-    const Rate d = hw_.disk.total_read_gbps();
-    if (d.known())
-      r.parts.push_back(
-          {"disk O_DIRECT peak", "disk", p.disk * n * eb / (d.value() * 1e9) / hw_.nodes});
-    else
-      r.missing.push_back("disk.read_gbps");
+    const double d = roofline_peak(hw_.disk.total_read_gbps(), "disk.read_gbps", 1e9, r);
+    if (d > 0) r.parts.push_back({"disk O_DIRECT peak", "disk", p.disk * n * eb / d / hw_.nodes});
   }
-  const TimePart* big = nullptr;
-  for (auto& t : r.parts)
-    if (!big || t.seconds > big->seconds) big = &t;
-  r.seconds = big ? big->seconds : 0;
-  r.bound = big ? big->name : "nothing known";
-  r.tokens_per_s = r.seconds > 0 ? batch / r.seconds : 0;
+  const TimePart* big = largest(r.parts);
+  finish_roofline(r, big ? big->seconds : 0, batch);
   return r;
 }
 
@@ -693,14 +971,12 @@ Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t
   const int moe_layers = cfg_.num_moe_layers();
   const int64_t chunks = (tokens + chunk - 1) / chunk;
   double gpu_s = 0, pcie_s = 0, host_s = 0, disk_s = 0;
-  const double gemm = hw_.gpu.bf16_gemm_tflops.value_or(0) * 1e12;
-  const double mem = hw_.host.mem_read_gbps.value_or(0) * 1e9;
-  const double h2d = hw_.gpu.h2d_gbps.value_or(0) * 1e9;
-  const Rate disk = hw_.disk.total_read_gbps();
-  if (gpu && gemm <= 0) r.missing.push_back("gpu.bf16_gemm_tflops");
-  if (gpu && h2d <= 0) r.missing.push_back("gpu.h2d_gbps");
-  if (mem <= 0) r.missing.push_back("host.mem_read_gbps");
-  if (p.disk > 0 && !disk.known()) r.missing.push_back("disk.read_gbps");
+  const double gemm =
+      gpu ? roofline_peak(hw_.gpu.bf16_gemm_tflops, "gpu.bf16_gemm_tflops", 1e12, r) : 0;
+  const double h2d = gpu ? roofline_peak(hw_.gpu.h2d_gbps, "gpu.h2d_gbps", 1e9, r) : 0;
+  const double mem = roofline_peak(hw_.host.mem_read_gbps, "host.mem_read_gbps", 1e9, r);
+  const double disk =
+      p.disk > 0 ? roofline_peak(hw_.disk.total_read_gbps(), "disk.read_gbps", 1e9, r) : 0;
   double total = 0;
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t C = std::min(chunk, tokens - i * chunk);
@@ -726,7 +1002,7 @@ Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t
     } else if (mem > 0) {
       h = (U * eb + double(trunk_bytes())) / mem;
     }
-    const double d = p.disk > 0 && disk.known() ? p.disk * U * eb / (disk.value() * 1e9) : 0;
+    const double d = disk > 0 ? p.disk * U * eb / disk : 0;
     gpu_s += g, pcie_s += pc, host_s += h, disk_s += d;
     total += std::max({g, pc, h, d});
   }
@@ -734,12 +1010,7 @@ Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t
   if (gpu) r.parts.push_back({"host→GPU staging (h2d peak)", "pcie", pcie_s});
   r.parts.push_back({"host memory read peak", "cpu", host_s});
   if (p.disk > 0) r.parts.push_back({"disk O_DIRECT peak", "disk", disk_s});
-  const TimePart* big = nullptr;
-  for (auto& t : r.parts)
-    if (!big || t.seconds > big->seconds) big = &t;
-  r.seconds = total;
-  r.bound = big ? big->name : "nothing known";
-  r.tokens_per_s = total > 0 ? double(tokens) / total : 0;
+  finish_roofline(r, total, double(tokens));
   return r;
 }
 
@@ -774,8 +1045,9 @@ std::vector<std::string> CostModel::describe_rates() const {
             (cfg_.moe.mxfp4 ? a.gpu_expert_hbm_efficiency : a.gpu_trunk_hbm_efficiency) * 100,
             (cfg_.moe.mxfp4 ? a.gpu_expert_gemm_efficiency : a.gpu_trunk_gemm_efficiency) * 100);
       v.push_back(s);
-      v.push_back(fmt("staging one expert host→GPU: %.3f ms at %.1f GB/s", stage_seconds() * 1e3,
-                      h2d_gbps()) +
+      v.push_back(fmt("staging one expert host→GPU: %.3f ms (host copy into pinned memory at %.1f "
+                      "GB/s, DMA at %.1f GB/s: the slower)",
+                      stage_seconds() * 1e3, stage_copy_gbps(), h2d_gbps()) +
                   (hw_.gpu.h2d_gbps.known() ? " (" + hw_.gpu.h2d_gbps.source() + ")"
                                             : std::string(" (assumed: PCIe Gen5 x16 effective)")));
       v.push_back(threshold_ == kNever
@@ -807,8 +1079,21 @@ std::vector<std::string> CostModel::describe_rates() const {
       break;
   }
   v.push_back(t);
-  if (gpus_ > 0 && cfg_.num_moe_layers() > 0)
-    v.push_back(fmt("per-MoE-layer host round trip: %.0f us (assumed)", a.gpu_moe_layer_sync_us));
+  if (gpus_ > 0) {
+    auto src = [](const Rate& r) {
+      return r.known() ? std::string(" (") + r.source() + ")" : std::string(" (assumed)");
+    };
+    v.push_back(fmt("GPU engine: small kernel %.1f us", gpu_kernel_s() * 1e6) +
+                src(hw_.kernels.gpu_kernel_us) + fmt(", host sync %.0f us", gpu_sync_s() * 1e6) +
+                src(hw_.kernels.gpu_sync_us) +
+                fmt(", GEMM fixed cost %.1f us, host work per MoE layer %.0f us (assumed)",
+                    a.gpu_gemm_fixed_us, a.gpu_moe_host_us));
+    if (cfg_.num_moe_layers() > 0)
+      v.push_back(fmt("staging host copy %.1f GB/s", stage_copy_gbps()) +
+                  src(hw_.kernels.stage_copy_gbps) +
+                  fmt(", %.0f experts per round; CPU expert job start %.0f us (assumed)",
+                      kStageSlotsPerRound, a.cpu_expert_call_us));
+  }
   return v;
 }
 

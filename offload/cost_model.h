@@ -5,7 +5,8 @@
 //
 // What it models (napkin level, every assumption named in CostAssumptions and printed):
 //   routed experts  — time = expert weight bytes / kernel rate at M tokens per expert (RateCurve);
-//                     staging = bytes / host→device; disk = bytes / O_DIRECT read bandwidth;
+//                     staging = bytes / the slower of the host copy into pinned memory and
+//                     host→device; disk = bytes / O_DIRECT read bandwidth;
 //   dense trunk     — every non-routed weight except the embedding table, bf16, read once per
 //                     step: bytes / trunk rate at M = tokens in the step (HBM-bound at M = 1,
 //                     GEMM-bound for prefill chunks);
@@ -17,7 +18,10 @@
 //   routing         — flat (Quantile Balancing, spec/offload.md §2.3): a step of B tokens touches
 //                     U(B) = E·(1 − (1 − k/E)^B) distinct experts per MoE layer, each with B·k/U
 //                     tokens; in prefill the tokens per expert follow Binomial(C, k/E); an expert
-//                     is in a tier with the probability of the placement's fraction.
+//                     is in a tier with the probability of the placement's fraction;
+//   the GPU engine  — engine_step: what engine/cuda_backend.cpp does in a step (one stream of
+//                     GEMMs and small kernels with fixed costs, a host round trip per MoE layer,
+//                     CPU experts beside the cached ones, staging rounds), not a roofline.
 // What it does not model: popularity skew (a GPU cache holding x% of experts serves x% of hits),
 // NUMA effects beyond the measured read bandwidth, contention between CPU experts and the CPU
 // trunk when both run (they are serial on the CPU backend).
@@ -25,12 +29,23 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "offload/hardware.h"
 #include "storage/config.h"
 
 namespace strata::offload {
+
+// Experts per prefill staging round of the GPU engine (engine/cuda_backend.cpp copies a round into
+// one half of 2 × this many device slots while the other half computes).
+constexpr int kStageSlotsPerRound = 32;
+// The most (token, expert) pairs of a step whose expert groups the GPU engine builds on the device
+// (kernels/moe/groups.h kMaxGroupPairs).
+constexpr int kDeviceGroupMaxPairs = 4096;
+// The mean (token, expert) pairs per group from which the grouped-experts launch leaves the GEMV
+// path (kernels/moe/experts.h kGemmMinMeanPairsPerGroup).
+constexpr int kExpertGemmMinMeanPairs = 4;
 
 // Where the routed experts are served from: shares of all routed experts (sum 1).
 struct Placement {
@@ -95,11 +110,59 @@ struct CostAssumptions {
   double gpu_kda_decode_hbm_efficiency = 0.5;
   // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
   double pcie_default_gbps = 55;
-  // Fixed cost per MoE layer in decode on the GPU backend: routing ids to the host and back, the
-  // CPU kernels' start and join (µs).
-  double gpu_moe_layer_sync_us = 30;
+  // The GPU engine as it runs (engine/cuda_backend.cpp), its fixed costs when the hardware file
+  // does not state them (kernels.gpu_kernel_us, gpu_sync_us, stage_copy_gbps; bench hw does not
+  // measure them yet). docs/planner.md "The GPU engine" says where each comes from:
+  //   one small kernel or async copy in the stream (norm, add, rounding, conversion, routing,
+  //   merge, non-finite scan), graph-launched or eager, µs (assumed);
+  double gpu_kernel_us = 3.0;
+  //   a cuBLASLt GEMM's fixed cost beyond its weight bytes, µs (the small decode GEMMs measure
+  //   8–12 µs alone with their launch, docs/performance.md "Trunk GEMMs"; assumed 4 in a stream);
+  double gpu_gemm_fixed_us = 4.0;
+  //   one host synchronisation: the graph segment before it launched, the stream drained, the
+  //   host woken and its next launch reaching the GPU, µs; one per MoE layer (routing to the
+  //   host) and one for the logits. Fitted: the 4-layer k3-slice all-cached decode B=1 on the
+  //   H200 (304.8 tok/s, docs/performance.md "End to end", engine with a host sync per non-finite
+  //   check) with docs/hardware/h200-measured.json;
+  double gpu_sync_us = 50;
+  //   host work per MoE layer between the routing sync and the expert launches (grouping, lists),
+  //   and starting/joining the CPU expert job when there is one (µs);
+  double gpu_moe_host_us = 15;
+  double cpu_expert_call_us = 20;
+  //   the CPU experts of the GPU engine read their weights from the mmapped checkpoint (page
+  //   cache, 4 KiB pages; or the host expert cache), not from the bound, huge-page buffers bench
+  //   hw times the CPU expert kernel on: this share of the measured curve's rate;
+  double gpu_engine_cpu_expert_efficiency = 1.0;
+  //   the GPU engine's grouped experts launch 16–64 experts per MoE layer, bench hw's curve 128 per
+  //   call: this share of the curve's rate (the 16-expert decode line 3470 GB/s against bench hw's
+  //   4177 at M = 1: 0.83; the 4-layer slice's prefill 4096 all cached: 0.86);
+  double gpu_engine_expert_efficiency = 0.85;
+  //   host memcpy of an expert into pinned staging (TBB over all cores): the engine's telemetry
+  //   line ("host copy") of the 4-layer slice runs in docs/performance.md "End to end": 1743–1920
+  //   experts in 1.36–1.40 s = 21.9–24.8 GB/s;
+  double stage_copy_gbps = 23;
+  //   host synchronisations per layer besides the MoE routing: the engine before main 4880830
+  //   downloaded and checked the mixer's and the FFN's output on the host (2); now 0 (scans on
+  //   the stream, read at the existing syncs);
+  double gpu_extra_syncs_per_layer = 0;
+  //   1: MoE layers whose experts are all cached group them on the device, without a host round
+  //   trip (main b7cb672); 0: the engine before it (every MoE layer's routing to the host);
+  double gpu_device_groups = 1;
+  //   the grouped-experts launch runs the GEMV path below this mean of pairs per group (main
+  //   8f03932: kExpertGemmMinMeanPairs, the GEMM path above; before it 12, the IMMA path above);
+  double gpu_expert_gemv_below_mean_pairs = kExpertGemmMinMeanPairs;
+  // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
+  // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert
+  // I/O"). Each predicted expert not in the host cache is read from disk; the actual experts it
+  // missed are read on demand.
+  double prefetch_recall = 0.5;
   // Fixed cost per layer and step on the CPU reference backend (norms, AttnRes, small ops), µs.
   double cpu_layer_overhead_us = 0;
+  // The CPU reference's linear (cpu/ref/linear.cpp) is one TBB parallel_for over all cores per
+  // call: its fork, join and last tile, µs per call beyond the bytes at the measured rate (which
+  // bench hw takes on one 64 MiB weight; a decode step makes ~115 calls on k3-mini, most on
+  // 1–8 MB weights). Assumed.
+  double cpu_ref_linear_call_us = 10;
   // Network hop between pipeline stages on different nodes (when the profile states none), µs.
   double network_latency_us = 10;
 };
@@ -169,8 +232,8 @@ class CostModel {
   // --- one routed expert of this model (the engine's placement decisions) ---
   double cpu_expert_seconds(int tokens) const;  // on the CPU, weights in host memory
   double gpu_expert_seconds(int tokens) const;  // on one GPU, weights in its cache; +inf w/o GPU
-  double stage_seconds() const;                 // host → GPU copy of one expert; +inf w/o GPU
-  double disk_read_seconds() const;             // O_DIRECT read of one expert; +inf w/o disk rate
+  double stage_seconds() const;      // host copy + DMA of one expert to the GPU; +inf w/o GPU
+  double disk_read_seconds() const;  // O_DIRECT read of one expert; +inf w/o disk rate
   // Smallest tokens-per-expert M for which staging + GPU compute beats the CPU:
   // stage_seconds() + gpu_expert_seconds(M) < cpu_expert_seconds(M). kNever when no M up to
   // 1 << 20 does (or there is no GPU).
@@ -210,6 +273,33 @@ class CostModel {
   // bench e2e so a prediction can be traced to its inputs.
   std::vector<std::string> describe_rates() const;
 
+  // --- the GPU engine as it runs (engine/cuda_backend.cpp; docs/planner.md "The GPU engine") ---
+  // One step of `rows` rows over `seqs` sequences on one GPU stream: decode (one row per
+  // sequence, `context` cached positions each, CUDA graphs: shared experts after the CPU join) or
+  // a prefill chunk (`context` = positions before it; logits for the last row only when
+  // `logits`). The step's critical path and its parts.
+  struct EngineStep {
+    double seconds = 0;          // critical path: GPU stream + host round trips + waits
+    double gpu_dense_s = 0;      // trunk GEMMs (shared experts included) and small kernels
+    double gpu_attention_s = 0;  // KDA and MLA kernels
+    double gpu_experts_s = 0;    // grouped experts from the cache and staged
+    double cpu_experts_s = 0;    // CPU experts (the host, beside the GPU)
+    double stage_copy_s = 0;     // host copies into pinned staging (serial on the host)
+    double host_s = 0;           // synchronisations and host work per MoE layer
+    double disk_s = 0;           // disk reads (demand and prefetch), overlapping the step
+    int kernels = 0, gemms = 0, syncs = 0;
+    double staged_experts = 0, cpu_experts = 0;  // over all MoE layers
+  };
+  EngineStep engine_step(const Placement& p, int64_t rows, int seqs, bool decode, int64_t context,
+                         bool logits) const;
+  double gpu_gemm_seconds(double out_features, double in_features, double M) const;
+  double gpu_kernel_s() const;
+  double gpu_sync_s() const;
+  double stage_copy_gbps() const;
+  // Expected number of experts of one MoE layer with exactly m tokens, for a step of `tokens`
+  // routed tokens under flat routing (Binomial(tokens, k/E) per expert): (m, experts) pairs.
+  std::vector<std::pair<int64_t, double>> tokens_per_expert(int64_t tokens) const;
+
  private:
   double cpu_expert_spb(double M) const;  // seconds per expert weight byte
   double gpu_expert_spb(double M) const;
@@ -219,6 +309,7 @@ class CostModel {
   double cpu_ref_flops() const;
   double h2d_gbps() const;
   double kda_flops_per_token() const;  // over all KDA layers
+  int ref_linear_calls() const;        // linear calls of one step of the CPU reference backend
   double mla_prefill_flops(int64_t tokens, int64_t context) const;
   DecodeEstimate decode_latency(const Placement& p, int batch, int64_t context) const;
 

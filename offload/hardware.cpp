@@ -280,6 +280,9 @@ json to_json(const HardwareProfile& hw) {
   put(k, "cpu_mla_ref_gflops", hw.kernels.cpu_mla_ref_gflops);
   put(k, "cpu_kda_ref_prefill_gflops", hw.kernels.cpu_kda_ref_prefill_gflops);
   put(k, "cpu_mla_ref_prefill_gflops", hw.kernels.cpu_mla_ref_prefill_gflops);
+  put(k, "gpu_kernel_us", hw.kernels.gpu_kernel_us);
+  put(k, "gpu_sync_us", hw.kernels.gpu_sync_us);
+  put(k, "stage_copy_gbps", hw.kernels.stage_copy_gbps);
   j["kernels"] = k;
   if (!hw.not_measured.empty()) j["not_measured"] = hw.not_measured;
   return j;
@@ -358,7 +361,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
             {"cpu_expert", "gpu_expert", "gpu_trunk", "cpu_trunk_ref", "cpu_trunk_bf16",
              "gpu_kda_prefill_tflops", "gpu_mla_prefill_tflops", "gpu_mla_decode_tflops",
              "cpu_kda_ref_state_gbps", "cpu_mla_ref_gflops", "cpu_kda_ref_prefill_gflops",
-             "cpu_mla_ref_prefill_gflops", "comment"});
+             "cpu_mla_ref_prefill_gflops", "gpu_kernel_us", "gpu_sync_us", "stage_copy_gbps",
+             "comment"});
     hw.kernels.cpu_expert = rd.curve(k, "kernels", "cpu_expert");
     hw.kernels.gpu_expert = rd.curve(k, "kernels", "gpu_expert");
     hw.kernels.gpu_trunk = rd.curve(k, "kernels", "gpu_trunk");
@@ -371,6 +375,9 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     hw.kernels.cpu_mla_ref_gflops = rd.rate(k, "kernels", "cpu_mla_ref_gflops");
     hw.kernels.cpu_kda_ref_prefill_gflops = rd.rate(k, "kernels", "cpu_kda_ref_prefill_gflops");
     hw.kernels.cpu_mla_ref_prefill_gflops = rd.rate(k, "kernels", "cpu_mla_ref_prefill_gflops");
+    hw.kernels.gpu_kernel_us = rd.rate(k, "kernels", "gpu_kernel_us");
+    hw.kernels.gpu_sync_us = rd.rate(k, "kernels", "gpu_sync_us");
+    hw.kernels.stage_copy_gbps = rd.rate(k, "kernels", "stage_copy_gbps");
   }
   if (j.contains("not_measured")) {
     const json& n = j.at("not_measured");
@@ -524,6 +531,9 @@ HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra)
   r(m.kernels.cpu_mla_ref_gflops, extra.kernels.cpu_mla_ref_gflops);
   r(m.kernels.cpu_kda_ref_prefill_gflops, extra.kernels.cpu_kda_ref_prefill_gflops);
   r(m.kernels.cpu_mla_ref_prefill_gflops, extra.kernels.cpu_mla_ref_prefill_gflops);
+  r(m.kernels.gpu_kernel_us, extra.kernels.gpu_kernel_us);
+  r(m.kernels.gpu_sync_us, extra.kernels.gpu_sync_us);
+  r(m.kernels.stage_copy_gbps, extra.kernels.stage_copy_gbps);
   return m;
 }
 
@@ -579,7 +589,10 @@ std::string describe(const HardwareProfile& hw) {
     << curve_text(hw.kernels.cpu_trunk_ref) << "\n    cpu trunk (bf16 backend) "
     << curve_text(hw.kernels.cpu_trunk_bf16) << "\n    cpu KDA reference "
     << rate_text(hw.kernels.cpu_kda_ref_state_gbps, "GB/s of state") << "\n    cpu MLA reference "
-    << rate_text(hw.kernels.cpu_mla_ref_gflops, "GFLOP/s") << "\n";
+    << rate_text(hw.kernels.cpu_mla_ref_gflops, "GFLOP/s") << "\n    gpu engine: small kernel "
+    << rate_text(hw.kernels.gpu_kernel_us, "us") << ", host sync "
+    << rate_text(hw.kernels.gpu_sync_us, "us") << ", staging host copy "
+    << rate_text(hw.kernels.stage_copy_gbps, "GB/s") << "\n";
   for (auto& n : hw.not_measured) o << "  not measured: " << n << "\n";
   return o.str();
 }

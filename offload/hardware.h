@@ -112,6 +112,10 @@ struct KernelRates {
   // mla_attention_expanded counting the causal pairs and the per-position kv_b expansion.
   Rate cpu_kda_ref_prefill_gflops;
   Rate cpu_mla_ref_prefill_gflops;
+  // The GPU engine's fixed costs (engine/cuda_backend.cpp), measured by `strata bench hw`:
+  Rate gpu_kernel_us;    // one small kernel in a CUDA graph of many (launch gap included), µs
+  Rate gpu_sync_us;      // host round trip: a tiny kernel + 4-byte D2H copy + stream sync, µs
+  Rate stage_copy_gbps;  // host memcpy of one expert into pinned memory over all cores (staging)
 };
 
 struct HardwareProfile {

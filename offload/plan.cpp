@@ -46,6 +46,22 @@ BackendChoice parse_backend(const std::string& s, const std::string& what) {
   throw Error(what + " '" + s + "': expected auto, gpu, cpu-reference or cpu-bf16");
 }
 
+double engine_gpu_share(double share, int num_experts) {
+  if (num_experts <= 0) return share;
+  return double(std::llround(share * num_experts)) / num_experts;
+}
+
+std::vector<BenchPlacement> bench_e2e_placements(bool gpu, int num_experts) {
+  if (!gpu) return {{"all host", {0, 1, 0}, "", ""}, {"30% host + disk", {0, 0.3, 0.7}, "", "30%"}};
+  const double g = engine_gpu_share(0.1, num_experts);
+  // The host cache holds 30% of all experts' bytes; the GPU-cached ones are not excluded from it
+  // (the prefetcher may fetch them), so it serves 30% whatever the GPU holds.
+  return {{"all GPU", {1, 0, 0}, "100%", ""},
+          {"10% GPU + host", {g, 1 - g, 0}, "10%", ""},
+          {"10% GPU + 30% host + disk", {g, 0.3, 0.7 - g}, "10%", "30%"},
+          {"all host", {0, 1, 0}, "0%", ""}};
+}
+
 uint64_t TierBudget::used() const {
   uint64_t u = 0;
   for (auto& i : items) u += i.bytes;
@@ -140,8 +156,11 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
                            std::to_string(w.concurrency) + (G > 1 ? ", layers split" : ""),
                        ceil_div(state_all, uint64_t(G))});
     b.items.push_back({"prefill workspace (chunk " + std::to_string(chunk) + ")", workspace});
-    b.items.push_back({std::to_string(o.staging_slots) + " expert staging slots",
-                       uint64_t(o.staging_slots) * eb});
+    const uint64_t stage_slots =
+        2 * uint64_t(std::min(kStageSlotsPerRound, std::max(1, cfg.moe.num_experts)));
+    b.items.push_back({"prefill staging: 2 rounds × " + std::to_string(stage_slots / 2) +
+                           " expert slots (engine/cuda_backend.cpp)",
+                       stage_slots * eb});
     b.items.push_back({"CUDA context, cuBLASLt workspace, graphs (assumed)", o.gpu_context_bytes});
     b.items.push_back({fmt("headroom (%.0f%%)", o.gpu_headroom_share * 100),
                        uint64_t(o.gpu_headroom_share * double(cap))});
@@ -193,8 +212,9 @@ Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Wor
              gb(double(o.host_headroom_min_bytes)) + ")",
          std::max(uint64_t(o.host_headroom_share * double(cap)), o.host_headroom_min_bytes)});
     if (gpu) {
-      b.items.push_back({"pinned staging slots (" + std::to_string(o.staging_slots) + " per GPU)",
-                         uint64_t(o.staging_slots) * eb * ceil_div(uint64_t(p.gpus), nodes)});
+      b.items.push_back(
+          {"pinned staging buffers (" + std::to_string(o.staging_pinned_slots) + " per GPU)",
+           uint64_t(o.staging_pinned_slots) * eb * ceil_div(uint64_t(p.gpus), nodes)});
     } else {
       b.items.push_back({"dense trunk + embedding (bf16, mmapped)", trunk + embed});
       b.items.push_back({"sequence state × " + std::to_string(w.concurrency), state_all});

@@ -41,7 +41,9 @@ struct PlanOptions {
   double gpu_headroom_share = 0.05;         // of each GPU's memory, kept free
   uint64_t gpu_context_bytes = 1ull << 30;  // CUDA context, cuBLASLt workspace, graphs
   uint64_t workspace_bytes_per_chunk_token = 1ull << 20;  // prefill activations per chunk token
-  int staging_slots = 8;              // pinned host + GPU expert slots for staging
+  // Staging (the GPU engine, engine/cuda_backend.cpp): 2 rounds of kStageSlotsPerRound device
+  // slots per GPU (fewer when a layer has fewer experts) and 2 pinned host buffers.
+  int staging_pinned_slots = 2;
   double host_headroom_share = 0.10;  // of DRAM, kept for the OS and page cache
   uint64_t host_headroom_min_bytes = 8ull << 30;
 };
@@ -98,6 +100,19 @@ Plan make_plan(const HardwareProfile& hw, const ModelConfig& cfg, const Workload
 // The same without the suggestions (what the suggestions and the chart evaluate).
 Plan make_plan_core(const HardwareProfile& hw, const ModelConfig& cfg, const Workload& w,
                     const PlanOptions& o);
+
+// The placements of the routed experts `strata bench e2e` measures and `strata plan --bench-e2e`
+// predicts (one list for both): the share each tier serves and the engine flags that make it.
+struct BenchPlacement {
+  std::string name;         // "all GPU", "10% GPU + host", ... (bench e2e's --placements names)
+  Placement share;          // as the engine realises it (see engine_gpu_share)
+  std::string gpu_experts;  // the engine's --gpu-experts ("" on the CPU backends)
+  std::string host_mem;     // --host-mem: the host expert cache ("" = the mmapped checkpoint)
+};
+std::vector<BenchPlacement> bench_e2e_placements(bool gpu, int num_experts);
+// The share of each MoE layer's experts the GPU engine caches for --gpu-experts `share`: it
+// rounds share·E to whole experts per layer (engine/cuda_backend.cpp).
+double engine_gpu_share(double share, int num_experts);
 
 nlohmann::json plan_json(const Plan& p);
 std::string plan_text(const Plan& p);  // the terminal report

@@ -6,11 +6,13 @@
 // host→device, disk O_DIRECT — never our kernels' rates), with its overlap assumption printed.
 // Protocol: per placement one backend; decode: a prompt of --context tokens per sequence, 4
 // warm-up steps, then --steps timed steps (aggregate tok/s = sequences · steps / seconds);
-// prefill: a fresh sequence, one warm-up prefill of 64 tokens, then the timed prompt.
+// prefill: a fresh sequence, one warm-up prefill of one chunk (min(prompt, the backend's step
+// rows) tokens), then the timed prompt.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -21,6 +23,7 @@
 #include "engine/session.h"
 #include "offload/cost_model.h"
 #include "offload/hw_measure.h"
+#include "offload/plan.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 
@@ -28,7 +31,7 @@ namespace strata::tools {
 namespace {
 
 struct Options {
-  std::string model_dir, json, device = "auto", placements = "all";
+  std::string model_dir, json, device = "auto", placements = "all", hardware;
   std::vector<int> batches = {1, 8};
   std::vector<int64_t> prefill = {1024, 16384};
   int64_t context = 256;
@@ -37,12 +40,7 @@ struct Options {
   bool profile = false;  // GPU time per sublayer kind (eager launches) in each line's telemetry
 };
 
-struct PlacementSpec {
-  const char* name;
-  offload::Placement share;  // what the roofline assumes
-  std::string gpu_experts;   // --gpu-experts
-  std::string host_mem;      // --host-mem ("" = experts in the mmapped checkpoint)
-};
+using PlacementSpec = offload::BenchPlacement;  // one list with `strata plan --bench-e2e`
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -68,17 +66,9 @@ int run(const Options& o) {
   for (const auto& n : hw.not_measured)
     std::fprintf(stderr, "bench e2e: not measured: %s\n", n.c_str());
 
-  std::vector<PlacementSpec> specs;
-  const bool gpu = o.device != "cpu" && hw.gpu.count > 0;
-  if (gpu) {
-    specs.push_back({"all GPU", {1.0, 0.0, 0.0}, "100%", ""});
-    specs.push_back({"10% GPU + host", {0.1, 0.9, 0.0}, "10%", ""});
-    specs.push_back({"10% GPU + 30% host + disk", {0.1, 0.3, 0.6}, "10%", "30%"});
-    specs.push_back({"all host", {0.0, 1.0, 0.0}, "0%", ""});
-  } else {
-    specs.push_back({"all host", {0.0, 1.0, 0.0}, "", ""});
-    specs.push_back({"30% host + disk", {0.0, 0.3, 0.7}, "", "30%"});
-  }
+  // The GPU placements for --device gpu, or auto with a GPU; the CPU ones for cpu and cpu-ref.
+  const bool gpu = (o.device == "gpu" || o.device == "auto") && hw.gpu.count > 0;
+  std::vector<PlacementSpec> specs = offload::bench_e2e_placements(gpu, c.moe.num_experts);
   if (o.placements != "all") {
     std::vector<PlacementSpec> keep;
     for (const auto& s : specs)
@@ -104,8 +94,8 @@ int run(const Options& o) {
   auto report = [&](const PlacementSpec& sp, const std::string& what, double toks,
                     const offload::Roofline* r) {
     const double roof = r ? r->tokens_per_s : 0;
-    std::printf("%-28s %-22s %12.2f %12.2f %7.1f%%  %s\n", sp.name, what.c_str(), toks, roof,
-                roof > 0 ? 100.0 * toks / roof : 0.0, r ? r->bound.c_str() : "-");
+    std::printf("%-28s %-22s %12.2f %12.2f %7.1f%%  %s\n", sp.name.c_str(), what.c_str(), toks,
+                roof, roof > 0 ? 100.0 * toks / roof : 0.0, r ? r->bound.c_str() : "-");
     std::fflush(stdout);
     nlohmann::json j = {{"placement", sp.name}, {"measure", what}, {"tokens_per_s", toks}};
     if (r) {
@@ -121,6 +111,7 @@ int run(const Options& o) {
     engine::InspectOptions io;
     io.device = o.device;
     io.profile = o.profile;
+    io.hardware = o.hardware;  // the cost model's inputs for the engine's decisions (staging)
     io.gpu_experts = sp.gpu_experts;
     io.max_context = max_prefill + o.context + o.steps + 16;
     engine::SessionSetup setup(io, c);
@@ -132,7 +123,7 @@ int run(const Options& o) {
     progress(std::string(sp.name) + ": loading");
     auto backend = setup.make_backend(*model, so, max_batch);
     if (tty) std::fprintf(stderr, "\r\033[K");
-    std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name, backend->name());
+    std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name.c_str(), backend->name());
     engine::Schedule sched(*backend, c);
     // The backend's telemetry of the line just measured (its timed part only).
     auto print_telemetry = [&] {
@@ -178,7 +169,9 @@ int run(const Options& o) {
       progress(std::string(sp.name) + ": prefill " + std::to_string(P));
       backend->reset_slot(0);
       engine::Session s(*model, *backend, 0, so);
-      std::vector<int32_t> warm(64, 1);
+      // Warm-up: one chunk of the timed prompt's shape (cuBLASLt plans and workspaces are made
+      // at a shape's first use: tens of ms that are not the steady state).
+      std::vector<int32_t> warm(size_t(std::min<int64_t>(P, backend->max_step_rows())), 1);
       s.forward(warm);
       backend->reset_slot(0);
       std::vector<int32_t> ids(static_cast<size_t>(P));
@@ -208,7 +201,8 @@ int run(const Options& o) {
 BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   auto o = std::make_shared<Options>();
   app.add_option("-m,--model", o->model_dir, "model directory")->required();
-  app.add_option("--device", o->device, "auto, cpu or gpu")->capture_default_str();
+  app.add_option("--device", o->device, "auto, gpu, cpu (the fast CPU backend) or cpu-ref")
+      ->capture_default_str();
   app.add_option("--placements", o->placements,
                  "all, or one placement name (e.g. 'all GPU', 'all host')")
       ->capture_default_str();
@@ -217,11 +211,17 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   app.add_option("--context", o->context, "prompt tokens per sequence before decode")
       ->capture_default_str();
   app.add_option("--steps", o->steps, "timed decode steps")->capture_default_str();
+  app.add_option("--hardware", o->hardware,
+                 "a `strata bench hw --save` profile for the engine's cost-model decisions (the "
+                 "prefill staging threshold); default: rates measured at first need");
   app.add_option("--json", o->json, "write the lines as JSON");
   app.add_flag("--profile", o->profile,
                "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
   return [o] {
     if (o->steps < 1 || o->context < 1) throw Error("--steps and --context must be >= 1");
+    std::error_code ec;
+    if (!o->hardware.empty() && !std::filesystem::is_regular_file(o->hardware, ec))
+      throw Error("--hardware " + o->hardware + ": not found");
     for (int b : o->batches)
       if (b < 1 || b > 256) throw Error("--batch: expected 1..256, got " + std::to_string(b));
     for (int64_t p : o->prefill)

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cli_support.h"
 #include "offload/plan.h"
 #include "storage/config.h"
 #include "storage/error.h"
@@ -31,7 +32,49 @@ struct Options {
   std::string placement;
   int64_t context = 8192, prompt_len = 8192, gen_len = 256, chunk = 0;
   int concurrency = 1;
+  // --bench-e2e: predict `strata bench e2e`'s lines (its flags, its defaults).
+  bool bench_e2e = false;
+  std::string device = "auto", placements = "all";
+  std::vector<int> batches = {1, 8};
+  std::vector<int64_t> prefill = {1024, 16384};
+  int steps = 32;
+  std::vector<std::string> assume;  // NAME=VALUE overrides of CostAssumptions
 };
+
+// --assume NAME=VALUE: one of the cost model's assumptions (offload/cost_model.h CostAssumptions)
+// replaced, for replaying a prediction under another assumption.
+void apply_assumption(CostAssumptions& a, const std::string& kv) {
+  const std::map<std::string, double*> known = {
+      {"gpu_kernel_us", &a.gpu_kernel_us},
+      {"gpu_gemm_fixed_us", &a.gpu_gemm_fixed_us},
+      {"gpu_sync_us", &a.gpu_sync_us},
+      {"gpu_moe_host_us", &a.gpu_moe_host_us},
+      {"cpu_expert_call_us", &a.cpu_expert_call_us},
+      {"gpu_engine_cpu_expert_efficiency", &a.gpu_engine_cpu_expert_efficiency},
+      {"gpu_engine_expert_efficiency", &a.gpu_engine_expert_efficiency},
+      {"stage_copy_gbps", &a.stage_copy_gbps},
+      {"gpu_extra_syncs_per_layer", &a.gpu_extra_syncs_per_layer},
+      {"gpu_device_groups", &a.gpu_device_groups},
+      {"gpu_expert_gemv_below_mean_pairs", &a.gpu_expert_gemv_below_mean_pairs},
+      {"prefetch_recall", &a.prefetch_recall},
+      {"gpu_kda_decode_hbm_efficiency", &a.gpu_kda_decode_hbm_efficiency},
+      {"cpu_layer_overhead_us", &a.cpu_layer_overhead_us},
+      {"cpu_ref_linear_call_us", &a.cpu_ref_linear_call_us}};
+  const size_t eq = kv.find('=');
+  const std::string name = kv.substr(0, eq);
+  auto it = known.find(name);
+  if (eq == std::string::npos || it == known.end()) {
+    std::string names;
+    for (auto& [n, p] : known) names += (names.empty() ? "" : ", ") + n;
+    throw Error("--assume '" + kv + "': expected NAME=VALUE with NAME one of " + names);
+  }
+  char* end = nullptr;
+  const std::string v = kv.substr(eq + 1);
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != 0 || !std::isfinite(x) || x < 0)
+    throw Error("--assume " + name + ": '" + v + "' is not a number ≥ 0");
+  *it->second = x;
+}
 
 // Where `strata bench hw --save` output is looked for by --hardware auto.
 fs::path default_profile_path() {
@@ -62,6 +105,94 @@ Overlap parse_overlap(const std::string& s) {
   if (s == "moe-layer") return Overlap::moe_layer;
   if (s == "full") return Overlap::full;
   throw Error("--overlap '" + s + "': expected serial, moe-layer or full");
+}
+
+// `strata bench e2e`'s lines predicted by the cost model: the same placements
+// (offload::bench_e2e_placements), the same protocol (tools/bench_e2e.cpp: decode after a prompt
+// of `context` tokens per sequence, 4 warm-up steps, then `steps` timed ones, so a mean cached
+// length of context + 4 + steps/2; prefill of a fresh prompt in chunks of the backend's step
+// rows: 512 on the GPU, the whole prompt on the CPU backends).
+int predict_bench_e2e(const HardwareProfile& hw, const ModelConfig& cfg, const Options& o,
+                      int64_t context, const std::string& note) {
+  CostOptions co;
+  co.overlap = parse_overlap(o.overlap);
+  for (const std::string& kv : o.assume) apply_assumption(co.assumptions, kv);
+  bool gpu = false;
+  if (o.device == "gpu" || (o.device == "auto" && hw.gpu.count > 0)) {
+    co.trunk = TrunkBackend::gpu;
+    gpu = true;
+  } else if (o.device == "cpu" || o.device == "auto") {
+    co.trunk = TrunkBackend::cpu_bf16;
+  } else if (o.device == "cpu-ref") {
+    co.trunk = TrunkBackend::cpu_reference;
+  } else {
+    throw Error("--device '" + o.device + "': expected auto, gpu, cpu or cpu-ref");
+  }
+  if (gpu && hw.gpu.count == 0) throw Error("--device gpu: " + hw.source + " lists no GPU");
+  const CostModel cm(hw, cfg, co);
+  std::vector<BenchPlacement> specs = bench_e2e_placements(gpu, cfg.moe.num_experts);
+  if (o.placements != "all") {
+    std::vector<BenchPlacement> keep;
+    for (const auto& sp : specs)
+      if (o.placements.find(sp.name) != std::string::npos) keep.push_back(sp);
+    if (keep.empty()) throw Error("--placements: no placement named '" + o.placements + "'");
+    specs = keep;
+  }
+  if (!note.empty()) std::printf("%s\n", note.c_str());
+  std::printf("model: %s\nhardware: %s\n", describe_config(cfg).c_str(), hw.description.c_str());
+  const int64_t chunk_rows = gpu ? engine::InspectOptions{}.max_step_rows : 0;
+  const int64_t mean_context = context + 4 + o.steps / 2;
+  std::printf(
+      "predicted `strata bench e2e` lines (%s backend, decode at a mean context of %lld, "
+      "prefill chunks of %s)\n",
+      trunk_backend_name(co.trunk), (long long)mean_context,
+      chunk_rows ? std::to_string(chunk_rows).c_str() : "the whole prompt");
+  std::printf("%-28s %-16s %12s  %s\n", "placement", "measure", "tok/s", "bottleneck");
+  nlohmann::json lines = nlohmann::json::array();
+  auto line = [&](const BenchPlacement& sp, const std::string& what, double tps,
+                  const std::string& bottleneck, const std::vector<TimePart>& parts,
+                  double seconds) {
+    std::printf("%-28s %-16s %12.2f  %s\n", sp.name.c_str(), what.c_str(), tps, bottleneck.c_str());
+    nlohmann::json jp = nlohmann::json::array();
+    for (const TimePart& t : parts)
+      jp.push_back({{"name", t.name}, {"resource", t.resource}, {"seconds", t.seconds}});
+    lines.push_back(
+        {{"placement", sp.name},
+         {"measure", what},
+         {"predicted_tokens_per_s", tps},
+         {"seconds", seconds},
+         {"share", {{"gpu", sp.share.gpu}, {"host", sp.share.host}, {"disk", sp.share.disk}}},
+         {"bottleneck", bottleneck},
+         {"parts", jp}});
+  };
+  for (const BenchPlacement& sp : specs) {
+    for (int B : o.batches) {
+      const DecodeEstimate d = cm.decode_step(sp.share, B, mean_context);
+      line(sp, "decode B=" + std::to_string(B), d.tokens_per_s, d.bottleneck, d.parts, d.step_s);
+    }
+    for (int64_t P : o.prefill) {
+      const PrefillEstimate pf = cm.prefill(sp.share, P, chunk_rows > 0 ? chunk_rows : P);
+      line(sp, "prefill " + std::to_string(P), pf.tokens_per_s, pf.bottleneck, pf.parts,
+           pf.total_s);
+    }
+  }
+  std::printf("overlap: %s\n", overlap_description(co.overlap, co.trunk).c_str());
+  std::printf("rates:\n");
+  for (const std::string& r : cm.describe_rates()) std::printf("  %s\n", r.c_str());
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw Error(o.json + ": cannot write");
+    f << nlohmann::json{{"predicts", "bench e2e"},
+                        {"hardware", hw.source.empty() ? hw.description : hw.source},
+                        {"backend", trunk_backend_name(co.trunk)},
+                        {"mean_context", mean_context},
+                        {"prefill_chunk", chunk_rows},
+                        {"rates", cm.describe_rates()},
+                        {"lines", lines}}
+             .dump(2)
+      << "\n";
+  }
+  return 0;
 }
 
 std::string esc(const std::string& s) {
@@ -227,7 +358,9 @@ CommandRun setup(CLI::App& app) {
   app.add_option("--hardware", o->hardware,
                  "auto (this machine + rates saved by `strata bench hw --save "
                  "~/.cache/strata/hardware.json`) or a hardware JSON (docs/hardware/)");
-  app.add_option("--context", o->context, "tokens cached per sequence while decoding (8192)");
+  auto* ctx_opt = app.add_option("--context", o->context,
+                                 "tokens cached per sequence while decoding (8192; with "
+                                 "--bench-e2e: prompt tokens before decode, 256)");
   app.add_option("--concurrency", o->concurrency, "sequences decoded together (1)");
   app.add_option("--prompt-len", o->prompt_len, "prefill length (8192)");
   app.add_option("--gen-len", o->gen_len, "tokens generated per request (256)");
@@ -238,11 +371,26 @@ CommandRun setup(CLI::App& app) {
   app.add_option("--placement", o->placement,
                  "GPU,HOST,DISK shares of the routed experts instead of the planner's (e.g. "
                  "0.1,0.3,0.6; for validation against a measured placement)");
+  app.add_flag("--bench-e2e", o->bench_e2e,
+               "predict the lines of `strata bench e2e` (its placements and protocol; with "
+               "--device, --placements, --batch, --prefill, --context (default 256), --steps)");
+  app.add_option("--device", o->device, "with --bench-e2e: auto, gpu, cpu or cpu-ref");
+  app.add_option("--placements", o->placements, "with --bench-e2e: all, or one placement name");
+  app.add_option("--batch", o->batches, "with --bench-e2e: decode batch sizes (1 8)");
+  app.add_option("--prefill", o->prefill, "with --bench-e2e: prefill lengths (1024 16384)");
+  app.add_option("--steps", o->steps, "with --bench-e2e: timed decode steps (32)");
+  app.add_option("--assume", o->assume,
+                 "NAME=VALUE: replace one of the cost model's assumptions (CostAssumptions in "
+                 "offload/cost_model.h), e.g. gpu_extra_syncs_per_layer=2");
   app.add_option("--json", o->json, "write the plan as JSON to FILE");
   app.add_option("--svg", o->svg, "write a chart of decode tok/s against DRAM and GPUs to FILE");
-  return [o]() {
+  return [o, ctx_opt]() {
     if (o->model.empty() && o->config.empty())
       throw Error("plan: give the model with -m DIR or --config config.json");
+    for (const std::string& kv : o->assume) {  // bad input fails before any output
+      CostAssumptions check;
+      apply_assumption(check, kv);
+    }
     const fs::path cfg_path =
         o->model.empty() ? fs::path(o->config) : fs::path(o->model) / "config.json";
     std::error_code ec;
@@ -252,6 +400,16 @@ CommandRun setup(CLI::App& app) {
     const ModelConfig cfg = load_config(cfg_path);
     std::string note;
     const HardwareProfile hw = load_hw(o->hardware, &note);
+    if (o->bench_e2e) {
+      if (o->steps < 1) throw Error("--steps: expected ≥ 1");
+      for (int b : o->batches)
+        if (b < 1 || b > 256) throw Error("--batch: expected 1..256, got " + std::to_string(b));
+      for (int64_t n : o->prefill)
+        if (n < 1) throw Error("--prefill: expected positive lengths");
+      const int64_t context = ctx_opt->count() ? o->context : 256;
+      if (context < 1) throw Error("--context: expected ≥ 1");
+      return predict_bench_e2e(hw, cfg, *o, context, note);
+    }
     Workload w;
     w.context = o->context;
     w.concurrency = o->concurrency;
@@ -264,6 +422,7 @@ CommandRun setup(CLI::App& app) {
     if (w.gen_len < 0) throw Error("--gen-len: expected ≥ 0");
     if (w.chunk < 0) throw Error("--chunk: expected ≥ 1");
     PlanOptions po;
+    for (const std::string& kv : o->assume) apply_assumption(po.assumptions, kv);
     po.backend = parse_backend(o->backend, "--backend");
     po.overlap = parse_overlap(o->overlap);
     if (!o->placement.empty()) {

@@ -82,8 +82,9 @@ TEST_CASE("per-expert times, staging and disk reads of a K3 expert", "[cost]") {
   CHECK(m.cpu_expert_seconds(16) == Approx(eb / 30e9));   // 585 µs
   CHECK(m.cpu_expert_seconds(32) == Approx(eb / 15e9));   // compute-bound: twice M=16
   CHECK(m.gpu_expert_seconds(1) == Approx(eb / 3000e9));  // 5.85 µs
-  CHECK(m.stage_seconds() == Approx(eb / 50e9));          // 351 µs
-  CHECK(m.disk_read_seconds() == Approx(eb / 40e9));      // 4 drives × 10 GB/s
+  // Staging: the host copy into pinned memory (23 GB/s assumed) is slower than the DMA (50).
+  CHECK(m.stage_seconds() == Approx(eb / 23e9));      // 763 µs
+  CHECK(m.disk_read_seconds() == Approx(eb / 40e9));  // 4 drives × 10 GB/s
   CHECK(m.distinct_experts(1) == Approx(16));
   // 896·(1 − (880/896)^2) = 31.714…
   CHECK(m.distinct_experts(2) == Approx(896.0 * (1 - std::pow(880.0 / 896.0, 2))));
@@ -151,10 +152,15 @@ TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   // Experts: top-k distinct experts per MoE layer at batch 1, one token each, at 4 GB/s.
   const double t_exp =
       double(cfg.moe.top_k) * cfg.num_moe_layers() * double(k.bytes_per_routed_expert) / 4e9;
+  // Fixed costs: 115 linear calls (6 KDA layers × 8 projections, 3 MLA × 5, the dense layer's 3,
+  // 8 MoE layers × router, latent down/up and the shared experts' 3, the logits) and 8 CPU expert
+  // jobs.
+  const CostAssumptions a;
+  const double t_fixed = 115 * a.cpu_ref_linear_call_us * 1e-6 + 8 * a.cpu_expert_call_us * 1e-6;
   const DecodeEstimate d = m.decode_step(Placement{0, 1, 0}, 1, ctx);
   CHECK(d.experts_per_layer == Approx(cfg.moe.top_k));
   CHECK(d.tokens_per_expert == Approx(1));
-  CHECK(d.step_s == Approx(t_trunk + t_kda + t_mla + t_exp));
+  CHECK(d.step_s == Approx(t_trunk + t_kda + t_mla + t_exp + t_fixed));
   CHECK(d.tokens_per_s == Approx(1.0 / d.step_s));
   CHECK(d.bottleneck.find("dense trunk") == 0);
   // Disk reads overlap the CPU work (router-lookahead prefetch) under moe-layer...
@@ -170,38 +176,100 @@ TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   co.overlap = Overlap::serial;
   const CostModel ms(hw, cfg, co);
   CHECK(ms.decode_step(Placement{0, 0.5, 0.5}, 1, ctx).step_s ==
-        Approx(t_trunk + t_kda + t_mla + t_exp + t_disk));
+        Approx(t_trunk + t_kda + t_mla + t_exp + t_fixed + t_disk));
   // Prefill: lm_head only for the last token of the chunk.
   const double head = double(cfg.vocab_size) * cfg.hidden_size * 2;
   CHECK(m.trunk_prefill_seconds(32) == Approx((trunk - head) / 0.5e9 + head / 2e9));
 }
 
-TEST_CASE("GPU decode: CPU experts overlap the shared and cached experts of the same layer",
+ModelConfig k3_slice8() {  // the validation slice: 8 layers (6 KDA, 2 MLA), 64 experts top-16
+  SynthOptions o;
+  o.preset = "k3-slice";
+  o.layers = 8;
+  o.experts = 64;
+  return parse_config(synth_config_json(o), "k3-slice8");
+}
+
+TEST_CASE("GPU engine: a GEMM at the trunk curve's shape takes the curve's time", "[cost]") {
+  const CostModel m(gpu_machine(), k3_slice());
+  // 12288×7168 bf16 = 176.2 MB at 3000 GB/s (M = 1): the fixed cost is inside the measurement.
+  CHECK(m.gpu_gemm_seconds(12288, 7168, 1) == Approx(2.0 * 12288 * 7168 / 3000e9));
+  // A small GEMM pays the fixed cost: 96×7168 is 1.4 MB, 0.46 µs of bytes, plus 4 µs.
+  const double fixed = CostAssumptions{}.gpu_gemm_fixed_us * 1e-6;
+  CHECK(m.gpu_gemm_seconds(96, 7168, 1) > fixed);
+  CHECK(m.gpu_gemm_seconds(96, 7168, 1) < fixed + 2.0 * 96 * 7168 / 3000e9);
+  // Flat routing: the histogram of tokens per expert covers U(B) experts and B·k pairs.
+  for (int64_t T : {1, 8, 512}) {
+    double experts = 0, pairs = 0;
+    for (auto [mm, n] : m.tokens_per_expert(T)) experts += n, pairs += double(mm) * n;
+    CHECK(experts == Approx(m.distinct_experts(double(T))).epsilon(1e-6));
+    CHECK(pairs == Approx(double(T) * 16).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("GPU engine decode: one stream, host round trips where the host groups, CPU beside GPU",
           "[cost]") {
-  const ModelConfig cfg = k3_slice();
+  const ModelConfig cfg = k3_slice8();
   const HardwareProfile hw = gpu_machine();
   const CostModel m(hw, cfg);
-  const Placement p{0.25, 0.75, 0};
-  const DecodeEstimate d = m.decode_step(p, 1, 4096);
-  const double n = 16.0 * cfg.num_moe_layers();
+  const int moe = cfg.num_moe_layers();
+  REQUIRE(moe == 7);
+  const CostAssumptions a;
   const double eb = double(m.costs().bytes_per_routed_expert);
-  const double gpu_exp = 0.25 * n * eb / 3000e9, cpu_exp = 0.75 * n * eb / 300e9;
-  const double shared = m.shared_expert_seconds(1);
-  const double sync = cfg.num_moe_layers() * CostAssumptions{}.gpu_moe_layer_sync_us * 1e-6;
-  const double serial =
-      m.trunk_seconds(1) - shared + m.kda_decode_seconds(1) + m.mla_decode_seconds(1, 4096) + sync;
-  CHECK(d.step_s == Approx(serial + std::max(shared + gpu_exp, cpu_exp)));
-  CHECK(m.trunk_seconds(1) == Approx(double(m.trunk_bytes()) / 3000e9));
-  // KDA decode: the fp32 state read and written at the assumed share of HBM copy.
-  CHECK(m.kda_decode_seconds(2) ==
-        Approx(4.0 * double(m.costs().kda_state_bytes) /
-               (4000e9 * CostAssumptions{}.gpu_kda_decode_hbm_efficiency)));
-  // Full overlap is never slower than moe-layer, serial never faster.
+  // All experts cached: nothing overlaps; the step is the sum of its parts. B = 1 routes 16
+  // experts per MoE layer with one token each, at the engine's share of the GPU curve's M = 1
+  // rate; the groups are built on the device (5 small kernels with the grouped launch) and the
+  // only host round trip is the logits'.
+  const auto all = m.engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(all.seconds ==
+        Approx(all.gpu_dense_s + all.gpu_attention_s + all.gpu_experts_s + all.host_s));
+  const double gpu_rate = 3000e9 * a.gpu_engine_expert_efficiency;  // 16 experts, not bench's 128
+  CHECK(all.gpu_experts_s == Approx(moe * (16 * eb / gpu_rate + 5 * a.gpu_kernel_us * 1e-6)));
+  CHECK(all.cpu_experts_s == 0);
+  CHECK(all.syncs == 1);
+  CHECK(all.host_s == Approx(a.gpu_sync_us * 1e-6));
+  // The engine before device groups: each MoE layer's routing goes to the host and back (one
+  // synchronisation and the host's grouping each), the lists go up with the grouped launch.
+  CostOptions host_groups;
+  host_groups.assumptions.gpu_device_groups = 0;
+  const auto hg =
+      CostModel(hw, cfg, host_groups).engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(hg.syncs == moe + 1);
+  CHECK(hg.host_s == Approx(hg.syncs * a.gpu_sync_us * 1e-6 + moe * a.gpu_moe_host_us * 1e-6));
+  CHECK(hg.gpu_experts_s == Approx(moe * (16 * eb / gpu_rate + 8 * a.gpu_kernel_us * 1e-6)));
+  CHECK(hg.seconds > all.seconds + moe * a.gpu_sync_us * 1e-6);
+  // Past 4096 (token, expert) pairs (a 512-row prefill chunk: 8192) the host groups them.
+  CHECK(m.engine_step(Placement{1, 0, 0}, 512, 1, false, 0, true).syncs == moe + 1);
+  CHECK(m.decode_step(Placement{1, 0, 0}, 1, 256).step_s == Approx(all.seconds));
+  // All in host memory: the CPU computes the 16 experts of each layer at M = 1 (300 GB/s)
+  // while the GPU waits, then the shared experts run (CUDA graphs: after the join).
+  const auto host = m.engine_step(Placement{0, 1, 0}, 1, 1, true, 256, true);
+  const double cpu_layer = 16 * eb / 300e9 + a.cpu_expert_call_us * 1e-6;
+  CHECK(host.cpu_experts_s == Approx(moe * cpu_layer));
+  // The CPU rows go back up: one fp32 row of the latent width per pair, at 50 GB/s.
+  const double row_up = 3584 * 4 / 50e9;
+  CHECK(host.seconds == Approx(host.gpu_dense_s + host.gpu_attention_s + host.host_s +
+                               moe * (cpu_layer + a.gpu_kernel_us * 1e-6 + 16 * row_up)));
+  // Half cached: per MoE layer the longer of the two branches, not their sum.
+  const auto half = m.engine_step(Placement{0.5, 0.5, 0}, 1, 1, true, 256, true);
+  const double g = 8 * eb / gpu_rate + 8 * a.gpu_kernel_us * 1e-6;
+  const double c = 8 * eb / 300e9 + a.cpu_expert_call_us * 1e-6;
+  CHECK(half.seconds == Approx(half.gpu_dense_s + half.gpu_attention_s + half.host_s +
+                               moe * (std::max(g, c) + a.gpu_kernel_us * 1e-6 + 8 * row_up)));
+  // Measured fixed costs in the profile replace the assumptions.
+  HardwareProfile hw2 = hw;
+  hw2.kernels.gpu_sync_us = Rate(100);
+  const auto slow = CostModel(hw2, cfg).engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(slow.seconds - all.seconds ==
+        Approx(all.syncs * (100 - a.gpu_sync_us) * 1e-6).epsilon(1e-6));
+  // Full overlap is never slower than the engine, serial never faster.
   CostOptions full, serial_o;
   full.overlap = Overlap::full;
   serial_o.overlap = Overlap::serial;
-  CHECK(CostModel(hw, cfg, full).decode_step(p, 1, 4096).step_s <= d.step_s);
-  CHECK(CostModel(hw, cfg, serial_o).decode_step(p, 1, 4096).step_s >= d.step_s);
+  const Placement p{0.25, 0.75, 0};
+  const double d = m.decode_step(p, 8, 256).step_s;
+  CHECK(CostModel(hw, cfg, full).decode_step(p, 8, 256).step_s <= d);
+  CHECK(CostModel(hw, cfg, serial_o).decode_step(p, 8, 256).step_s >= d);
   // A placement with experts in a GPU cache needs the GPU backend.
   HardwareProfile cpu = hw;
   cpu.kernels.cpu_trunk_ref = curve({{1, 2}});
@@ -211,6 +279,33 @@ TEST_CASE("GPU decode: CPU experts overlap the shared and cached experts of the 
   co.trunk = TrunkBackend::cpu_reference;
   CHECK_THROWS_AS(CostModel(cpu, cfg, co).decode_step(p, 1, 10), Error);
   CHECK_THROWS_AS(m.decode_step(Placement{0.5, 0.6, 0}, 1, 10), Error);  // sums to 1.1
+}
+
+TEST_CASE("GPU engine prefill: staged rounds are copied on the host, then computed", "[cost]") {
+  const ModelConfig cfg = k3_slice8();
+  const HardwareProfile hw = gpu_machine();
+  const CostModel m(hw, cfg);
+  const int moe = cfg.num_moe_layers();
+  const double eb = double(m.costs().bytes_per_routed_expert);
+  REQUIRE(m.prefill_stage_threshold() < 100);
+  // A 512-token chunk gives every one of the 64 experts ≈ 128 tokens: all of them are staged
+  // when none is cached, copied at the slower of the host copy (23 GB/s) and host→device (50).
+  const auto st = m.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, true);
+  CHECK(st.staged_experts == Approx(64.0 * moe).epsilon(1e-6));
+  CHECK(st.cpu_experts == Approx(0).margin(1e-6));
+  CHECK(st.stage_copy_s == Approx(64.0 * moe * eb / 23e9).epsilon(1e-6));
+  // Two rounds of 32 per layer: the first round's copy is not hidden, so the chunk takes at
+  // least the GPU's own work plus 32 copies per layer.
+  const auto cached = m.engine_step(Placement{1, 0, 0}, 512, 1, false, 0, true);
+  CHECK(st.seconds >= cached.seconds + moe * 32 * eb / 23e9);
+  CHECK(st.seconds <= cached.seconds + st.stage_copy_s + st.host_s);
+  // The prefill estimate sums its chunks; only the last one computes logits.
+  const PrefillEstimate pf = m.prefill(Placement{0, 1, 0}, 1024, 512);
+  CHECK(pf.chunks == 2);
+  const auto first = m.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, false);
+  const auto second = m.engine_step(Placement{0, 1, 0}, 512, 1, false, 512, true);
+  CHECK(pf.total_s == Approx(first.seconds + second.seconds));
+  CHECK(pf.staged_experts_per_chunk == Approx(64.0 * moe).epsilon(1e-6));
 }
 
 TEST_CASE("a pipeline of GPUs raises throughput only when there are micro-batches", "[cost]") {

@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "storage/synth.h"
 #include "test_util.h"
 
 using strata::test::run_cli;
@@ -147,4 +149,72 @@ TEST_CASE("bench hw --quick saves a profile that plan reads, and never replaces 
                          " --context 64 --prompt-len 16");
   CHECK(p.status == 0);
   CHECK(p.out.find("backend:   cpu-reference") != std::string::npos);
+}
+
+TEST_CASE("plan --bench-e2e predicts bench e2e's lines: its placements, its protocol",
+          "[plan][cli]") {
+  // The validation slice's config alone (`-m DIR` reads DIR/config.json; no weights).
+  const auto dir = strata::test::scratch_dir("cmd_plan_e2e");
+  const fs::path model = dir / "k3-slice8";
+  fs::create_directories(model);
+  strata::SynthOptions so;
+  so.preset = "k3-slice";
+  so.layers = 8;
+  so.experts = 64;
+  std::ofstream(model / "config.json") << strata::synth_config_json(so);
+  const fs::path h200 = hw("h200-measured.json");
+  const auto r = run_cli("plan -m " + q(model) + " --hardware " + q(h200) +
+                         " --bench-e2e --device gpu --batch 1 8 --prefill 1024 --context 256 "
+                         "--steps 16 --json " +
+                         q(dir / "e2e.json"));
+  REQUIRE(r.status == 0);
+  std::ifstream f(dir / "e2e.json");
+  const auto j = nlohmann::json::parse(f);
+  CHECK(j["predicts"] == "bench e2e");
+  CHECK(j["mean_context"] == 256 + 4 + 8);  // bench e2e: context, 4 warm-up steps, steps/2
+  CHECK(j["prefill_chunk"] == 512);         // the engine's default step rows
+  const auto& lines = j["lines"];
+  REQUIRE(lines.size() == 4 * 3);  // 4 GPU placements × (decode B=1, B=8, prefill 1024)
+  std::map<std::string, double> tps;
+  for (const auto& l : lines)
+    tps[l["placement"].get<std::string>() + "|" + l["measure"].get<std::string>()] =
+        l["predicted_tokens_per_s"].get<double>();
+  for (const char* p : {"all GPU", "10% GPU + host", "10% GPU + 30% host + disk", "all host"})
+    for (const char* m : {"decode B=1", "decode B=8", "prefill 1024"}) {
+      INFO(p << " " << m);
+      CHECK(tps.count(std::string(p) + "|" + m) == 1);
+    }
+  // The engine caches whole experts per layer: 10% of 64 is 6, a share of 0.09375.
+  for (const auto& l : lines)
+    if (l["placement"] == "10% GPU + host") CHECK(l["share"]["gpu"].get<double>() == 0.09375);
+  // Cached experts beat the CPU, memory beats the disk; 8 sequences beat 1 in total.
+  CHECK(tps["all GPU|decode B=1"] > tps["10% GPU + host|decode B=1"]);
+  CHECK(tps["10% GPU + host|decode B=1"] > tps["all host|decode B=1"]);
+  CHECK(tps["all host|decode B=1"] > 10 * tps["10% GPU + 30% host + disk|decode B=1"]);
+  CHECK(tps["all GPU|decode B=8"] > tps["all GPU|decode B=1"]);
+  // An assumption replaced on the command line moves the prediction: slower small kernels.
+  const auto slow = run_cli("plan -m " + q(model) + " --hardware " + q(h200) +
+                            " --bench-e2e --device gpu --placements 'all GPU' --batch 1 "
+                            "--prefill 512 --assume gpu_kernel_us=30 --json " +
+                            q(dir / "slow.json"));
+  REQUIRE(slow.status == 0);
+  std::ifstream fs2(dir / "slow.json");
+  const auto js = nlohmann::json::parse(fs2);
+  REQUIRE(js["lines"].size() == 2);
+  CHECK(js["lines"][0]["predicted_tokens_per_s"].get<double>() < tps["all GPU|decode B=1"] * 0.8);
+  // The CPU reference backend gets bench e2e's CPU placements.
+  const auto cpu = run_cli("plan -m " + q(model) + " --hardware " + q(h200) +
+                           " --bench-e2e --device cpu-ref --batch 1 --prefill 64");
+  CHECK(cpu.status == 0);
+  CHECK(cpu.out.find("30% host + disk") != std::string::npos);
+  CHECK(cpu.out.find("all GPU") == std::string::npos);
+  // Bad input: one line, exit 1, before any output.
+  for (const char* bad : {"--assume nope=1", "--assume gpu_sync_us=x", "--device tpu",
+                          "--placements 'half GPU'", "--batch 0"}) {
+    INFO(bad);
+    const auto e =
+        run_cli("plan -m " + q(model) + " --hardware " + q(h200) + " --bench-e2e " + bad);
+    CHECK(e.status == 1);
+    CHECK(count_lines(e.out) == 1);
+  }
 }
