@@ -1120,6 +1120,19 @@ void mlp(CudaBackend::Impl& im, const MlpDev& w, const kops::GluParams& act, con
   uint16_t* hb = to_bf16(im, sc, h, T * w.I);
   gemm_f32(im, hb, w.down, out, T);
 }
+
+// One grouped launch of contract experts (b's GLU set from the model's), then the bf16 rounding
+// of its output rows like every GEMM output of the bf16 model (and like the CPU executor's rows):
+// the merge then sees the same bits from either executor.
+void grouped_launch(CudaBackend::Impl& im, kernels::moe::ExpertBatch b, const cpu::ref::Glu& glu,
+                    void* wsp, size_t wsb) {
+  b.glu.situ = glu.kind == cpu::ref::GluKind::situ;
+  b.glu.beta1 = glu.beta1;
+  b.glu.beta2 = glu.beta2;
+  check(kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
+        "grouped_experts");
+  check(kops::round_bf16_inplace(b.y, int64_t(b.P) * b.H, im.stream), "round experts");
+}
 }  // namespace
 
 void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
@@ -1396,25 +1409,9 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     check(kernels::moe::build_groups(ids, int(P), int(K), w.slot_dev, im.views_dev, g_cap, d_views,
                                      d_goff, d_ptok, d_pair, im.stream),
           "build_groups");
-    kernels::moe::ExpertBatch b;
-    b.experts = d_views;
-    b.group_offsets = d_goff;
-    b.pair_token = d_ptok;
-    b.x = z;
-    b.y = ybuf;
-    b.G = g_cap;
-    b.P = int(P);
-    b.T = int(T);
-    b.H = int(L);
-    b.I = int(I);
-    const auto glu = model_.glu();
-    b.glu.situ = glu.kind == cpu::ref::GluKind::situ;
-    b.glu.beta1 = glu.beta1;
-    b.glu.beta2 = glu.beta2;
-    check(
-        kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
-        "grouped_experts");
-    check(kops::round_bf16_inplace(ybuf, P * L, im.stream), "round experts");
+    grouped_launch(im,
+                   {d_views, d_goff, d_ptok, z, ybuf, g_cap, int(P), int(T), int(L), int(I), {}},
+                   model_.glu(), wsp, wsb);
     if (shared) mlp(im, w.shared, act, xb, shared, T);
     // Pairs of token t are rows t·K … of the merge lists: its experts in increasing id (route's
     // order), weights aligned with the ids.
@@ -1551,26 +1548,10 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     check(rt::copy_async(d_goff, h_goff, size_t(G + 1) * 4, im.stream), "upload");
     check(rt::copy_async(d_ptok, h_ptok, size_t(np) * 4, im.stream), "upload");
     tel_.h2d_bytes += double(G * int64_t(sizeof(Mxfp4ExpertView)) + (G + 1 + np) * 4);
-    kernels::moe::ExpertBatch b;
-    b.experts = d_views;
-    b.group_offsets = d_goff;
-    b.pair_token = d_ptok;
-    b.x = z;
-    b.y = ybuf + int64_t(pair0) * L;
-    b.G = G;
-    b.P = np;
-    b.T = int(T);
-    b.H = int(L);
-    b.I = int(I);
-    b.glu.situ = glu.kind == cpu::ref::GluKind::situ;
-    b.glu.beta1 = glu.beta1;
-    b.glu.beta2 = glu.beta2;
-    check(
-        kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
-        "grouped_experts");
-    // The contract output rounded to bf16 like every GEMM output of the bf16 model (and like the
-    // CPU executor's rows): the merge then sees the same bits from either executor.
-    check(kops::round_bf16_inplace(b.y, int64_t(np) * L, im.stream), "round experts");
+    grouped_launch(
+        im,
+        {d_views, d_goff, d_ptok, z, ybuf + int64_t(pair0) * L, G, np, int(T), int(L), int(I), {}},
+        glu, wsp, wsb);
     pair0 += np;
   };
   launch(resident,
