@@ -63,30 +63,65 @@ uint64_t CpuSeqState::bytes(const ModelConfig& c) const {
   return n;
 }
 
-CpuRefBackend::CpuRefBackend(const Model& model, BackendOptions options, int slots)
+CpuHostBackend::CpuHostBackend(const Model& model, BackendOptions options, int slots)
     : model_(model), c_(model.config()), opt_(std::move(options)) {
   STRATA_ASSERT(slots >= 1);
   executor_ = make_expert_executor(opt_.experts, c_);
   if (opt_.wrap_executor) executor_ = opt_.wrap_executor(std::move(executor_));
-  name_ = std::string("cpu-ref ") + precision_label(opt_.precision) + ", experts " +
-          expert_numerics_name(opt_.experts);
   slots_.resize(size_t(slots));
   for (int i = 0; i < slots; ++i) reset_slot(i);
 }
 
-void CpuRefBackend::reset_slot(int slot) {
-  slots_[size_t(slot)].reset(c_);
+void CpuHostBackend::commit_step(const StepShape& s) {
+  for (const SeqSpan& q : s.seqs) slots_[size_t(q.slot)].pos += q.T;
 }
 
-const KdaState* CpuRefBackend::kda_state(int slot, int l) const {
-  return slots_[size_t(slot)].kda_at(c_, l);
-}
-const MlaCache* CpuRefBackend::mla_cache(int slot, int l) const {
-  return slots_[size_t(slot)].mla_at(c_, l);
+void CpuHostBackend::dump(int l, const char* site, const float* data, int64_t rows,
+                          const std::vector<int64_t>& row_shape) const {
+  if (!trace_ || !trace_->dumper) return;
+  const std::string name = site_name(l, site);
+  if (trace_->dumper->wants(name)) trace_->dumper->add(name, data, rows, row_shape);
 }
 
-uint64_t CpuRefBackend::state_bytes(int slot) const {
-  return slots_[size_t(slot)].bytes(c_);
+void CpuHostBackend::to_host(Act a, float* dst) {
+  std::memcpy(dst, a.data, size_t(a.size()) * sizeof(float));
+}
+int64_t CpuHostBackend::first_non_finite(Act a, const StepShape&) {
+  return engine::first_non_finite(a.data, a.size());  // host memory: every row, in place
+}
+void CpuHostBackend::from_host(const float* src, Act a) {
+  std::memcpy(a.data, src, size_t(a.size()) * sizeof(float));
+}
+void CpuHostBackend::copy(Act src, Act dst) {
+  STRATA_ASSERT(src.size() == dst.size());
+  std::memcpy(dst.data, src.data, size_t(src.size()) * sizeof(float));
+}
+
+// Embedding (§9): bf16 rows widen exactly.
+void CpuHostBackend::embed_rows(std::span<const int32_t> ids, Act out) const {
+  const int64_t D = c_.hidden_size;
+  for (size_t t = 0; t < ids.size(); ++t)
+    model_.weights().embed.widen_row(ids[t], out.data + int64_t(t) * D);
+}
+
+const AttnResWeights& CpuHostBackend::mix_weights(int layer, MixSite site) const {
+  const auto& w = model_.weights();
+  return site == MixSite::output ? *w.output_res
+         : site == MixSite::attn ? *w.layers[size_t(layer)].attn_res
+                                 : *w.layers[size_t(layer)].mlp_res;
+}
+
+const std::vector<float>& CpuHostBackend::norm_weights(int layer, NormSite site) const {
+  const auto& w = model_.weights();
+  return site == NormSite::final   ? w.final_norm
+         : site == NormSite::input ? w.layers[size_t(layer)].input_norm
+                                   : w.layers[size_t(layer)].post_norm;
+}
+
+CpuRefBackend::CpuRefBackend(const Model& model, BackendOptions options, int slots)
+    : CpuHostBackend(model, std::move(options), slots) {
+  name_ = std::string("cpu-ref ") + precision_label(opt_.precision) + ", experts " +
+          expert_numerics_name(opt_.experts);
 }
 
 void CpuRefBackend::begin_step(const StepShape&) {
@@ -98,44 +133,13 @@ Act CpuRefBackend::alloc(int64_t rows, int64_t cols) {
   return Act{arena_.back().data(), rows, cols};
 }
 
-void CpuRefBackend::commit_step(const StepShape& s) {
-  for (const SeqSpan& q : s.seqs) slots_[size_t(q.slot)].pos += q.T;
-}
-
-void CpuRefBackend::dump(int l, const char* site, const float* data, int64_t rows,
-                         const std::vector<int64_t>& row_shape) const {
-  if (!trace_ || !trace_->dumper) return;
-  const std::string name = site_name(l, site);
-  if (trace_->dumper->wants(name)) trace_->dumper->add(name, data, rows, row_shape);
-}
-
-void CpuRefBackend::to_host(Act a, float* dst) {
-  std::memcpy(dst, a.data, size_t(a.size()) * sizeof(float));
-}
-int64_t CpuRefBackend::first_non_finite(Act a, const StepShape&) {
-  return engine::first_non_finite(a.data, a.size());  // host memory: every row, in place
-}
-void CpuRefBackend::from_host(const float* src, Act a) {
-  std::memcpy(a.data, src, size_t(a.size()) * sizeof(float));
-}
-void CpuRefBackend::copy(Act src, Act dst) {
-  STRATA_ASSERT(src.size() == dst.size());
-  std::memcpy(dst.data, src.data, size_t(src.size()) * sizeof(float));
-}
-
-// Embedding (§9): bf16 rows widen exactly.
 void CpuRefBackend::embed(std::span<const int32_t> ids, Act out) {
-  const int64_t D = c_.hidden_size;
-  for (size_t t = 0; t < ids.size(); ++t)
-    model_.weights().embed.widen_row(ids[t], out.data + int64_t(t) * D);
+  embed_rows(ids, out);
 }
 
 // AttnRes mix (§6.2) over [B…, P].
 void CpuRefBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
-  const auto& w = model_.weights();
-  const AttnResWeights& m = site == MixSite::output ? *w.output_res
-                            : site == MixSite::attn ? *w.layers[size_t(layer)].attn_res
-                                                    : *w.layers[size_t(layer)].mlp_res;
+  const AttnResWeights& m = mix_weights(layer, site);
   std::vector<const float*> src;
   for (const Act& a : sources) src.push_back(a.data);
   ref::attn_res_mix(src.data(), int64_t(src.size()), m.norm.data(), m.proj.data(), out.data,
@@ -143,11 +147,8 @@ void CpuRefBackend::mix(int layer, MixSite site, std::span<const Act> sources, A
 }
 
 void CpuRefBackend::norm(int layer, NormSite site, Act x, Act out) {
-  const auto& w = model_.weights();
-  const std::vector<float>& nw = site == NormSite::final   ? w.final_norm
-                                 : site == NormSite::input ? w.layers[size_t(layer)].input_norm
-                                                           : w.layers[size_t(layer)].post_norm;
-  ref::kimi_rms_norm(x.data, nw.data(), out.data, x.rows, x.cols, c_.rms_norm_eps, opt_.precision);
+  ref::kimi_rms_norm(x.data, norm_weights(layer, site).data(), out.data, x.rows, x.cols,
+                     c_.rms_norm_eps, opt_.precision);
 }
 
 void CpuRefBackend::add(Act acc, Act b) {

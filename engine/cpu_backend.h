@@ -39,47 +39,37 @@ struct CpuSeqState {
   }
 };
 
-class CpuRefBackend final : public Backend {
+// What the CPU backends share: the model, options and name, the routed-expert executor, each
+// slot's host state (CpuSeqState), the trace, and activations in host memory (copies, finite
+// scans and dumps in place).
+class CpuHostBackend : public Backend {
  public:
-  // Throws strata::Error when the options cannot run on this model (e.g. contract numerics
-  // without MXFP4 experts).
-  CpuRefBackend(const Model& model, BackendOptions options, int slots = 1);
-
   const char* name() const override { return name_.c_str(); }
   const BackendOptions& options() const override { return opt_; }
   int slots() const override { return int(slots_.size()); }
-  void reset_slot(int slot) override;
+  void reset_slot(int slot) override { slots_[size_t(slot)].reset(c_); }
   int64_t position(int slot) const override { return slots_[size_t(slot)].pos; }
-  uint64_t state_bytes(int slot) const override;
+  uint64_t state_bytes(int slot) const override { return slots_[size_t(slot)].bytes(c_); }
   void set_trace(const Trace* t) override { trace_ = t; }
-
-  void begin_step(const StepShape& s) override;
-  Act alloc(int64_t rows, int64_t cols) override;
   void commit_step(const StepShape& s) override;
-
-  void embed(std::span<const int32_t> ids, Act out) override;
-  void mix(int layer, MixSite site, std::span<const Act> sources, Act out) override;
   void copy(Act src, Act dst) override;
-  void norm(int layer, NormSite site, Act x, Act out) override;
-  void token_mixer(int layer, const StepShape& s, Act x, Act out) override;
-  void ffn(int layer, const StepShape& s, Act x, Act out) override;
-  void add(Act acc, Act b) override;
-  void logits(Act h, std::span<const int64_t> rows, float* out) override;
   void to_host(Act a, float* dst) override;
-  int64_t first_non_finite(Act a, const StepShape& s) override;
+  int64_t first_non_finite(Act a, const StepShape& s) override;  // every row, in place
   void from_host(const float* src, Act a) override;
 
   // The state of a slot's layer (nullptr for a layer of the other kind), for tests.
-  const KdaState* kda_state(int slot, int l) const;
-  const MlaCache* mla_cache(int slot, int l) const;
+  const KdaState* kda_state(int slot, int l) const { return slots_[size_t(slot)].kda_at(c_, l); }
+  const MlaCache* mla_cache(int slot, int l) const { return slots_[size_t(slot)].mla_at(c_, l); }
 
- private:
+ protected:
   using Slot = CpuSeqState;
-  void kda(int l, Slot& st, const float* x, float* out, int64_t T);
-  void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);
-  void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);
+  // The executor of the options (wrapped by options.wrap_executor) and `slots` fresh slots.
+  CpuHostBackend(const Model& model, BackendOptions options, int slots);
   void dump(int l, const char* site, const float* data, int64_t rows,
             const std::vector<int64_t>& row_shape) const;
+  void embed_rows(std::span<const int32_t> ids, Act out) const;  // bf16 rows widen exactly
+  const AttnResWeights& mix_weights(int layer, MixSite site) const;
+  const std::vector<float>& norm_weights(int layer, NormSite site) const;
 
   const Model& model_;
   const ModelConfig& c_;
@@ -88,6 +78,30 @@ class CpuRefBackend final : public Backend {
   std::unique_ptr<ExpertExecutor> executor_;
   std::vector<Slot> slots_;
   const Trace* trace_ = nullptr;
+};
+
+class CpuRefBackend final : public CpuHostBackend {
+ public:
+  // Throws strata::Error when the options cannot run on this model (e.g. contract numerics
+  // without MXFP4 experts).
+  CpuRefBackend(const Model& model, BackendOptions options, int slots = 1);
+
+  void begin_step(const StepShape& s) override;
+  Act alloc(int64_t rows, int64_t cols) override;
+
+  void embed(std::span<const int32_t> ids, Act out) override;
+  void mix(int layer, MixSite site, std::span<const Act> sources, Act out) override;
+  void norm(int layer, NormSite site, Act x, Act out) override;
+  void token_mixer(int layer, const StepShape& s, Act x, Act out) override;
+  void ffn(int layer, const StepShape& s, Act x, Act out) override;
+  void add(Act acc, Act b) override;
+  void logits(Act h, std::span<const int64_t> rows, float* out) override;
+
+ private:
+  void kda(int l, Slot& st, const float* x, float* out, int64_t T);
+  void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);
+  void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);
+
   std::deque<std::vector<float>> arena_;  // this step's activations
 };
 

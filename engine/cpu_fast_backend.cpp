@@ -64,34 +64,20 @@ const char* FastBackendProfile::name(Kind k) {
   return "?";
 }
 
+namespace {
+BackendOptions bf16_only(BackendOptions o) {
+  if (o.precision != Precision::bf16)
+    throw Error("the fast CPU backend computes the bf16 model; fp32 runs on the reference backend");
+  return o;
+}
+}  // namespace
+
 CpuFastBackend::CpuFastBackend(const Model& model, BackendOptions options, int slots,
                                cpu::GemvIsa isa)
-    : model_(model), c_(model.config()), opt_(std::move(options)), lin_(isa) {
-  STRATA_ASSERT(slots >= 1);
-  if (opt_.precision != Precision::bf16)
-    throw Error("the fast CPU backend computes the bf16 model; fp32 runs on the reference backend");
-  executor_ = make_expert_executor(opt_.experts, c_);
-  if (opt_.wrap_executor) executor_ = opt_.wrap_executor(std::move(executor_));
+    : CpuHostBackend(model, bf16_only(std::move(options)), slots), lin_(isa) {
   name_ = std::string("cpu-fast bf16, experts ") + expert_numerics_name(opt_.experts) + ", GEMV " +
           cpu::gemv_isa_name(lin_.isa()) + ", oneDNN above " + std::to_string(cpu::kGemvMaxTokens) +
           " rows";
-  slots_.resize(size_t(slots));
-  for (int i = 0; i < slots; ++i) reset_slot(i);
-}
-
-void CpuFastBackend::reset_slot(int slot) {
-  slots_[size_t(slot)].reset(c_);
-}
-
-const KdaState* CpuFastBackend::kda_state(int slot, int l) const {
-  return slots_[size_t(slot)].kda_at(c_, l);
-}
-const MlaCache* CpuFastBackend::mla_cache(int slot, int l) const {
-  return slots_[size_t(slot)].mla_at(c_, l);
-}
-
-uint64_t CpuFastBackend::state_bytes(int slot) const {
-  return slots_[size_t(slot)].bytes(c_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -118,31 +104,6 @@ Act CpuFastBackend::alloc(int64_t rows, int64_t cols) {
   float* p = blocks_.back().data() + block_used_;
   block_used_ += padded;
   return Act{p, rows, cols};
-}
-
-void CpuFastBackend::commit_step(const StepShape& s) {
-  for (const SeqSpan& q : s.seqs) slots_[size_t(q.slot)].pos += q.T;
-}
-
-void CpuFastBackend::dump(int l, const char* site, const float* data, int64_t rows,
-                          const std::vector<int64_t>& row_shape) const {
-  if (!trace_ || !trace_->dumper) return;
-  const std::string name = site_name(l, site);
-  if (trace_->dumper->wants(name)) trace_->dumper->add(name, data, rows, row_shape);
-}
-
-void CpuFastBackend::to_host(Act a, float* dst) {
-  std::memcpy(dst, a.data, size_t(a.size()) * sizeof(float));
-}
-int64_t CpuFastBackend::first_non_finite(Act a, const StepShape&) {
-  return engine::first_non_finite(a.data, a.size());  // host memory: every row, in place
-}
-void CpuFastBackend::from_host(const float* src, Act a) {
-  std::memcpy(a.data, src, size_t(a.size()) * sizeof(float));
-}
-void CpuFastBackend::copy(Act src, Act dst) {
-  STRATA_ASSERT(src.size() == dst.size());
-  std::memcpy(dst.data, src.data, size_t(src.size()) * sizeof(float));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,17 +158,12 @@ void CpuFastBackend::glu_mlp(const float* x, const ref::GluMlp& m, float* y, int
 // Embedding (§9): bf16 rows widen exactly.
 void CpuFastBackend::embed(std::span<const int32_t> ids, Act out) {
   Timed t(prof_, FastBackendProfile::row_ops);
-  const int64_t D = c_.hidden_size;
-  for (size_t i = 0; i < ids.size(); ++i)
-    model_.weights().embed.widen_row(ids[i], out.data + int64_t(i) * D);
+  embed_rows(ids, out);
 }
 
 void CpuFastBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
   Timed t(prof_, FastBackendProfile::row_ops);
-  const auto& w = model_.weights();
-  const AttnResWeights& m = site == MixSite::output ? *w.output_res
-                            : site == MixSite::attn ? *w.layers[size_t(layer)].attn_res
-                                                    : *w.layers[size_t(layer)].mlp_res;
+  const AttnResWeights& m = mix_weights(layer, site);
   std::vector<const float*> src;
   for (const Act& a : sources) src.push_back(a.data);
   cpu::attn_res_mix_fast(src.data(), int64_t(src.size()), m.norm.data(), m.proj.data(), out.data,
@@ -216,11 +172,8 @@ void CpuFastBackend::mix(int layer, MixSite site, std::span<const Act> sources, 
 
 void CpuFastBackend::norm(int layer, NormSite site, Act x, Act out) {
   Timed t(prof_, FastBackendProfile::row_ops);
-  const auto& w = model_.weights();
-  const std::vector<float>& nw = site == NormSite::final   ? w.final_norm
-                                 : site == NormSite::input ? w.layers[size_t(layer)].input_norm
-                                                           : w.layers[size_t(layer)].post_norm;
-  cpu::kimi_rms_norm_fast(x.data, nw.data(), out.data, x.rows, x.cols, c_.rms_norm_eps);
+  cpu::kimi_rms_norm_fast(x.data, norm_weights(layer, site).data(), out.data, x.rows, x.cols,
+                          c_.rms_norm_eps);
 }
 
 void CpuFastBackend::add(Act acc, Act b) {

@@ -45,44 +45,28 @@ struct FastBackendProfile {
   static const char* name(Kind k);
 };
 
-class CpuFastBackend final : public Backend {
+class CpuFastBackend final : public CpuHostBackend {
  public:
   // Throws strata::Error for precision fp32 (the reference backend computes fp32) or options the
   // executor cannot run on this model.
   CpuFastBackend(const Model& model, BackendOptions options, int slots = 1,
                  cpu::GemvIsa isa = cpu::GemvIsa::automatic);
 
-  const char* name() const override { return name_.c_str(); }
-  const BackendOptions& options() const override { return opt_; }
-  int slots() const override { return int(slots_.size()); }
-  void reset_slot(int slot) override;
-  int64_t position(int slot) const override { return slots_[size_t(slot)].pos; }
-  uint64_t state_bytes(int slot) const override;
-  void set_trace(const Trace* t) override { trace_ = t; }
-
   void begin_step(const StepShape& s) override;
   Act alloc(int64_t rows, int64_t cols) override;
-  void commit_step(const StepShape& s) override;
 
   void embed(std::span<const int32_t> ids, Act out) override;
   void mix(int layer, MixSite site, std::span<const Act> sources, Act out) override;
-  void copy(Act src, Act dst) override;
   void norm(int layer, NormSite site, Act x, Act out) override;
   void token_mixer(int layer, const StepShape& s, Act x, Act out) override;
   void ffn(int layer, const StepShape& s, Act x, Act out) override;
   void add(Act acc, Act b) override;
   void logits(Act h, std::span<const int64_t> rows, float* out) override;
-  void to_host(Act a, float* dst) override;
-  int64_t first_non_finite(Act a, const StepShape& s) override;
-  void from_host(const float* src, Act a) override;
 
-  const KdaState* kda_state(int slot, int l) const;
-  const MlaCache* mla_cache(int slot, int l) const;
   const FastBackendProfile& profile() const { return prof_; }
   void reset_profile() { prof_ = {}; }
 
  private:
-  using Slot = CpuSeqState;
   // y [T, W.rows] = x [T, W.cols] · Wᵀ, rounded to bf16 when `round` (a GEMM output).
   void linear(const float* x, int64_t T, const WeightView& W, float* y, bool round);
   // Several linears of the same x: one fused GEMV pass for decode-sized steps.
@@ -96,17 +80,8 @@ class CpuFastBackend final : public Backend {
   void kda(int l, Slot& st, const float* x, float* out, int64_t T);
   void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);
   void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);
-  void dump(int l, const char* site, const float* data, int64_t rows,
-            const std::vector<int64_t>& row_shape) const;
 
-  const Model& model_;
-  const ModelConfig& c_;
-  BackendOptions opt_;
-  std::string name_;
   cpu::Bf16Linear lin_;
-  std::unique_ptr<ExpertExecutor> executor_;
-  std::vector<Slot> slots_;
-  const Trace* trace_ = nullptr;
   FastBackendProfile prof_;
   // Step arena: blocks handed out in order; begin_step merges them into one block sized for the
   // whole of the last step, so a warm backend allocates nothing per step.
