@@ -16,6 +16,7 @@
 #include "engine/cpu_fast_backend.h"
 #include "engine/model.h"
 #include "engine/session.h"
+#include "storage/checkpoint.h"
 #include "storage/error.h"
 #include "storage/mxfp4.h"
 #include "storage/synth.h"
@@ -212,6 +213,32 @@ TEST_CASE("experts quantize: refused for MXFP4 experts and widths not a multiple
     CHECK_THROWS_WITH(Model::load(d, quantized()),
                       Catch::Contains("expert widths 256 and 80 must be multiples of 32"));
   }
+}
+
+TEST_CASE("experts quantize: a NaN weight in an unscanned expert is named, not encoded",
+          "[engine][quantize]") {
+  const fs::path d = kimi_tiny("nan");
+  std::string name;
+  uint64_t at = 0;
+  fs::path shard;
+  {
+    Checkpoint ck(d);
+    const TensorInfo& t = *ck.expert(1, 3).w3.weight;
+    name = t.name;
+    at = t.offset + 2 * (5 * uint64_t(t.shape[1]) + 7);  // row 5, column 7
+    shard = ck.file_path(t.file);
+  }
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(at));
+    const char nan_bf16[2] = {char(0xC0), char(0x7F)};  // 0x7FC0, little endian
+    f.write(nan_bf16, 2);
+  }
+  LoadOptions lo = quantized();
+  lo.small_tensor_bytes = 0;  // the loader's scan would name it first
+  CHECK_THROWS_WITH(Model::load(d, lo), Catch::Contains("tensor " + name + ", row 5") &&
+                                            Catch::Contains("at column 7 is not finite") &&
+                                            Catch::Contains("--experts-quantize mxfp4"));
 }
 
 TEST_CASE("strata logits --experts-quantize: start-up line, bad values and --host-mem refused",
