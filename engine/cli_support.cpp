@@ -70,10 +70,25 @@ int check_thread_count(const std::string& flag, int n) {
   return n;
 }
 
+LoadOptions load_options(const InspectOptions& o) {
+  if (!o.experts_quantize.empty() && o.experts_quantize != "mxfp4")
+    throw Error("--experts-quantize: expected mxfp4, got '" + o.experts_quantize + "'");
+  LoadOptions lo;
+  lo.check_weights = o.check_weights;
+  lo.quantize_experts = o.experts_quantize == "mxfp4";
+  lo.progress = true;
+  return lo;
+}
+
 void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
                        const std::string& model_dir, const std::vector<std::string>& inputs,
                        std::vector<std::pair<std::string, std::string>> outputs) {
   parse_precision(o.precision);
+  load_options(o);  // --experts-quantize
+  if (!o.experts_quantize.empty() && offload && offload->enabled())
+    throw Error(
+        "--host-mem with --experts-quantize: the disk tier reads the checkpoint's bf16 experts; "
+        "quantized experts all stay in host memory (drop --host-mem)");
   if (o.experts_numerics != "auto") parse_expert_numerics(o.experts_numerics);
   check_device(o.device);
   check_thread_count("--threads", o.threads);

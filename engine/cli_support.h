@@ -48,8 +48,13 @@ struct InspectOptions {
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;
   std::string record_routing, replay_routing;
-  bool check_weights = false;  // scan every weight for NaN/Inf at load (LoadOptions)
+  bool check_weights = false;    // scan every weight for NaN/Inf at load (LoadOptions)
+  std::string experts_quantize;  // "mxfp4": bf16 routed experts quantized at load; empty: no
 };
+
+// The LoadOptions those options ask for (--check-weights, --experts-quantize; progress lines on).
+// Throws strata::Error for an --experts-quantize other than mxfp4.
+LoadOptions load_options(const InspectOptions& o);
 
 struct OffloadOptions;  // engine/offload_executor.h
 

@@ -397,7 +397,8 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                 "); use --device cpu");
   if (c_.num_moe_layers() > 0 && !mo.mxfp4)
     throw Error(
-        "--device gpu: routed experts must be MXFP4 (this model's are bf16); use --device cpu");
+        "--device gpu: routed experts must be MXFP4 (this model's are bf16); use "
+        "--experts-quantize mxfp4 or --device cpu");
   if (cuda_.slots < 1 || cuda_.slots > kernels::mla::kMaxSeqs)
     throw Error("--slots must be in 1.." + std::to_string(kernels::mla::kMaxSeqs));
   check(rt::set_device(cuda_.device), "cudaSetDevice");

@@ -3,12 +3,19 @@
 // in the checkpoint went unused.
 #include "engine/model.h"
 
+#include <tbb/parallel_for.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <mutex>
 
 #include "engine/finite_check.h"
-
 #include "storage/error.h"
+#include "storage/mxfp4.h"
 
 namespace strata::engine {
 
@@ -207,6 +214,15 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, LoadOptions
   m->config_ = ckpt.config();
   const ModelConfig& c = m->config_;
   const int64_t D = c.hidden_size, V = c.vocab_size;
+  if (opt.quantize_experts) {  // refused before anything is read
+    const std::string q = "--experts-quantize mxfp4: " + dir.string();
+    if (c.num_moe_layers() == 0) throw Error(q + " has no routed experts");
+    if (c.moe.mxfp4) throw Error(q + ": the routed experts are already MXFP4");
+    if (c.expert_in_dim() % mxfp4::kBlock != 0 || c.moe.intermediate_size % mxfp4::kBlock != 0)
+      throw Error(q + ": expert widths " + std::to_string(c.expert_in_dim()) + " and " +
+                  std::to_string(c.moe.intermediate_size) + " must be multiples of " +
+                  std::to_string(mxfp4::kBlock) + " (the MXFP4 block)");
+  }
   Loader ld(ckpt, opt);
   ModelWeights& w = m->weights_;
   w.embed = ld.mat(c.tensor_prefix + "embed_tokens.weight", V, D);
@@ -237,7 +253,82 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, LoadOptions
   }
   ckpt.check_all_claimed();
   m->scanned_bytes_ = ld.scanned_bytes();
+  if (opt.quantize_experts) m->quantize_experts(opt.progress);
   return m;
+}
+
+// Per MoE layer one buffer of E experts, each laid out w1 packed | w1 scales | w3 … | w2 …; the
+// expert views are repointed at it. Experts are independent: one TBB task each.
+void Model::quantize_experts(bool progress) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto secs = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  const ModelConfig& c = config_;
+  const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size, Din = c.expert_in_dim();
+  const size_t elems = size_t(I * Din);  // elements of one projection
+  const size_t proj_bytes = elems / 2 + elems / size_t(mxfp4::kBlock);
+  const size_t expert_bytes = 3 * proj_bytes;
+  std::vector<uint8_t*> base(weights_.layers.size(), nullptr);
+  std::vector<std::pair<int, int>> jobs;  // (layer, expert)
+  for (const LayerWeights& L : weights_.layers) {
+    if (!L.moe) continue;
+    quantized_.emplace_back(new uint8_t[size_t(E) * expert_bytes]);
+    base[size_t(L.index)] = quantized_.back().get();
+    quantized_bytes_ += uint64_t(E) * expert_bytes;
+    for (int e = 0; e < E; ++e) jobs.emplace_back(L.index, e);
+  }
+  const bool tty = progress && ::isatty(STDERR_FILENO);
+  std::atomic<size_t> done{0};
+  std::mutex print_mu;
+  double last_print = 0;
+  bool printed = false;
+  const std::string dir = ckpt_->dir().string();
+  tbb::parallel_for(size_t(0), jobs.size(), [&](size_t j) {
+    const auto [l, e] = jobs[j];
+    ExpertWeights& x = weights_.layers[size_t(l)].moe->experts[size_t(e)];
+    const ExpertTensors& t = ckpt_->expert(l, e);
+    uint8_t* p = base[size_t(l)] + size_t(e) * expert_bytes;
+    std::vector<float> row(size_t(std::max(I, Din)));
+    auto quantize = [&](WeightView& w, const ExpertTensors::Proj& src) {
+      uint8_t* packed = p;
+      uint8_t* scale = p + elems / 2;
+      p += proj_bytes;
+      for (int64_t r = 0; r < w.rows; ++r) {
+        w.widen_row(r, row.data());
+        try {
+          mxfp4::quantize_row(row.data(), w.cols, packed + r * w.cols / 2,
+                              scale + r * (w.cols / mxfp4::kBlock));
+        } catch (const Error& err) {  // a NaN/Inf weight (the loader scans small tensors only)
+          throw Error("checkpoint " + dir + ": tensor " + src.weight->name + ", row " +
+                      std::to_string(r) + ": " + err.what() + " (--experts-quantize mxfp4)");
+        }
+      }
+      w = WeightView::mxfp4(packed, scale, w.rows, w.cols);
+    };
+    quantize(x.w1, t.w1);
+    quantize(x.w3, t.w3);
+    quantize(x.w2, t.w2);
+    const size_t n = ++done;
+    if (!progress) return;
+    std::unique_lock<std::mutex> lk(print_mu, std::try_to_lock);
+    const double s = secs();
+    if (!lk || s < 1.0 || s - last_print < (tty ? 0.25 : 2.0)) return;
+    last_print = s;
+    printed = true;
+    std::fprintf(stderr,
+                 tty ? "\r\033[Kstrata: quantizing routed experts to MXFP4: %zu of %zu (%.0f%%), "
+                       "%.1f s"
+                     : "strata: quantizing routed experts to MXFP4: %zu of %zu (%.0f%%), %.1f s\n",
+                 n, jobs.size(), 100.0 * double(n) / double(jobs.size()), s);
+  });
+  config_.moe.mxfp4 = true;
+  quantize_s_ = secs();
+  if (!progress) return;
+  if (printed && tty) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr,
+               "strata: --experts-quantize mxfp4: %zu bf16 routed experts quantized to MXFP4 at "
+               "load: +%.3f GB of host memory, %.1f s\n",
+               jobs.size(), double(quantized_bytes_) / 1e9, quantize_s_);
 }
 
 }  // namespace strata::engine

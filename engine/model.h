@@ -99,6 +99,13 @@ struct ModelWeights {
 // checkpoint validates on open; products that overflow are caught in the activations.
 struct LoadOptions {
   bool check_weights = false;
+  // --experts-quantize mxfp4: every bf16 routed expert is quantized to MXFP4 (storage/mxfp4.h,
+  // the OCP rule) into host memory the Model owns, and config().moe.mxfp4 becomes true: from then
+  // on the model is an MXFP4 model everywhere (contract numerics, GPU expert cache, CPU contract
+  // kernels). Refused for models whose experts are already MXFP4, models without routed experts,
+  // and expert widths that are not a multiple of 32 (the MXFP4 block).
+  bool quantize_experts = false;
+  bool progress = false;  // stderr lines while quantizing (after 1 s) and one line when done
   static constexpr uint64_t kSmallTensorBytes = 4ull << 20;
   uint64_t small_tensor_bytes = kSmallTensorBytes;  // tests lower it to leave a tensor unscanned
 };
@@ -117,6 +124,12 @@ class Model {
   // Bytes of weights scanned for NaN/Inf at load.
   uint64_t scanned_weight_bytes() const { return scanned_bytes_; }
   cpu::ref::Glu glu() const;  // the GLU of every MLP/expert (SiTU β1/β2 or SiLU)
+  // LoadOptions::quantize_experts: whether the experts were quantized at load (the checkpoint's
+  // expert tensors are then bf16 and config().moe.mxfp4 is true), the host bytes they took and the
+  // seconds it took.
+  bool experts_quantized() const { return !quantized_.empty(); }
+  uint64_t quantized_expert_bytes() const { return quantized_bytes_; }
+  double quantize_seconds() const { return quantize_s_; }
 
  private:
   Model() = default;
@@ -124,6 +137,10 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   uint64_t scanned_bytes_ = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> quantized_;  // per MoE layer: its experts' MXFP4 arrays
+  uint64_t quantized_bytes_ = 0;
+  double quantize_s_ = 0;
+  void quantize_experts(bool progress);
 };
 
 }  // namespace strata::engine

@@ -155,6 +155,10 @@ OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)
     : model_(model), opt_(o) {
   check_offload_options(o, model.config());
   if (!o.enabled()) return;
+  if (model.experts_quantized())  // the store's files hold the bf16 experts, not the MXFP4 ones
+    throw Error(
+        "--host-mem with --experts-quantize: the disk tier reads the checkpoint's bf16 experts; "
+        "quantized experts all stay in host memory (drop --host-mem)");
   offload::ExpertLayout layout = offload::ExpertLayout::from_checkpoint(model.checkpoint());
   offload::StoreConfig sc;
   sc.host_budget_bytes = parse_host_mem(o.host_mem, layout.total_expert_bytes());

@@ -109,7 +109,7 @@ std::string tokens_name(int64_t n) {
 }
 
 int run(const Options& o) {
-  auto model = engine::Model::load(o.model_dir);
+  auto model = engine::Model::load(o.model_dir, engine::load_options(o.engine_opts));
   const ModelConfig& c = model->config();
   BenchReport rep("bench batch");
   int64_t longest = 0;

@@ -32,6 +32,7 @@ namespace {
 
 struct Options {
   std::string model_dir, json, device = "auto", placements = "all", hardware;
+  std::string experts_quantize;  // --experts-quantize mxfp4 (engine/cli_support.h)
   std::vector<int> batches = {1, 8};
   std::vector<int64_t> prefill = {1024, 16384};
   int64_t context = 256;
@@ -47,7 +48,9 @@ double now_s() {
 }
 
 int run(const Options& o) {
-  auto model = engine::Model::load(o.model_dir);
+  engine::InspectOptions lo;
+  lo.experts_quantize = o.experts_quantize;
+  auto model = engine::Model::load(o.model_dir, engine::load_options(lo));
   const ModelConfig& c = model->config();
   const bool tty = ::isatty(STDERR_FILENO);
   const double t0 = now_s();
@@ -69,6 +72,17 @@ int run(const Options& o) {
   // The GPU placements for --device gpu, or auto with a GPU; the CPU ones for cpu and cpu-ref.
   const bool gpu = (o.device == "gpu" || o.device == "auto") && hw.gpu.count > 0;
   std::vector<PlacementSpec> specs = offload::bench_e2e_placements(gpu, c.moe.num_experts);
+  if (model->experts_quantized()) {  // the disk tier serves the checkpoint's bf16 experts
+    std::vector<PlacementSpec> keep;
+    for (const auto& s : specs)
+      if (s.host_mem.empty())
+        keep.push_back(s);
+      else
+        std::fprintf(stderr,
+                     "bench e2e: %s: skipped (--experts-quantize keeps all in host memory)\n",
+                     s.name.c_str());
+    specs = keep;
+  }
   if (o.placements != "all") {
     std::vector<PlacementSpec> keep;
     for (const auto& s : specs)
@@ -217,6 +231,9 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   app.add_option("--json", o->json, "write the lines as JSON");
   app.add_flag("--profile", o->profile,
                "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
+  app.add_option("--experts-quantize", o->experts_quantize,
+                 "mxfp4: quantize bf16 routed experts to MXFP4 at load (placements with disk "
+                 "are skipped)");
   return [o] {
     if (o->steps < 1 || o->context < 1) throw Error("--steps and --context must be >= 1");
     std::error_code ec;

@@ -266,6 +266,7 @@ int run_batch(const BatchOptions& o, MpiJob& mpi) {
   auto effort = engine::parse_thinking_effort(o.think_effort);
   if (!effort)
     throw Error("--think-effort '" + o.think_effort + "': expected low, medium, high or max");
+  const engine::LoadOptions load = engine::load_options(o.engine_opts);  // checks its flags now
 
   int rank = mpi.rank(), ranks = mpi.ranks();
   if (!o.shard.empty()) {
@@ -306,7 +307,7 @@ int run_batch(const BatchOptions& o, MpiJob& mpi) {
   for (size_t i : mine)
     if (!out.done().count(int64_t(i) + 1)) work_left += ix.length[i];
 
-  auto model = engine::Model::load(o.model_dir);
+  auto model = engine::Model::load(o.model_dir, load);
   const ModelConfig& c = model->config();
   const engine::Tokenizer tok = engine::Tokenizer::load(o.model_dir);
   const bool chat_tokens =

@@ -27,6 +27,9 @@ void add_engine_options(CLI::App& app, engine::InspectOptions& o) {
                  "routed experts: auto (contract for MXFP4 experts, exact for bf16 experts), exact "
                  "(fp32 dequant, CPU) or contract (docs/numerics.md)")
       ->capture_default_str();
+  app.add_option("--experts-quantize", o.experts_quantize,
+                 "mxfp4: quantize bf16 routed experts to MXFP4 at load (OCP rule, into host "
+                 "memory); the model then runs as an MXFP4 model (contract numerics, GPU)");
   app.add_option("--gpu-mem", o.gpu_mem, "GPU memory budget (e.g. 60GiB; default: free - 1 GiB)");
   app.add_option("--gpu-experts", o.gpu_experts,
                  "share of each MoE layer's routed experts held in the GPU cache (e.g. 10%; "
@@ -70,8 +73,7 @@ int run_logits(const LogitsOptions& o) {
   // FIFO, or a file this command reads (the model's, --ids, --replay-routing).
   engine::check_before_load(o.inspect, &o.offload, o.model_dir, {o.ids_file},
                             {{"-o", o.out}, {"--stats-json", o.offload.stats_json}});
-  engine::LoadOptions lo;
-  lo.check_weights = o.inspect.check_weights;
+  const engine::LoadOptions lo = engine::load_options(o.inspect);
   auto model = engine::Model::load(o.model_dir, lo);
   const ModelConfig& c = model->config();
   std::vector<int32_t> ids = engine::read_ids_file(o.ids_file, c.vocab_size);

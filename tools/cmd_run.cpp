@@ -62,8 +62,7 @@ int run_generate(const RunOptions& o) {
   engine::Sampler sampler(sc);  // checks the sampling options before anything is loaded
   engine::check_before_load(o.inspect, &o.offload, o.model_dir, {o.ids_file},
                             {{"--stats-json", o.offload.stats_json}});
-  engine::LoadOptions lo;
-  lo.check_weights = o.inspect.check_weights;
+  const engine::LoadOptions lo = engine::load_options(o.inspect);
   auto model = engine::Model::load(o.model_dir, lo);
   const ModelConfig& c = model->config();
 

@@ -3,7 +3,8 @@
 // decode) with every routed expert computed by one strata::cpu::expert_ffn_contract call per
 // (token, expert) pair must be bit-identical (memcmp) to those of the fast executor, for every
 // kernel ISA this CPU runs (the others are WARN-skipped), in fp32 and bf16 precision. Models: the
-// golden k3-tiny (../shared/golden, skipped with a message when absent) and a synthetic k3-tiny.
+// golden k3-tiny (../shared/golden, skipped with a message when absent), a synthetic k3-tiny, and
+// a synthetic kimi-linear-tiny whose bf16 experts were quantized at load (--experts-quantize).
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -134,5 +135,21 @@ TEST_CASE("contract fast: synthetic k3-tiny logits equal the scalar contract, ev
   o.threads = 2;
   synth_checkpoint(o, dir);
   auto model = Model::load(dir);
+  check_fast_equals_scalar(*model);
+}
+
+TEST_CASE("contract fast: kimi-linear-tiny quantized at load equals the scalar contract, every ISA",
+          "[engine][contract][quantize]") {
+  const auto dir = test::scratch_dir("contract_fast") / "kimi-linear-tiny";
+  SynthOptions o;
+  o.preset = "kimi-linear-tiny";
+  o.seed = 12;
+  o.threads = 2;
+  o.tokenizer = false;
+  synth_checkpoint(o, dir);
+  LoadOptions lo;
+  lo.quantize_experts = true;
+  auto model = Model::load(dir, lo);
+  REQUIRE(model->experts_quantized());
   check_fast_equals_scalar(*model);
 }

@@ -172,6 +172,12 @@ inline void check_placements(const Model& model, const std::string& what, const 
   std::vector<std::vector<float>> first_logits;
   std::vector<int32_t> first_tokens;
   for (const Placement& pl : placements) {
+    if (!pl.host_mem.empty() && model.experts_quantized()) {
+      // The disk tier reads the checkpoint's bf16 experts: refused with --experts-quantize.
+      std::printf("[cuda backend %s] %s: not run (experts quantized at load stay in host memory)\n",
+                  what.c_str(), pl.name);
+      continue;
+    }
     OffloadOptions oo;
     oo.host_mem = pl.host_mem;
     OffloadRuntime offload(model, oo);

@@ -52,6 +52,14 @@ TEST_CASE("E2M1 encode: nearest, ties to even code, saturation, sign", "[mxfp4]"
     INFO("v = " << c.v);
     CHECK(int(mxfp4::e2m1_encode(c.v)) == int(c.code));
   }
+  // One ulp either side of every midpoint goes to the nearer grid value.
+  const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (int i = 0; i < 7; ++i) {
+    INFO("midpoint " << mids[i]);
+    CHECK(int(mxfp4::e2m1_encode(std::nextafter(mids[i], 0.0f))) == i);
+    CHECK(int(mxfp4::e2m1_encode(std::nextafter(mids[i], 8.0f))) == i + 1);
+    CHECK(int(mxfp4::e2m1_encode(-std::nextafter(mids[i], 8.0f))) == 8 + i + 1);
+  }
 }
 
 TEST_CASE("block scale follows the OCP floor rule and clamps to the E8M0 range", "[mxfp4]") {
