@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # CI: fuzzes the parsers of untrusted files (tests/fuzz: config.json, safetensors headers, the
 # shard index, the tokenizer files and text, routing-replay files, batch request lines). Builds
-# the libFuzzer targets
-# with Debian's clang under ASan + UBSan, writes seed corpora from real files (../shared and a
-# synthetic k3-tiny), and runs each target for FUZZ_SECONDS (default 25 s; 6 targets, so the whole
-# script stays within 5 minutes of CI with the build). Any finding — a crash, a sanitizer report,
-# a timeout, an exception other than strata::Error — fails the script; its input is left in
-# BUILD/findings/<target>/: fix the bug and keep the input under tests/fuzz/regressions/<target>/
-# (ctest replays those in every build).
+# the libFuzzer targets with Debian's clang (`scripts/install-deps.sh --ci`) under ASan + UBSan,
+# writes seed corpora from real files (../shared and a synthetic k3-tiny), and runs each target
+# for FUZZ_SECONDS (-max_total_time; default 25 s, 6 targets, so the whole script stays within
+# 5 minutes of CI with the build). Each run starts by replaying the target's kept regression
+# inputs (tests/fuzz/regressions/<target>/, given to libFuzzer as a corpus). Any finding — a crash,
+# a sanitizer report, a timeout, an exception other than strata::Error — fails the script; its
+# input is left in BUILD/findings/<target>/: fix the bug and keep the input under
+# tests/fuzz/regressions/<target>/ (ctest replays those in every build, the sanitized one too).
 # Usage: scripts/ci-fuzz.sh [build-dir]   (default build-fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ start=$(date +%s)
 build=${1:-build-fuzz}
 secs=${FUZZ_SECONDS:-25}
 targets=(config safetensors index tokenizer routing batch)
-scripts/install-deps.sh --fuzz
+scripts/install-deps.sh --ci
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -43,5 +44,6 @@ for t in "${targets[@]}"; do
   echo "ci-fuzz: fuzz_$t: $execs inputs in ${secs} s, $cov"
 done
 end=$(date +%s)
-echo "ci-fuzz: build $((built - start)) s, fuzzing $((end - built)) s, total $((end - start)) s"
+echo "ci-fuzz: build $((built - start)) s, fuzzing $((end - built)) s, total $((end - start)) s" \
+  "(load average $(cut -d' ' -f1-3 /proc/loadavg))"
 exit $status

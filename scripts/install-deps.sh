@@ -10,8 +10,15 @@ pkgs=(build-essential cmake pkg-config ninja-build git
       liburing-dev libhwloc-dev libtbb-dev libdnnl-dev ocl-icd-opencl-dev catch2
       nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
       libopenmpi-dev openmpi-bin)
-# --fuzz (scripts/ci-fuzz.sh): clang and its libFuzzer/sanitizer runtimes (a recommend of clang).
-if [ "${1:-}" = "--fuzz" ]; then pkgs+=(clang libclang-rt-14-dev); fi
+# --ci (.ci/run, scripts/ci-sanitize.sh, scripts/ci-fuzz.sh): clang for the sanitizer and fuzz
+# builds, its libFuzzer/sanitizer runtimes (libclang-rt-14-dev, only a recommend of clang) and
+# llvm-symbolizer (llvm-14, only a recommend) so sanitizer reports name files and lines.
+# --fuzz: the former name of --ci.
+case "${1:-}" in
+  "") ;;
+  --ci | --fuzz) pkgs+=(clang libclang-rt-14-dev llvm-14) ;;
+  *) echo "install-deps: unknown argument '$1' (expected nothing or --ci)" >&2; exit 1 ;;
+esac
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

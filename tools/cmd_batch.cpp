@@ -286,12 +286,8 @@ int run_batch(const BatchOptions& o, MpiJob& mpi) {
   InputIndex ix;
   index_input(o.input, ix);
   std::vector<size_t> mine;  // 0-based input lines this rank answers
-  uint64_t my_bytes = 0;
   for (size_t i = 0; i < ix.begin.size(); ++i)
-    if (int64_t(i) % ranks == rank && !ix.blank[i]) {
-      mine.push_back(i);
-      my_bytes += ix.length[i];
-    }
+    if (int64_t(i) % ranks == rank && !ix.blank[i]) mine.push_back(i);
 
   engine::JobHeader header;
   header.input = o.input;
