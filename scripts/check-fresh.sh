@@ -11,9 +11,13 @@
 # It also lists the recommends of installed packages that are not installed (install-deps.sh
 # installs without them), so a package that only a recommend pulled in on a developer's machine
 # shows up here.
+# With --ci (what .ci/run passes) it also runs `install-deps.sh --ci`, the packages of CI's
+# sanitizer and fuzz stages, and proves with three small programs that they suffice there: clang
+# builds and runs an ASan + UBSan program, its ASan report names file and line (llvm-symbolizer),
+# and a libFuzzer target links and runs. (The stages themselves run outside, in .ci/run.)
 # Not here: CUDA (not in the chroot), GPU tests, anything outside the Debian archive.
 #
-# Usage: sudo scripts/check-fresh.sh [--level configure|build|demo|test] [--worktree] [--keep]
+# Usage: sudo scripts/check-fresh.sh [--level configure|build|demo|test] [--ci] [--worktree] [--keep]
 #   --worktree  copy the working tree (tracked and untracked, not ignored) instead of HEAD
 #   --keep      leave the root in place afterwards (its path is printed)
 # Environment: STRATA_FRESH_MIRROR (default: the bookworm main URI of /etc/apt/sources.list*),
@@ -26,10 +30,12 @@ args=("$@")
 level=build
 worktree=0
 keep=0
+ci=0
 while (($#)); do
   case "$1" in
     --level) level=${2:?--level needs configure, build, demo or test}; shift 2 ;;
     --level=*) level=${1#--level=}; shift ;;
+    --ci) ci=1; shift ;;
     --worktree) worktree=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -171,6 +177,32 @@ if ! scripts/install-deps.sh >/root/install-deps.log 2>&1; then
   exit 1
 fi
 grep '^install-deps:' /root/install-deps.log
+if [ "$CI_EXTRAS" = 1 ]; then
+  step "scripts/install-deps.sh --ci (apt's output: /root/install-deps-ci.log, shown if it fails)"
+  if ! scripts/install-deps.sh --ci >/root/install-deps-ci.log 2>&1; then
+    tail -40 /root/install-deps-ci.log
+    echo "check-fresh: scripts/install-deps.sh --ci failed on a minimal Debian 12" >&2
+    exit 1
+  fi
+  grep '^install-deps:' /root/install-deps-ci.log
+  step "clang: an ASan + UBSan program, a symbolized ASan report, a libFuzzer target"
+  tc=/root/toolchain-check
+  mkdir -p "$tc"
+  printf '#include <vector>\nint main() { std::vector<int> v(4, 1); return v[3] - 1; }\n' >"$tc/ok.cpp"
+  clang++ -std=c++20 -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+    "$tc/ok.cpp" -o "$tc/ok"
+  "$tc/ok"
+  printf '#include <cstdlib>\nint main() {\n  volatile char* p = (char*)std::malloc(4);\n  return p[4];\n}\n' >"$tc/bad.cpp"
+  clang++ -g -O1 -fsanitize=address "$tc/bad.cpp" -o "$tc/bad"
+  if "$tc/bad" 2>"$tc/bad.log" || ! grep -q 'bad.cpp:4' "$tc/bad.log"; then
+    cat "$tc/bad.log"
+    echo "check-fresh: the ASan report does not name bad.cpp:4 (llvm-symbolizer missing?)" >&2
+    exit 1
+  fi
+  printf '#include <cstddef>\n#include <cstdint>\nextern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }\n' >"$tc/fuzz.cpp"
+  clang++ -O1 -fsanitize=fuzzer,address,undefined "$tc/fuzz.cpp" -o "$tc/fuzz"
+  "$tc/fuzz" -runs=1000 2>"$tc/fuzz.log" || { cat "$tc/fuzz.log"; exit 1; }
+fi
 # Recommends of installed packages that are not installed (install-deps.sh installs without
 # recommends): what a developer's machine may have that a fresh one lacks.
 step "recommended by an installed package but not installed:"
@@ -197,5 +229,5 @@ step "done"
 EOF
 say "running the README's commands in the chroot (level: $level)"
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
-  LEVEL="$level" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash /root/check.sh
-say "passed: a minimal Debian 12 root ran install-deps.sh and the README's commands to '$level'"
+  LEVEL="$level" CI_EXTRAS="$ci" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash /root/check.sh
+say "passed: a minimal Debian 12 root ran install-deps.sh$( ((ci)) && echo " (and --ci)") and the README's commands to '$level'"

@@ -32,8 +32,8 @@ built=$(date +%s)
 export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0
-# clang's runtime symbolizes stacks with llvm-symbolizer (package llvm-14, installed with --ci).
-[ -x /usr/bin/llvm-symbolizer-14 ] && export ASAN_SYMBOLIZER_PATH=/usr/bin/llvm-symbolizer-14
+# Stacks name files and lines through llvm-symbolizer (package llvm-14, installed with --ci;
+# Debian's runtime finds it in /usr/lib/llvm-14/bin; scripts/check-fresh.sh --ci proves it).
 # hwloc's PCI plugin (libpciaccess) leaks its device scan on every topology load, from a module
 # that is unloaded before exit, so no suppression can name it; CI has no GPU whose PCI locality
 # the scan would find. Not scanned here.
