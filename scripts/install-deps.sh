@@ -11,8 +11,8 @@ pkgs=(build-essential cmake pkg-config ninja-build git
       nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev
       libopenmpi-dev openmpi-bin)
 # --ci (.ci/run, scripts/ci-sanitize.sh, scripts/ci-fuzz.sh): clang for the sanitizer and fuzz
-# builds, its libFuzzer/sanitizer runtimes (libclang-rt-14-dev, only a recommend of clang) and
-# llvm-symbolizer (llvm-14, only a recommend) so sanitizer reports name files and lines.
+# builds, its libFuzzer/sanitizer runtimes (libclang-rt-14-dev) and llvm-symbolizer (llvm-14) so
+# sanitizer reports name files and lines: clang's packages only recommend those two.
 # --fuzz: the former name of --ci.
 case "${1:-}" in
   "") ;;
