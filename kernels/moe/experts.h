@@ -51,10 +51,11 @@ size_t experts_workspace_bytes(int T, int P, int H, int I);
 // the H200: GEMV wins at a mean of 4.6, IMMA at 18; docs/performance.md). Kept for the record
 // and for benches; automatic now picks GEMV or GEMM.
 inline constexpr int kImmaMinMeanPairsPerGroup = 12;
-// Mean tokens per expert from which the automatic choice takes the GEMM path. NOT YET MEASURED:
-// a first guess (the GEMM reads each expert's weights once per token tile of 16–64, the GEMV's
-// cost grows with every token); to be set from `strata bench kernels --filter moe` on the H200.
-// Like the grids, the GEMM's tile size is chosen from the host counts P and G.
+// Mean tokens per expert from which the automatic choice takes the GEMM path. Measured on the H200
+// (`strata bench kernels --filter moe`, docs/performance.md): at a mean of 1.7 (T = 64) the GEMV
+// path is 1.5x faster, at 4.6 (T = 256) the GEMM path is 1.55x faster; 4 lies between (the
+// crossing itself is not measured). Like the grids, the GEMM's tile size is chosen from the host
+// counts P and G.
 inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 
 // y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
