@@ -39,9 +39,23 @@ struct Options {
   int steps = 32;
   bool quick = false;
   bool profile = false;  // GPU time per sublayer kind (eager launches) in each line's telemetry
+  // Decode inputs: "random" draws each step's token per sequence (seeded, so runs repeat), like
+  // generated text whose routing moves from step to step; "repeat" feeds every step the same
+  // token per sequence (the protocol before 2026-12-01 21:30, whose repeated routing lets a host
+  // expert cache serve what the roofline sends to disk).
+  std::string decode_tokens = "random";
 };
 
 using PlacementSpec = offload::BenchPlacement;  // one list with `strata plan --bench-e2e`
+
+// The token sequence b reads at decode step n (Options::decode_tokens).
+int32_t decode_token(const std::string& mode, uint64_t n, int b, int64_t vocab) {
+  if (mode == "repeat") return int32_t((b * 977 + 5) % vocab);
+  uint64_t h = n * 0x9E3779B97F4A7C15ull + uint64_t(b);  // splitmix64 of (step, sequence)
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+  return int32_t((h ^ (h >> 31)) % uint64_t(vocab));
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -159,9 +173,11 @@ int run(const Options& o) {
       }
       std::vector<int32_t> tok(static_cast<size_t>(B));
       std::vector<engine::SeqChunk> chunks(static_cast<size_t>(B));
+      uint64_t step_no = 0;
       auto step = [&]() {
+        ++step_no;
         for (int b = 0; b < B; ++b) {
-          tok[size_t(b)] = int32_t((b * 977 + 5) % c.vocab_size);
+          tok[size_t(b)] = decode_token(o.decode_tokens, step_no, b, c.vocab_size);
           chunks[size_t(b)] = engine::SeqChunk{b, std::span(&tok[size_t(b)], 1), true, false};
         }
         sched.step(chunks);
@@ -229,6 +245,11 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
                  "a `strata bench hw --save` profile for the engine's cost-model decisions (the "
                  "prefill staging threshold); default: rates measured at first need");
   app.add_option("--json", o->json, "write the lines as JSON");
+  app.add_option("--decode-tokens", o->decode_tokens,
+                 "random (each step's token drawn per sequence, seeded) or repeat (the same token "
+                 "every step)")
+      ->check(CLI::IsMember({"random", "repeat"}))
+      ->capture_default_str();
   app.add_flag("--profile", o->profile,
                "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
   app.add_option("--experts-quantize", o->experts_quantize,
