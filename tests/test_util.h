@@ -10,11 +10,15 @@
 
 #include <array>
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "skip.h"
 
@@ -76,6 +80,30 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;
+}
+
+// The whole contents of a file, "" when it cannot be read (the case then fails on the content).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Writes s to p, created or replaced.
+inline void write_file(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+}
+
+// Overwrites bytes of an existing file in place (a corrupt weight, a bad header field).
+inline void poke(const std::filesystem::path& file, uint64_t offset,
+                 const std::vector<uint8_t>& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  f.seekp(std::streamoff(offset));
+  f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  REQUIRE(f);
 }
 
 // Runs the strata CLI with `args` (shell syntax) and returns its exit status and its stdout and

@@ -17,12 +17,7 @@ using namespace strata::engine;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using strata::test::slurp;
 
 void append_raw(const fs::path& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary | std::ios::app);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "cuda_backend_checks.h"
 #include "engine/schedule.h"
@@ -103,12 +102,7 @@ namespace {
 void poke_bf16_nan(const std::filesystem::path& dir, const std::string& tensor, int64_t element) {
   Checkpoint ck(dir);
   const TensorInfo& ti = ck.get(tensor);
-  std::fstream f(ck.file_path(ti.file), std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  f.seekp(std::streamoff(ti.offset + 2 * uint64_t(element)));
-  const char nan[2] = {char(0xC0), char(0x7F)};  // bf16 0x7FC0
-  f.write(nan, 2);
-  REQUIRE(f);
+  test::poke(ck.file_path(ti.file), ti.offset + 2 * uint64_t(element), {0xC0, 0x7F});  // 0x7FC0
 }
 
 // The error of a step, or "" when it passed.

@@ -72,13 +72,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-void poke(const fs::path& file, uint64_t offset, const std::vector<uint8_t>& bytes) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  f.seekp(std::streamoff(offset));
-  f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-  REQUIRE(f);
-}
+using strata::test::poke;
 
 }  // namespace
 

@@ -69,17 +69,8 @@ void require_last_line_error(const Run& r, const std::string& what) {
   CHECK_THAT(r.out.substr(at), Catch::Contains(what));
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
+using strata::test::slurp;
+using strata::test::write_file;
 
 // A synthetic k3-tiny written by the CLI (seed 3) into a directory of its own: ctest runs the
 // cases as parallel processes, so no two cases share (or delete) a model directory.
@@ -109,13 +100,7 @@ std::pair<fs::path, uint64_t> locate(const fs::path& model, const std::string& t
   return {shard, t->offset};
 }
 
-void poke(const fs::path& file, uint64_t offset, const std::vector<uint8_t>& bytes) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  REQUIRE(f);
-  f.seekp(std::streamoff(offset));
-  f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-  REQUIRE(f);
-}
+using strata::test::poke;
 
 // A model whose first shard is cut short: loading it fails, so an error about anything else
 // proves that thing was checked before the model was loaded.

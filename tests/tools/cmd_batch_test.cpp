@@ -31,17 +31,8 @@ using strata::test::run_cli;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
+using strata::test::slurp;
+using strata::test::write_file;
 
 // One k3-tiny checkpoint for all cases of this file (synth takes well under a second).
 const fs::path& tiny_model() {

@@ -20,12 +20,7 @@ struct Run {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using strata::test::slurp;
 
 Run run(const std::string& args, const fs::path& scratch) {
   const fs::path o = scratch / "stdout.txt", e = scratch / "stderr.txt";
