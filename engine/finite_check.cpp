@@ -33,41 +33,36 @@ inline bool bad16(uint16_t b) {
 }
 }  // namespace
 
-int64_t first_non_finite(const float* x, int64_t n) {
-  constexpr int64_t kBlock = 1024;
+namespace {
+// Index of the first element of x[0..n) whose bits are Inf/NaN, −1 if none: a branch-free OR
+// over each block (vectorises), the block searched only when it holds one. Bits are read with
+// memcpy (bf16 rows may be unaligned).
+template <typename Bits, bool (*Bad)(Bits), int64_t kBlock>
+int64_t first_bad(const void* x, int64_t n) {
+  const char* p = static_cast<const char*>(x);
+  auto bits = [&](int64_t i) {
+    Bits b;
+    std::memcpy(&b, p + i * int64_t(sizeof(Bits)), sizeof(Bits));
+    return b;
+  };
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int64_t i1 = std::min(n, i0 + kBlock);
     uint32_t any = 0;
-    for (int64_t i = i0; i < i1; ++i) {
-      uint32_t b;
-      std::memcpy(&b, x + i, 4);
-      any |= uint32_t(bad32(b));
-    }
+    for (int64_t i = i0; i < i1; ++i) any |= uint32_t(Bad(bits(i)));
     if (any)
       for (int64_t i = i0; i < i1; ++i)
-        if (!std::isfinite(x[i])) return i;
+        if (Bad(bits(i))) return i;
   }
   return -1;
 }
+}  // namespace
+
+int64_t first_non_finite(const float* x, int64_t n) {
+  return first_bad<uint32_t, bad32, 1024>(x, n);
+}
 
 int64_t first_non_finite_bf16(const uint16_t* x, int64_t n) {
-  constexpr int64_t kBlock = 4096;
-  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
-    const int64_t i1 = std::min(n, i0 + kBlock);
-    uint32_t any = 0;
-    for (int64_t i = i0; i < i1; ++i) {
-      uint16_t b;
-      std::memcpy(&b, x + i, 2);
-      any |= uint32_t(bad16(b));
-    }
-    if (any)
-      for (int64_t i = i0; i < i1; ++i) {
-        uint16_t b;
-        std::memcpy(&b, x + i, 2);
-        if (bad16(b)) return i;
-      }
-  }
-  return -1;
+  return first_bad<uint16_t, bad16, 4096>(x, n);
 }
 
 void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site, int64_t pos0,
