@@ -354,6 +354,22 @@ MeasuredLine make_line(std::string name, std::string shape, const RateSample& t,
 
 }  // namespace
 
+namespace {
+// The reference MLA probes' shapes (8 heads at K3's head widths) and their kv_b (bf16 ones).
+struct MlaRefProbe {
+  cpu::ref::MlaDims d;
+  std::vector<uint16_t> kvb;
+  cpu::ref::WeightView kv_b;
+  MlaRefProbe() {
+    d.H = 8, d.nope = 128, d.rope = 64, d.v = 128, d.kv_lora = 512;
+    kvb.assign(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
+    kv_b = cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
+  }
+  MlaRefProbe(const MlaRefProbe&) = delete;  // kv_b points into kvb
+  MlaRefProbe& operator=(const MlaRefProbe&) = delete;
+};
+}  // namespace
+
 HardwareProfile measure_hardware(const MeasureOptions& o) {
   HardwareProfile hw = probe_static();
   hw.description = "this machine, measured by strata bench hw" +
@@ -500,14 +516,12 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
                      "state bytes read + written"));
     }
     {
-      cpu::ref::MlaDims d;
-      d.H = 8, d.nope = 128, d.rope = 64, d.v = 128, d.kv_lora = 512;
+      const MlaRefProbe mp;
+      const cpu::ref::MlaDims& d = mp.d;
+      const cpu::ref::WeightView& kv_b = mp.kv_b;
       const int64_t S = o.quick ? 2048 : 4096;
       std::vector<float> q(size_t(d.H * d.q_dim()), 0.01f), cache(size_t(S * d.cache_dim()), 0.02f),
           out(size_t(d.H * d.v));
-      std::vector<uint16_t> kvb(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
-      const cpu::ref::WeightView kv_b =
-          cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
       RateSample s = eff(time_repeats(
           [&] {
             arena.arena().execute([&] {
@@ -554,14 +568,12 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       emit(l);
     }
     {
-      cpu::ref::MlaDims d;
-      d.H = 8, d.nope = 128, d.rope = 64, d.v = 128, d.kv_lora = 512;
+      const MlaRefProbe mp;
+      const cpu::ref::MlaDims& d = mp.d;
+      const cpu::ref::WeightView& kv_b = mp.kv_b;
       const int64_t T = o.quick ? 128 : 256;
       std::vector<float> q(size_t(T * d.H * d.q_dim()), 0.01f),
           cache(size_t(T * d.cache_dim()), 0.02f), out(size_t(T * d.H * d.v));
-      std::vector<uint16_t> kvb(size_t(d.H * (d.nope + d.v) * d.kv_lora), 0x3C00);
-      const cpu::ref::WeightView kv_b =
-          cpu::ref::WeightView::bf16(kvb.data(), d.H * (d.nope + d.v), d.kv_lora);
       RateSample s = eff(time_repeats(
           [&] {
             arena.arena().execute([&] {
