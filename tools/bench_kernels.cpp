@@ -1,6 +1,7 @@
 // `strata bench kernels`: measures the H200 peaks (D2D copy bandwidth, cuBLASLt bf16 GEMM), then
 // runs every registered kernel case (tools/bench_kernels.h) — here the KDA and MLA lines of CUDA
-// kernels I. Warm caches (the same buffers every repeat), CUDA-event timing, median of repeats.
+// kernels I and the row ops (KimiRMSNorm, AttnRes mix). Warm caches (the same buffers every
+// repeat), CUDA-event timing, median of repeats.
 //
 // Napkin (STYLE.md §17), K3 shapes on an H200 (≈ 4.3 TB/s, ≈ 800 TFLOP/s bf16):
 //   KDA decode: state 96×128×128 fp32 = 6 MiB read + written per sequence → ≥ 2.9 µs at B=1.
@@ -30,6 +31,7 @@
 #include "kernels/gpu_timer.h"
 #include "kernels/kda/kda.h"
 #include "kernels/mla/mla.h"
+#include "kernels/ops/ops.h"
 #include "kernels/peaks.h"
 #include "kernels/runtime.h"
 #endif
@@ -349,8 +351,98 @@ void bench_mla(const KernelBenchContext& ctx, BenchReport& r) {
   }
 }
 
+// ---- Row ops (kernels/ops) ---------------------------------------------------------------------
+// KimiRMSNorm and the AttnRes mix at decode row counts (T = 1, 16) and a prefill chunk (4096), in
+// the form kimi_rms_norm / attn_res_mix pick (clustered rows, kernels/ops/row_cluster.cuh) and in
+// the one-CTA-per-row form ("row-blocks": the kernels as they were before the clustered form, kept
+// for unaligned and odd shapes), so one run gives before and after on one machine. 20 calls back
+// to back per event pair (as a decode graph issues them), time per call. Bytes: every input row
+// read once, the output written once, the weight vectors once.
+
+// n fp32 values uniform in [-1, 1): 1M seeded values, tiled over the buffer by device copies.
+void fill_f32(float* d, size_t n, uint32_t seed) {
+  const auto h = uniform(std::min<size_t>(n, size_t(1) << 20), seed, -1.f, 1.f);
+  cuda_ok(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "upload");
+  for (size_t done = h.size(); done < n;) {
+    const size_t c = std::min(done, n - done);
+    cuda_ok(cudaMemcpy(d + done, d, c * 4, cudaMemcpyDeviceToDevice), "tile");
+    done += c;
+  }
+}
+
+void bench_ops(const KernelBenchContext& ctx, BenchReport& r) {
+  namespace ops = kernels::ops;
+  constexpr int kCalls = 20;
+  auto line = [&](const std::string& name, const std::string& shape, double bytes,
+                  const std::function<void()>& call, bool blocks) {
+    BenchLine l;
+    l.name = name + (blocks ? " row-blocks" : "");
+    l.shape = shape;
+    auto run = [&] {
+      for (int i = 0; i < kCalls; i++) call();
+    };
+    l.time = stats(kernels::gpu_time(run, nullptr, ctx.repeats, 2));
+    l.time.median_s /= kCalls, l.time.min_s /= kCalls, l.time.max_s /= kCalls;
+    l.bytes = bytes;
+    l.peak_name = "D2D copy (measured)";
+    l.peak = ctx.copy_gbps;
+    l.note = fmt("%.2f us per call (x20 back to back)", l.time.median_s * 1e6);
+    l.note += blocks ? ", one CTA per row (before)" : ", clustered rows";
+    r.add(l);
+  };
+  struct N {
+    int64_t T, D;
+  };
+  const std::vector<N> norms =
+      ctx.quick ? std::vector<N>{{1, 7168}} : std::vector<N>{{1, 7168}, {16, 7168}, {4096, 7168},
+                                                             {1, 3584}, {16, 3584}, {4096, 3584}};
+  for (const N& c : norms) {
+    Dev x(size_t(c.T * c.D) * 4), w(size_t(c.D) * 4), y(size_t(c.T * c.D) * 4);
+    fill_f32(x.as<float>(), size_t(c.T * c.D), 31);
+    fill_f32(w.as<float>(), size_t(c.D), 32);
+    for (bool blocks : {false, true}) {
+      auto call = [&] {
+        ok((blocks ? ops::kimi_rms_norm_row_blocks : ops::kimi_rms_norm)(
+               x.as<float>(), w.as<float>(), y.as<float>(), c.T, c.D, 1e-5f, true, nullptr),
+           "kimi_rms_norm");
+      };
+      line("ops/kimi_rms_norm T=" + std::to_string(c.T) + " D=" + std::to_string(c.D),
+           "fp32 rows, bf16 rounding points", double(2 * c.T * c.D + c.D) * 4, call, blocks);
+    }
+  }
+  struct A {
+    int S;
+    int64_t T, D;
+  };
+  const std::vector<A> mixes =
+      ctx.quick ? std::vector<A>{{10, 1, 7168}}
+                : std::vector<A>{{10, 1, 7168},    {9, 1, 7168},  {10, 16, 7168},
+                                 {10, 4096, 7168}, {10, 1, 3584}, {10, 16, 3584}};
+  for (const A& c : mixes) {
+    const size_t rows = size_t(c.T * c.D);
+    Dev src(rows * c.S * 4), nw(size_t(c.D) * 4), pw(size_t(c.D) * 4), out(rows * 4);
+    fill_f32(src.as<float>(), rows * c.S, 33);
+    fill_f32(nw.as<float>(), size_t(c.D), 34);
+    fill_f32(pw.as<float>(), size_t(c.D), 35);
+    ops::AttnResSources S;
+    S.n = c.S;
+    for (int i = 0; i < c.S; i++) S.src[i] = src.as<float>() + rows * i;
+    for (bool blocks : {false, true}) {
+      auto call = [&] {
+        ok((blocks ? ops::attn_res_mix_row_blocks : ops::attn_res_mix)(
+               S, nw.as<float>(), pw.as<float>(), out.as<float>(), c.T, c.D, 1e-5f, true, nullptr),
+           "attn_res_mix");
+      };
+      line("ops/attn_res_mix T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) +
+               " S=" + std::to_string(c.S),
+           "fp32 sources, softmax over S", double(rows * (c.S + 1) + 2 * c.D) * 4, call, blocks);
+    }
+  }
+}
+
 STRATA_KERNEL_BENCH("kda", bench_kda);
 STRATA_KERNEL_BENCH("mla", bench_mla);
+STRATA_KERNEL_BENCH("ops", bench_ops);
 STRATA_KERNEL_BENCH("moe", [](const KernelBenchContext& ctx, BenchReport& r) {
   bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops);
 });
@@ -364,7 +456,7 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
   auto quick = std::make_shared<bool>(false);
   app.add_option("--json", *json, "also write the lines as JSON to this file");
   app.add_option("--filter", *filter,
-                 "run only the cases whose name contains this (kda, mla, moe)");
+                 "run only the cases whose name contains this (kda, mla, moe, ops)");
   app.add_option("--repeats", *repeats, "timed repeats per line (default 10)")
       ->check(CLI::Range(1, 1000));
   app.add_flag("--quick", *quick, "small shapes (a smoke run)");

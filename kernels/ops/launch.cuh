@@ -50,6 +50,25 @@ Status launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream
   return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...) in clusters of `cluster` CTAs along x (sm_90;
+// grid.x a multiple of cluster, cluster ≤ 8, the portable limit).
+template <typename... Params, typename... Args>
+Status launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster,
+                        void* stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = as_stream(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;

@@ -1,10 +1,14 @@
 // KimiRMSNorm, L2 norm and the gated per-head RMSNorm (spec/model.md §3) — see kernels/ops/ops.h.
-// One thread block per row; the block size follows D (32 threads for head vectors of 128, 256 for
-// hidden rows of 7168), so short rows do not idle a large block.
+// KimiRMSNorm of aligned rows of ≥ 256 floats (a multiple of 4) runs in the clustered row form
+// (kernels/ops/row_cluster.cuh: a row over up to 8 SMs, held in registers, read once). Everything
+// else — odd or short D, unaligned pointers, and L2 / gated norms, which the model runs on head
+// vectors of 128 with T·96 rows, already many blocks — is one thread block per row, the block
+// size following D (32 threads for head vectors of 128, 256 for hidden rows of 7168).
 #include <cuda_runtime.h>
 
 #include "kernels/ops/launch.cuh"
 #include "kernels/ops/ops.h"
+#include "kernels/ops/row_cluster.cuh"
 #include "storage/bf16.h"
 
 namespace strata::kernels::ops {
@@ -39,6 +43,50 @@ __global__ void kimi_rms_norm_kernel(const float* x, const float* w, float* out,
     float y = __fmul_rn(xr[i], r);
     yr[i] = rb ? round_bf16(__fmul_rn(w[i], round_bf16(y))) : __fmul_rn(w[i], y);
   }
+}
+
+// Clustered form: each thread's VEC float4s of x and w in registers; the sum of squares over the
+// cluster; y = x·r, then w·y with the same rounding points as the one-block form.
+template <int VEC>
+__global__ void __launch_bounds__(detail::kRowThreads)
+    kimi_rms_norm_cluster_kernel(const float* x, const float* w, float* out, int64_t D, float eps,
+                                 bool rb) {
+  __shared__ float part[detail::kRowWarps][1];
+  __shared__ float cta_ss[1], total[1];
+  const unsigned rank = detail::cluster_ctarank(), C = detail::cluster_nctarank();
+  const int64_t row = blockIdx.x / C;
+  const int64_t d4 = D / 4;
+  const float4* xr = reinterpret_cast<const float4*>(x + row * D);
+  const float4* wr = reinterpret_cast<const float4*>(w);
+  float4* yr = reinterpret_cast<float4*>(out + row * D);
+  float4 xv[VEC], wv[VEC];
+  int64_t j[VEC];
+  bool in[VEC];
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int k = 0; k < VEC; k++) {
+    in[k] = detail::row_slot(rank, C, d4, k, j[k]);
+    xv[k] = in[k] ? xr[j[k]] : zero;
+    wv[k] = in[k] ? wr[j[k]] : zero;
+  }
+  float ss[1] = {0.0f};
+#pragma unroll
+  for (int k = 0; k < VEC; k++) ss[0] = detail::sum_sq4(ss[0], xv[k]);
+  detail::block_sums<1>(ss, 1, part, cta_ss);
+  detail::cluster_totals(C, cta_ss, 1, total);
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total[0], float(D)), eps)));
+  detail::cluster_arrive();  // done reading other CTAs' shared memory
+  auto one = [&](float xi, float wi) {
+    const float y = __fmul_rn(xi, r);
+    return rb ? round_bf16(__fmul_rn(wi, round_bf16(y))) : __fmul_rn(wi, y);
+  };
+#pragma unroll
+  for (int k = 0; k < VEC; k++) {
+    if (in[k])
+      yr[j[k]] = make_float4(one(xv[k].x, wv[k].x), one(xv[k].y, wv[k].y), one(xv[k].z, wv[k].z),
+                             one(xv[k].w, wv[k].w));
+  }
+  detail::cluster_wait();  // no CTA leaves while another may still read its cta_ss
 }
 
 __global__ void l2_norm_kernel(const float* x, float* out, int64_t D, float eps, bool rb) {
@@ -76,6 +124,21 @@ Status check_rows(int64_t rows, int64_t D) {
 
 Status kimi_rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t D, float eps,
                      bool round_bf16, void* stream) {
+  if (Status s = check_rows(rows, D); !s.ok()) return s;
+  if (rows == 0) return {};
+  const detail::RowSplit sp = detail::row_split(D, 4, 256);
+  if (sp.cluster == 0 || !detail::aligned16(x) || !detail::aligned16(w) ||
+      !detail::aligned16(out) || rows > 0x7fffffff / sp.cluster)
+    return kimi_rms_norm_row_blocks(x, w, out, rows, D, eps, round_bf16, stream);
+  auto* k = sp.vec == 1   ? kimi_rms_norm_cluster_kernel<1>
+            : sp.vec == 2 ? kimi_rms_norm_cluster_kernel<2>
+                          : kimi_rms_norm_cluster_kernel<4>;
+  return detail::launch_clustered(k, dim3(unsigned(rows * sp.cluster)), dim3(detail::kRowThreads),
+                                  unsigned(sp.cluster), stream, x, w, out, D, eps, round_bf16);
+}
+
+Status kimi_rms_norm_row_blocks(const float* x, const float* w, float* out, int64_t rows, int64_t D,
+                                float eps, bool round_bf16, void* stream) {
   if (Status s = check_rows(rows, D); !s.ok()) return s;
   if (rows == 0) return {};
   kimi_rms_norm_kernel<<<unsigned(rows), threads_for(D), 0, detail::as_stream(stream)>>>(

@@ -22,6 +22,12 @@ namespace strata::kernels::ops {
 // x, out: [rows, D] (may alias); w: [D].
 Status kimi_rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t D, float eps,
                      bool round_bf16, void* stream);
+// Rows of ≥ 256 floats (a multiple of 4, 16-byte aligned pointers) run spread over a cluster of up
+// to 8 CTAs; otherwise, and always in the _row_blocks form (kept callable for `strata bench
+// kernels`' before/after lines and the op-check), one CTA per row. The two differ only in fp32
+// summation order; either way a row's result does not depend on the row count.
+Status kimi_rms_norm_row_blocks(const float* x, const float* w, float* out, int64_t rows, int64_t D,
+                                float eps, bool round_bf16, void* stream);
 
 // L2 norm (§3.3): out = x·rsqrt(Σx² + eps); round_bf16 rounds the output once. [rows, D].
 Status l2_norm(const float* x, float* out, int64_t rows, int64_t D, float eps, bool round_bf16,
@@ -43,6 +49,11 @@ struct AttnResSources {
 };
 Status attn_res_mix(const AttnResSources& sources, const float* norm_w, const float* proj_w,
                     float* out, int64_t T, int64_t D, float eps, bool round_bf16, void* stream);
+// As kimi_rms_norm: clustered rows where D allows (≥ 256, a multiple of 4, ≤ 16384, aligned
+// pointers), else, and always here, one CTA per token.
+Status attn_res_mix_row_blocks(const AttnResSources& sources, const float* norm_w,
+                               const float* proj_w, float* out, int64_t T, int64_t D, float eps,
+                               bool round_bf16, void* stream);
 
 // GLUs (§8), elementwise over n: SiTU out = (β1·tanh(g/β1)·sigmoid(g))·(β2·tanh(u/β2)) (β2 ≤ 0:
 // the up factor is u); SiLU out = g·sigmoid(g)·u. round_bf16 rounds out once. out may alias g/u.

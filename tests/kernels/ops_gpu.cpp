@@ -166,6 +166,101 @@ TEST_CASE("ops gpu: AttnRes mix over block snapshots", "[gpu]") {
   CHECK_FALSE(ops::attn_res_mix(none, nullptr, nullptr, nullptr, 1, 8, 1e-5f, false, nullptr).ok());
 }
 
+// The clustered row form (kernels/ops/row_cluster.cuh) at decode row counts and the widths that
+// pick each split (7168: 8 CTAs, 3584: 4, 512 and 260: 1 with idle threads, 12288: 2 float4s per
+// thread): against the oracle; a row alone gives the bits it gets among 16 rows (the split depends
+// on D only); in place equals out of place; the one-CTA-per-row form (the fallback for unaligned
+// pointers, also callable directly) against the oracle, and an unaligned call takes it.
+TEST_CASE("ops gpu: clustered KimiRMSNorm and AttnRes rows at decode row counts", "[gpu]") {
+  strata::test::skip_without_gpu();
+  const int T = 16, one = 5;  // the row also run alone
+  for (int D : {7168, 3584, 512, 260, 12288}) {
+    for (bool bf : {false, true}) {
+      INFO("KimiRMSNorm rows " << T << " D " << D << " bf16 " << bf);
+      Rng r{uint64_t(D) * 5 + bf};
+      auto x = r.normals(size_t(T) * D, 2.0f, bf);
+      auto w = r.normals(size_t(D), 1.0f, true);
+      std::vector<float> want(x.size());
+      ref::kimi_rms_norm(x.data(), w.data(), want.data(), T, D, 1e-5f,
+                         bf ? ref::Precision::bf16 : ref::Precision::fp32);
+      DeviceBuffer dx = DeviceBuffer::from(x), dw = DeviceBuffer::from(w), dy(x.size() * 4),
+                   dy1(size_t(D) * 4), dyb(x.size() * 4);
+      REQUIRE(ops::kimi_rms_norm(dx.as<float>(), dw.as<float>(), dy.as<float>(), T, D, 1e-5f, bf,
+                                 nullptr)
+                  .ok());
+      auto got = dy.to_vector<float>(x.size());
+      check_nmse(got, want, bf ? kNmseBf16 : kNmseF32);
+      REQUIRE(ops::kimi_rms_norm(dx.as<float>() + size_t(one) * D, dw.as<float>(), dy1.as<float>(),
+                                 1, D, 1e-5f, bf, nullptr)
+                  .ok());
+      CHECK(std::memcmp(dy1.to_vector<float>(size_t(D)).data(), got.data() + size_t(one) * D,
+                        size_t(D) * 4) == 0);
+      REQUIRE(ops::kimi_rms_norm_row_blocks(dx.as<float>(), dw.as<float>(), dyb.as<float>(), T, D,
+                                            1e-5f, bf, nullptr)
+                  .ok());
+      auto blocks = dyb.to_vector<float>(x.size());
+      check_nmse(blocks, want, bf ? kNmseBf16 : kNmseF32);
+      // Unaligned rows (x shifted by one float) fall back to the one-CTA form: its bits exactly.
+      std::vector<float> xs(1, 0.0f);
+      xs.insert(xs.end(), x.begin(), x.end());
+      DeviceBuffer dxs = DeviceBuffer::from(xs), dys(xs.size() * 4);
+      REQUIRE(ops::kimi_rms_norm(dxs.as<float>() + 1, dw.as<float>(), dys.as<float>() + 1, T, D,
+                                 1e-5f, bf, nullptr)
+                  .ok());
+      auto shifted = dys.to_vector<float>(x.size() + 1);
+      CHECK(std::memcmp(shifted.data() + 1, blocks.data(), x.size() * 4) == 0);
+      // In place (the engine normalises the MLA latents in place).
+      REQUIRE(ops::kimi_rms_norm(dx.as<float>(), dw.as<float>(), dx.as<float>(), T, D, 1e-5f, bf,
+                                 nullptr)
+                  .ok());
+      CHECK(std::memcmp(dx.to_vector<float>(x.size()).data(), got.data(), x.size() * 4) == 0);
+    }
+  }
+  struct S {
+    int n, T, D;
+  };
+  for (S sh : {S{10, 16, 7168}, S{9, 16, 3584}, S{16, 2, 12288}, S{3, 7, 260}}) {
+    for (bool bf : {false, true}) {
+      INFO("AttnRes sources " << sh.n << " T " << sh.T << " D " << sh.D << " bf16 " << bf);
+      Rng r{uint64_t(sh.n * 1000 + sh.D) + bf};
+      std::vector<std::vector<float>> src;
+      for (int i = 0; i < sh.n; i++) src.push_back(r.normals(size_t(sh.T) * sh.D, 1.0f + i, bf));
+      auto nw = r.normals(size_t(sh.D), 1.0f, true);
+      auto pw = r.normals(size_t(sh.D), 0.05f, true);
+      std::vector<const float*> sp;
+      for (auto& v : src) sp.push_back(v.data());
+      const size_t n = size_t(sh.T) * sh.D;
+      std::vector<float> want(n);
+      ref::attn_res_mix(sp.data(), sh.n, nw.data(), pw.data(), want.data(), sh.T, sh.D, 1e-5f,
+                        bf ? ref::Precision::bf16 : ref::Precision::fp32);
+      std::vector<DeviceBuffer> dsrc;
+      ops::AttnResSources all, row;
+      all.n = row.n = sh.n;
+      for (int i = 0; i < sh.n; i++) {
+        dsrc.push_back(DeviceBuffer::from(src[size_t(i)]));
+        all.src[i] = dsrc.back().as<float>();
+        row.src[i] = all.src[i] + size_t(sh.T / 2) * sh.D;
+      }
+      DeviceBuffer dnw = DeviceBuffer::from(nw), dpw = DeviceBuffer::from(pw), dout(n * 4),
+                   d1(size_t(sh.D) * 4), dblk(n * 4);
+      REQUIRE(ops::attn_res_mix(all, dnw.as<float>(), dpw.as<float>(), dout.as<float>(), sh.T, sh.D,
+                                1e-5f, bf, nullptr)
+                  .ok());
+      auto got = dout.to_vector<float>(n);
+      check_nmse(got, want, bf ? kNmseBf16 : kNmseF32);
+      REQUIRE(ops::attn_res_mix(row, dnw.as<float>(), dpw.as<float>(), d1.as<float>(), 1, sh.D,
+                                1e-5f, bf, nullptr)
+                  .ok());
+      CHECK(std::memcmp(d1.to_vector<float>(size_t(sh.D)).data(),
+                        got.data() + size_t(sh.T / 2) * sh.D, size_t(sh.D) * 4) == 0);
+      REQUIRE(ops::attn_res_mix_row_blocks(all, dnw.as<float>(), dpw.as<float>(), dblk.as<float>(),
+                                           sh.T, sh.D, 1e-5f, bf, nullptr)
+                  .ok());
+      check_nmse(dblk.to_vector<float>(n), want, bf ? kNmseBf16 : kNmseF32);
+    }
+  }
+}
+
 TEST_CASE("ops gpu: SiTU and SiLU GLUs, separate and fused gate|up", "[gpu]") {
   strata::test::skip_without_gpu();
   const int T = 3;
