@@ -199,9 +199,36 @@ struct CudaBackend::Impl {
   void* half_free[2] = {nullptr, nullptr};  // main stream: the experts of half h computed
   void* copies_done = nullptr;
   int stage_threshold = -1;  // resolved lazily (−1: not yet)
+  // Promotions (CudaBackendOptions::promote). cache_base: slot s is at cache_base + s ·
+  // expert_bytes (one layout for every expert, so a slot's view never changes). heat[l]: decayed
+  // routing counts of MoE layer l's experts, empty for layers with nothing to promote (every
+  // expert resident, or none). A batch goes decided (victims out of the cache, `promo_after`
+  // recorded on the main stream after the last step that may read them) → copying (one expert
+  // per MoE routing wait: host copy into promo_pin[i], DMA on promote_stream after promo_after)
+  // → in flight (promo_done recorded) → switched in at the first commit_step whose query sees
+  // promo_done complete; only then may the next batch be decided, so promo_pin is free again.
+  struct Promotion {
+    int layer;
+    int32_t expert, victim, slot;
+  };
+  uint8_t* cache_base = nullptr;
+  std::vector<std::vector<float>> heat;
+  std::vector<Promotion> promo;  // the current batch (capacity promote_max)
+  size_t promo_copied = 0;
+  enum class PromoState { idle, decided, in_flight } promo_state = PromoState::idle;
+  uint64_t promo_steps = 0;
+  int promote_max = 0;  // 0: promotions off
+  char* promo_pin = nullptr;
+  void* promote_stream = nullptr;
+  void* promo_after = nullptr;
+  void* promo_done = nullptr;
   ~Impl() {
-    for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done})
+    if (promote_stream) rt::stream_sync(promote_stream);  // its DMA reads promo_pin
+    for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done, promo_after,
+                    promo_done})
       rt::event_destroy(e);
+    rt::pinned_free(promo_pin);
+    if (promote_stream) rt::stream_destroy(promote_stream);
     rt::pinned_free(stage_pin);
     rt::pinned_free(pinned);
     if (copy_stream) rt::stream_destroy(copy_stream);
@@ -520,6 +547,12 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     }
   }
   const int64_t per_layer = c_.num_moe_layers() > 0 ? cache_slots / c_.num_moe_layers() : 0;
+  // Promotions need a partial cache (slots to take, experts outside them) and a pinned buffer of
+  // promote_max experts.
+  const bool promote =
+      cuda_.promote && per_layer > 0 && per_layer < E && cuda_.promote_interval > 0;
+  const int promote_max = promote ? std::max(1, cuda_.promote_max) : 0;
+  const uint64_t promo_pinned = uint64_t(promote_max) * im.expert_bytes;
   budget_.push_back("GPU " + kernels::cuda_device_description(cuda_.device) + ": budget " +
                     gib(double(budget)) +
                     (cuda_.gpu_mem_bytes ? " (--gpu-mem)" : " (free - 1 GiB)"));
@@ -543,7 +576,11 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                     std::to_string(cuda_.max_context) + ")");
   budget_.push_back("  step arena + workspaces   " + gib(double(arena)) + " (" + std::to_string(R) +
                     " rows per step)");
-  budget_.push_back("host: pinned staging " + gib(double(pinned)) +
+  budget_.push_back("host: pinned staging " + gib(double(pinned)) + ", promotions " +
+                    gib(double(promo_pinned)) +
+                    (promote ? " (" + std::to_string(promote_max) + " experts every " +
+                                   std::to_string(cuda_.promote_interval) + " steps)"
+                             : std::string(" (off)")) +
                     "; experts not in the GPU cache are computed by the CPU from host memory");
 
   // ---- Uploads ----
@@ -638,10 +675,11 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     }
   }
   // Expert cache: per MoE layer the first per_layer experts of a fixed per-layer permutation
-  // (random-weight routers are uniform; a live-statistics policy is future work).
+  // (random-weight routers are uniform); promote_poll moves hot experts in from routing statistics.
   if (per_layer > 0) {
     const size_t total_cache = size_t(per_layer * c_.num_moe_layers()) * im.expert_bytes;
     auto* base = static_cast<uint8_t*>(up.device(total_cache, "GPU expert cache"));
+    im.cache_base = base;
     uint64_t done = 0;
     const double t0 = now_s();
     for (int l = 0; l < nl; ++l) {
@@ -706,6 +744,22 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
       if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
   }
   if (cuda_.stage_threshold > 0) im.stage_threshold = cuda_.stage_threshold;
+  // Promotions: counts for the layers with experts on both sides, the pinned buffer, the stream.
+  if (promote) {
+    im.heat.resize(size_t(nl));
+    for (int l = 0; l < nl; ++l)
+      if (!im.layers[size_t(l)].moe.gpu_slot.empty() && !im.layers[size_t(l)].moe.all_resident)
+        im.heat[size_t(l)].assign(size_t(E), 0.0f);
+    im.promote_max = promote_max;
+    im.promo.reserve(size_t(promote_max));
+    std::string why_pin;
+    im.promo_pin = static_cast<char*>(rt::pinned_alloc(promo_pinned, &why_pin));
+    if (!im.promo_pin) throw Error("CUDA backend: cannot allocate pinned promotions: " + why_pin);
+    im.promote_stream = rt::stream_create();
+    if (!im.promote_stream) throw Error("CUDA backend: cannot create a stream");
+    for (void** e : {&im.promo_after, &im.promo_done})
+      if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
+  }
   // Step arena and pinned staging.
   im.arena.base = static_cast<char*>(up.device(arena, "step arena"));
   im.arena.cap = arena;
@@ -778,7 +832,8 @@ std::string CudaBackend::telemetry_line() const {
                 "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
                 "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
                 "%.3f s (per step %.3f / %.3f ms) | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu "
-                "captured, %llu launched | MoE layer-steps grouped on the GPU %llu",
+                "captured, %llu launched | MoE layer-steps grouped on the GPU %llu | promotions "
+                "%llu (%.3f GB, host copy %.3f s)",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
@@ -786,7 +841,8 @@ std::string CudaBackend::telemetry_line() const {
                 tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.cpu_expert_s * per,
                 tel_.sync_wait_s * per, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9,
                 (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches,
-                (unsigned long long)tel_.device_group_layers);
+                (unsigned long long)tel_.device_group_layers, (unsigned long long)tel_.promotions,
+                tel_.promote_bytes / 1e9, tel_.promote_copy_s);
   std::string line = b;
   if (prof_ && prof_->steps) {
     const Profile& p = *prof_;
@@ -824,7 +880,10 @@ std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() cons
           {"d2h_gb", tel_.d2h_bytes / 1e9},
           {"graph_captures", double(tel_.graph_captures)},
           {"graph_launches", double(tel_.graph_launches)},
-          {"device_group_layers", double(tel_.device_group_layers)}};
+          {"device_group_layers", double(tel_.device_group_layers)},
+          {"promotions", double(tel_.promotions)},
+          {"promote_gb", tel_.promote_bytes / 1e9},
+          {"promote_host_copy_s", tel_.promote_copy_s}};
 }
 
 void CudaBackend::reset_slot(int slot) {
@@ -984,6 +1043,7 @@ void CudaBackend::commit_step(const StepShape& s) {
     g.entry = nullptr;
   }
   for (const SeqSpan& q : s.seqs) pos_[size_t(q.slot)] += q.T;
+  promote_poll();
   if (prof_) {
     Profile& p = *prof_;
     void* end = p.take();
@@ -992,6 +1052,101 @@ void CudaBackend::commit_step(const StepShape& s) {
     for (const Profile::Mark& m : p.marks) p.ms[m.kind] += rt::event_elapsed_ms(m.a, m.b);
     p.span_ms += rt::event_elapsed_ms(p.step_a, end);
     ++p.steps;
+  }
+}
+
+// Promotions (CudaBackendOptions::promote; the states in Impl). Called at every commit_step, when
+// the step's work is enqueued and no graph capture is open.
+void CudaBackend::promote_poll() {
+  Impl& im = *impl_;
+  if (im.promote_max == 0) return;
+  using PS = Impl::PromoState;
+  if (im.promo_state == PS::in_flight) {  // switch in a batch whose copies are done, never wait
+    bool done = false;
+    check(rt::event_query(im.promo_done, &done), "promotion");
+    if (done) {
+      for (const Impl::Promotion& p : im.promo) {
+        im.layers[size_t(p.layer)].moe.gpu_slot[size_t(p.expert)] = p.slot;
+        ++tel_.promotions;
+        tel_.promote_bytes += double(im.expert_bytes);
+      }
+      im.promo.clear();
+      im.promo_state = PS::idle;
+    }
+  }
+  if (++im.promo_steps % uint64_t(cuda_.promote_interval) != 0) return;
+  if (im.promo_state == PS::idle) {
+    // Per layer: the non-resident experts by count (hottest first) against the resident ones
+    // (coldest first), paired in order while the hot one beats its victim by the margin; then the
+    // pairs with the largest gains over all layers, at most promote_max.
+    struct Cand {
+      float gain;
+      Impl::Promotion p;
+    };
+    std::vector<Cand> cands;
+    std::vector<int32_t> hot, cold;
+    const float m = float(1.0 + std::max(0.0, cuda_.promote_margin));
+    for (size_t l = 0; l < im.heat.size(); ++l) {
+      const std::vector<float>& h = im.heat[l];
+      if (h.empty()) continue;
+      const std::vector<int32_t>& slot = im.layers[l].moe.gpu_slot;
+      hot.clear();
+      cold.clear();
+      for (int32_t e = 0; e < int32_t(slot.size()); ++e)
+        (slot[size_t(e)] < 0 ? hot : cold).push_back(e);
+      const size_t n = std::min({hot.size(), cold.size(), size_t(im.promote_max)});
+      auto by = [&](bool hottest) {
+        return [&h, hottest](int32_t a, int32_t b) {
+          const float x = h[size_t(a)], y = h[size_t(b)];
+          return x != y ? (hottest ? x > y : x < y) : a < b;
+        };
+      };
+      std::partial_sort(hot.begin(), hot.begin() + int64_t(n), hot.end(), by(true));
+      std::partial_sort(cold.begin(), cold.begin() + int64_t(n), cold.end(), by(false));
+      for (size_t i = 0; i < n; ++i) {
+        const float hh = h[size_t(hot[i])], hc = h[size_t(cold[i])];
+        if (!(hh > m * hc + 1.0f)) break;
+        cands.push_back({hh - hc, {int(l), hot[i], cold[i], slot[size_t(cold[i])]}});
+      }
+    }
+    std::stable_sort(cands.begin(), cands.end(),
+                     [](const Cand& a, const Cand& b) { return a.gain > b.gain; });
+    for (size_t i = 0; i < cands.size() && int(i) < im.promote_max; ++i) {
+      const Impl::Promotion& p = cands[i].p;
+      // The victim leaves the cache now: later steps compute it on the CPU, so only work already
+      // enqueued (before promo_after) may read its slot.
+      im.layers[size_t(p.layer)].moe.gpu_slot[size_t(p.victim)] = -1;
+      im.promo.push_back(p);
+    }
+    if (!im.promo.empty()) {
+      check(rt::event_record(im.promo_after, im.stream), "promotion");
+      im.promo_copied = 0;
+      im.promo_state = PS::decided;
+    }
+  }
+  for (std::vector<float>& h : im.heat)  // a half-life of one interval
+    for (float& x : h) x *= 0.5f;
+}
+
+void CudaBackend::promote_copy_one() {
+  Impl& im = *impl_;
+  if (im.promo_state != Impl::PromoState::decided) return;
+  const size_t i = im.promo_copied;
+  const Impl::Promotion& p = im.promo[i];
+  if (i == 0) check(rt::stream_wait(im.promote_stream, im.promo_after), "promotion");
+  const ExpertWeights& ew = model_.weights().layers[size_t(p.layer)].moe->experts[size_t(p.expert)];
+  char* pin = im.promo_pin + i * im.expert_bytes;
+  const double t0 = now_s();
+  for_each_part(
+      ew, [&](const uint8_t* src, size_t n, size_t off) { parallel_copy(pin + off, src, n); });
+  tel_.promote_copy_s += now_s() - t0;
+  check(rt::copy_async(im.cache_base + size_t(p.slot) * im.expert_bytes, pin, im.expert_bytes,
+                       im.promote_stream),
+        "promotion DMA");
+  tel_.h2d_bytes += double(im.expert_bytes);
+  if (++im.promo_copied == im.promo.size()) {
+    check(rt::event_record(im.promo_done, im.promote_stream), "promotion");
+    im.promo_state = Impl::PromoState::in_flight;
   }
 }
 
@@ -1443,6 +1598,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   }
   impl_->finite_downloaded = finite_sites_.size();  // replayed segments download it too
   eager_point();
+  // The GPU runs the router now: the host's time for one promoted expert's copy (if any).
+  promote_copy_one();
   double t0 = now_s();
   check(rt::stream_sync(im.stream), "routing");
   tel_.sync_wait_s += now_s() - t0;
@@ -1471,6 +1628,9 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   // staging threshold's tokens is copied host → GPU and run there (prefill); the rest run on the
   // CPU. Pair rows: resident [0, Pr), staged [Pr, Pr + Ps), CPU after.
   std::vector<ExpertTask> tasks = group_by_expert(r);
+  if (!im.heat.empty() && !im.heat[size_t(l)].empty())
+    for (const ExpertTask& t : tasks)
+      im.heat[size_t(l)][size_t(t.expert)] += float(t.tokens.size());
   std::vector<const ExpertTask*> resident, staged;
   std::vector<ExpertTask> cpu_tasks;
   int max_tokens = 0;

@@ -53,6 +53,17 @@ struct CudaBackendOptions {
   // GPU time per sublayer kind from timing events around each backend call (eager launches: it
   // turns CUDA graphs off), in the telemetry line — where a step's GPU time goes.
   bool profile = false;
+  // Promotions into the GPU expert cache (issue 18 item 5), in MoE layers with part of their
+  // experts resident: the host keeps decayed routing counts per expert (halved every interval);
+  // every `promote_interval` steps the hottest non-resident experts whose count beats the coldest
+  // resident's by `promote_margin` (count > (1 + margin) · victim's + 1) take the victims' slots,
+  // at most `promote_max` per interval. The copy runs on its own stream after the work that may
+  // still read the victim, and the expert is switched in only once a non-blocking query at a later
+  // step sees it done (meanwhile both run on the CPU): no step waits for it, no bit changes.
+  bool promote = true;
+  int promote_interval = 16;  // steps between decisions
+  int promote_max = 4;        // promotions per decision (the pinned buffer holds as many experts)
+  double promote_margin = 0.5;
 };
 
 // Step telemetry (summed over steps; reset by the caller reading it).
@@ -66,6 +77,9 @@ struct CudaTelemetry {
   double stage_copy_s = 0;                          // host time copying experts into pinned slots
   uint64_t graph_captures = 0, graph_launches = 0;  // CUDA graph segments captured / replayed
   uint64_t device_group_layers = 0;  // MoE layer-steps routed → grouped on the device
+  uint64_t promotions = 0;           // experts switched into the GPU cache (copies completed)
+  double promote_bytes = 0;          // bytes those copies moved host → GPU
+  double promote_copy_s = 0;         // host time copying promoted experts into pinned memory
   uint64_t steps = 0;
 };
 
@@ -156,6 +170,11 @@ class CudaBackend final : public Backend {
   void finite_download();
   void finite_verdict();
   void moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const float* shared, Act out);
+  // Promotions (CudaBackendOptions::promote): promote_poll switches in a completed batch and, at
+  // an interval, decides the next (commit_step); promote_copy_one moves one decided expert into
+  // the pinned buffer and enqueues its DMA (at a MoE layer's routing wait, while the GPU works).
+  void promote_poll();
+  void promote_copy_one();
 };
 
 }  // namespace strata::engine
