@@ -12,14 +12,18 @@
 #include "engine/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include <tbb/parallel_for.h>
 
@@ -202,27 +206,45 @@ struct CudaBackend::Impl {
   // Promotions (CudaBackendOptions::promote). cache_base: slot s is at cache_base + s ·
   // expert_bytes (one layout for every expert, so a slot's view never changes). heat[l]: decayed
   // routing counts of MoE layer l's experts, empty for layers with nothing to promote (every
-  // expert resident, or none). A batch goes decided (victims out of the cache, `promo_after`
-  // recorded on the main stream after the last step that may read them) → copying (one expert
-  // per MoE routing wait: host copy into promo_pin[i], DMA on promote_stream after promo_after)
-  // → in flight (promo_done recorded) → switched in at the first commit_step whose query sees
-  // promo_done complete; only then may the next batch be decided, so promo_pin is free again.
+  // expert resident, or none). A batch goes: decided at a commit_step (victims out of gpu_slot,
+  // `promo_after` recorded on the main stream after the last work that may read their slots,
+  // the batch handed to the worker thread) → copied by the worker (host copy of each expert into
+  // promo_pin[i], its DMA on promote_stream after promo_after, then promo_done recorded; a
+  // checkpoint page read from disk delays the worker, not the step) → switched into gpu_slot at
+  // the first commit_step that sees the worker finished and promo_done complete (non-blocking
+  // query); only then may the next batch be decided, so promo_pin and `promo` are free again.
   struct Promotion {
     int layer;
     int32_t expert, victim, slot;
   };
   uint8_t* cache_base = nullptr;
   std::vector<std::vector<float>> heat;
-  std::vector<Promotion> promo;  // the current batch (capacity promote_max)
-  size_t promo_copied = 0;
-  enum class PromoState { idle, decided, in_flight } promo_state = PromoState::idle;
+  std::vector<Promotion> promo;  // the current batch (capacity promote_max); empty: none
   uint64_t promo_steps = 0;
   int promote_max = 0;  // 0: promotions off
   char* promo_pin = nullptr;
   void* promote_stream = nullptr;
   void* promo_after = nullptr;
   void* promo_done = nullptr;
+  // The worker: woken with promo_job, it sets promo_finished (release) when the batch's copies
+  // are enqueued, with promo_error and promo_copy_s written before.
+  std::thread promo_thread;
+  std::mutex promo_mu;
+  std::condition_variable promo_cv;
+  bool promo_job = false, promo_quit = false;  // under promo_mu
+  std::atomic<bool> promo_finished{false};
+  std::string promo_error;
+  double promo_copy_s = 0;
+  void promote_worker(const Model& model, int device);
   ~Impl() {
+    if (promo_thread.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(promo_mu);
+        promo_quit = true;
+      }
+      promo_cv.notify_all();
+      promo_thread.join();
+    }
     if (promote_stream) rt::stream_sync(promote_stream);  // its DMA reads promo_pin
     for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done, promo_after,
                     promo_done})
@@ -759,6 +781,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     if (!im.promote_stream) throw Error("CUDA backend: cannot create a stream");
     for (void** e : {&im.promo_after, &im.promo_done})
       if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
+    Impl* ip = &im;
+    const Model* mp = &model;
+    const int dev = cuda_.device;
+    im.promo_thread = std::thread([ip, mp, dev] { ip->promote_worker(*mp, dev); });
   }
   // Step arena and pinned staging.
   im.arena.base = static_cast<char*>(up.device(arena, "step arena"));
@@ -1060,8 +1086,9 @@ void CudaBackend::commit_step(const StepShape& s) {
 void CudaBackend::promote_poll() {
   Impl& im = *impl_;
   if (im.promote_max == 0) return;
-  using PS = Impl::PromoState;
-  if (im.promo_state == PS::in_flight) {  // switch in a batch whose copies are done, never wait
+  // Switch in a batch whose copies are done; never wait for one.
+  if (!im.promo.empty() && im.promo_finished.load(std::memory_order_acquire)) {
+    if (!im.promo_error.empty()) throw Error("CUDA backend: promotion: " + im.promo_error);
     bool done = false;
     check(rt::event_query(im.promo_done, &done), "promotion");
     if (done) {
@@ -1069,13 +1096,14 @@ void CudaBackend::promote_poll() {
         im.layers[size_t(p.layer)].moe.gpu_slot[size_t(p.expert)] = p.slot;
         ++tel_.promotions;
         tel_.promote_bytes += double(im.expert_bytes);
+        tel_.h2d_bytes += double(im.expert_bytes);
       }
+      tel_.promote_copy_s += im.promo_copy_s;
       im.promo.clear();
-      im.promo_state = PS::idle;
     }
   }
   if (++im.promo_steps % uint64_t(cuda_.promote_interval) != 0) return;
-  if (im.promo_state == PS::idle) {
+  if (im.promo.empty()) {
     // Per layer: the non-resident experts by count (hottest first) against the resident ones
     // (coldest first), paired in order while the hot one beats its victim by the margin; then the
     // pairs with the largest gains over all layers, at most promote_max.
@@ -1120,33 +1148,56 @@ void CudaBackend::promote_poll() {
     }
     if (!im.promo.empty()) {
       check(rt::event_record(im.promo_after, im.stream), "promotion");
-      im.promo_copied = 0;
-      im.promo_state = PS::decided;
+      im.promo_finished.store(false, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lk(im.promo_mu);
+        im.promo_job = true;
+      }
+      im.promo_cv.notify_one();
     }
   }
   for (std::vector<float>& h : im.heat)  // a half-life of one interval
     for (float& x : h) x *= 0.5f;
 }
 
-void CudaBackend::promote_copy_one() {
-  Impl& im = *impl_;
-  if (im.promo_state != Impl::PromoState::decided) return;
-  const size_t i = im.promo_copied;
-  const Impl::Promotion& p = im.promo[i];
-  if (i == 0) check(rt::stream_wait(im.promote_stream, im.promo_after), "promotion");
-  const ExpertWeights& ew = model_.weights().layers[size_t(p.layer)].moe->experts[size_t(p.expert)];
-  char* pin = im.promo_pin + i * im.expert_bytes;
-  const double t0 = now_s();
-  for_each_part(
-      ew, [&](const uint8_t* src, size_t n, size_t off) { parallel_copy(pin + off, src, n); });
-  tel_.promote_copy_s += now_s() - t0;
-  check(rt::copy_async(im.cache_base + size_t(p.slot) * im.expert_bytes, pin, im.expert_bytes,
-                       im.promote_stream),
-        "promotion DMA");
-  tel_.h2d_bytes += double(im.expert_bytes);
-  if (++im.promo_copied == im.promo.size()) {
-    check(rt::event_record(im.promo_done, im.promote_stream), "promotion");
-    im.promo_state = Impl::PromoState::in_flight;
+// The worker thread of promotions: per batch, each expert's arrays from host memory (the mmapped
+// checkpoint, possibly read from disk now, or experts quantized at load) into its pinned buffer
+// with one plain memcpy (the TBB workers belong to the CPU experts of the steps meanwhile), then
+// its DMA into the victim's slot on promote_stream, ordered after promo_after.
+void CudaBackend::Impl::promote_worker(const Model& model, int device) {
+  const kernels::Status dev = rt::set_device(device);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(promo_mu);
+      promo_cv.wait(lk, [&] { return promo_job || promo_quit; });
+      if (promo_quit) return;
+      promo_job = false;
+    }
+    std::string err = dev.ok() ? "" : std::string("cudaSetDevice: ") + dev.message;
+    const double t0 = now_s();
+    try {
+      if (err.empty()) {
+        check(rt::stream_wait(promote_stream, promo_after), "promotion");
+        for (size_t i = 0; i < promo.size(); ++i) {
+          const Promotion& p = promo[i];
+          const ExpertWeights& ew =
+              model.weights().layers[size_t(p.layer)].moe->experts[size_t(p.expert)];
+          char* pin = promo_pin + i * expert_bytes;
+          for_each_part(ew, [&](const uint8_t* src, size_t n, size_t off) {
+            std::memcpy(pin + off, src, n);
+          });
+          check(rt::copy_async(cache_base + size_t(p.slot) * expert_bytes, pin, expert_bytes,
+                               promote_stream),
+                "promotion DMA");
+        }
+        check(rt::event_record(promo_done, promote_stream), "promotion");
+      }
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    promo_error = err;
+    promo_copy_s = now_s() - t0;
+    promo_finished.store(true, std::memory_order_release);
   }
 }
 
@@ -1598,8 +1649,6 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   }
   impl_->finite_downloaded = finite_sites_.size();  // replayed segments download it too
   eager_point();
-  // The GPU runs the router now: the host's time for one promoted expert's copy (if any).
-  promote_copy_one();
   double t0 = now_s();
   check(rt::stream_sync(im.stream), "routing");
   tel_.sync_wait_s += now_s() - t0;

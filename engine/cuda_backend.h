@@ -6,7 +6,8 @@
 // kernels from host memory (the mmapped checkpoint, or the tiered host cache + disk through the
 // wrap_executor hook) while the GPU does the resident experts and the shared experts; all expert
 // outputs meet in one buffer and one merge kernel sums them in expert-id order, so where an expert
-// ran changes speed, never a bit (DESIGN decision 7).
+// ran changes speed, never a bit (DESIGN decision 7). Experts the routing keeps choosing are
+// promoted into the GPU cache off the step's path (CudaBackendOptions::promote).
 //
 // Numerics: bf16 with the rounding points of spec §12.2, routed experts under the integer
 // contract. fp32 or exact numerics are the CPU reference's (engine/cpu_backend.h): refused here.
@@ -79,7 +80,7 @@ struct CudaTelemetry {
   uint64_t device_group_layers = 0;  // MoE layer-steps routed → grouped on the device
   uint64_t promotions = 0;           // experts switched into the GPU cache (copies completed)
   double promote_bytes = 0;          // bytes those copies moved host → GPU
-  double promote_copy_s = 0;         // host time copying promoted experts into pinned memory
+  double promote_copy_s = 0;         // worker-thread time copying them (off the step's path)
   uint64_t steps = 0;
 };
 
@@ -170,11 +171,9 @@ class CudaBackend final : public Backend {
   void finite_download();
   void finite_verdict();
   void moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const float* shared, Act out);
-  // Promotions (CudaBackendOptions::promote): promote_poll switches in a completed batch and, at
-  // an interval, decides the next (commit_step); promote_copy_one moves one decided expert into
-  // the pinned buffer and enqueues its DMA (at a MoE layer's routing wait, while the GPU works).
+  // Promotions (CudaBackendOptions::promote), at every commit_step: switches in a batch whose
+  // copies are seen done and, at an interval, decides the next (copied by a worker thread).
   void promote_poll();
-  void promote_copy_one();
 };
 
 }  // namespace strata::engine
