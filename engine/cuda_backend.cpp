@@ -28,6 +28,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/finite_check.h"
+#include "engine/promotion.h"
 #include "engine/routing.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/kda/kda.h"
@@ -1104,47 +1105,15 @@ void CudaBackend::promote_poll() {
   }
   if (++im.promo_steps % uint64_t(cuda_.promote_interval) != 0) return;
   if (im.promo.empty()) {
-    // Per layer: the non-resident experts by count (hottest first) against the resident ones
-    // (coldest first), paired in order while the hot one beats its victim by the margin; then the
-    // pairs with the largest gains over all layers, at most promote_max.
-    struct Cand {
-      float gain;
-      Impl::Promotion p;
-    };
-    std::vector<Cand> cands;
-    std::vector<int32_t> hot, cold;
-    const float m = float(1.0 + std::max(0.0, cuda_.promote_margin));
-    for (size_t l = 0; l < im.heat.size(); ++l) {
-      const std::vector<float>& h = im.heat[l];
-      if (h.empty()) continue;
-      const std::vector<int32_t>& slot = im.layers[l].moe.gpu_slot;
-      hot.clear();
-      cold.clear();
-      for (int32_t e = 0; e < int32_t(slot.size()); ++e)
-        (slot[size_t(e)] < 0 ? hot : cold).push_back(e);
-      const size_t n = std::min({hot.size(), cold.size(), size_t(im.promote_max)});
-      auto by = [&](bool hottest) {
-        return [&h, hottest](int32_t a, int32_t b) {
-          const float x = h[size_t(a)], y = h[size_t(b)];
-          return x != y ? (hottest ? x > y : x < y) : a < b;
-        };
-      };
-      std::partial_sort(hot.begin(), hot.begin() + int64_t(n), hot.end(), by(true));
-      std::partial_sort(cold.begin(), cold.begin() + int64_t(n), cold.end(), by(false));
-      for (size_t i = 0; i < n; ++i) {
-        const float hh = h[size_t(hot[i])], hc = h[size_t(cold[i])];
-        if (!(hh > m * hc + 1.0f)) break;
-        cands.push_back({hh - hc, {int(l), hot[i], cold[i], slot[size_t(cold[i])]}});
-      }
-    }
-    std::stable_sort(cands.begin(), cands.end(),
-                     [](const Cand& a, const Cand& b) { return a.gain > b.gain; });
-    for (size_t i = 0; i < cands.size() && int(i) < im.promote_max; ++i) {
-      const Impl::Promotion& p = cands[i].p;
+    std::vector<const std::vector<int32_t>*> slots(im.layers.size());
+    for (size_t l = 0; l < slots.size(); ++l) slots[l] = &im.layers[l].moe.gpu_slot;
+    for (const PromotionPick& p :
+         pick_promotions(im.heat, slots, im.promote_max, cuda_.promote_margin)) {
+      std::vector<int32_t>& slot = im.layers[size_t(p.layer)].moe.gpu_slot;
+      im.promo.push_back({p.layer, p.expert, p.victim, slot[size_t(p.victim)]});
       // The victim leaves the cache now: later steps compute it on the CPU, so only work already
       // enqueued (before promo_after) may read its slot.
-      im.layers[size_t(p.layer)].moe.gpu_slot[size_t(p.victim)] = -1;
-      im.promo.push_back(p);
+      slot[size_t(p.victim)] = -1;
     }
     if (!im.promo.empty()) {
       check(rt::event_record(im.promo_after, im.stream), "promotion");

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Device run for promotions into the GPU expert cache (issue 18 item 5; engine/cuda_backend.cpp
-# promote_poll / promote_copy_one), on the H200 from the repository root:
+# promote_poll and the promotion worker), on the H200 from the repository root:
 #   bash scripts/device-promote.sh [build|test|all]   (default all; logs under $OUT)
 # build: build-gpu (Release, Ninja if present), targets strata and test_engine, -j16.
 # test:  the promotion case alone first (its printed lines: promotions, bytes, expert pairs on
