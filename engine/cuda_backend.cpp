@@ -860,7 +860,7 @@ std::string CudaBackend::telemetry_line() const {
                 "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
                 "%.3f s (per step %.3f / %.3f ms) | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu "
                 "captured, %llu launched | MoE layer-steps grouped on the GPU %llu | promotions "
-                "%llu (%.3f GB, host copy %.3f s)",
+                "%llu (%.3f GB, worker copy %.3f s)",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
@@ -910,7 +910,7 @@ std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() cons
           {"device_group_layers", double(tel_.device_group_layers)},
           {"promotions", double(tel_.promotions)},
           {"promote_gb", tel_.promote_bytes / 1e9},
-          {"promote_host_copy_s", tel_.promote_copy_s}};
+          {"promote_copy_s", tel_.promote_copy_s}};
 }
 
 void CudaBackend::reset_slot(int slot) {

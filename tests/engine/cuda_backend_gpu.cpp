@@ -136,7 +136,7 @@ TEST_CASE("cuda backend: promotions into the GPU expert cache change no bit and 
       for (const auto& [k, v] : gb.telemetry_values())
         if (k == "promotions") promotions_value = v;
     std::printf(
-        "[cuda backend k3-mini, 10%% GPU] promotions %s: %llu promoted (%.3f MB, host copy %.4f "
+        "[cuda backend k3-mini, 10%% GPU] promotions %s: %llu promoted (%.3f MB, worker copy %.4f "
         "s); expert pairs GPU %llu, CPU %llu\n  %s\n",
         on ? "on" : "off", (unsigned long long)tel[on].promotions, tel[on].promote_bytes / 1e6,
         tel[on].promote_copy_s, (unsigned long long)tel[on].gpu_expert_pairs,
