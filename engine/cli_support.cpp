@@ -91,6 +91,7 @@ void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
         "quantized experts all stay in host memory (drop --host-mem)");
   if (o.experts_numerics != "auto") parse_expert_numerics(o.experts_numerics);
   check_device(o.device);
+  gpu_promote_interval(o.gpu_promote);
   check_thread_count("--threads", o.threads);
   if (o.stop_after_layer < -1)
     throw Error("--stop-after-layer " + std::to_string(o.stop_after_layer) +
@@ -126,6 +127,16 @@ void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
       if (s == abs) throw Error(flag + " " + path + ": another output option writes the same file");
     seen.push_back(abs);
   }
+}
+
+int gpu_promote_interval(const std::string& v) {
+  if (v == "off") return 0;
+  if (v == "on") return CudaBackendOptions{}.promote_interval;
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || !end || *end || n < 1 || n > 1000000)
+    throw Error("--gpu-promote: expected on, off or a step interval 1..1000000, got '" + v + "'");
+  return int(n);
 }
 
 SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c, PositionRange positions)
@@ -190,6 +201,9 @@ std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const Sessio
     co.hardware_file = in_.hardware;
     co.cuda_graphs = !in_.no_cuda_graphs;
     co.profile = in_.profile;
+    const int promote = gpu_promote_interval(in_.gpu_promote);
+    co.promote = promote > 0;
+    if (promote > 0) co.promote_interval = promote;
     if (!in_.gpu_mem.empty()) co.gpu_mem_bytes = parse_size(in_.gpu_mem, 0, "--gpu-mem");
     if (!in_.gpu_experts.empty()) {
       const std::string& g = in_.gpu_experts;

@@ -29,6 +29,9 @@ std::vector<int32_t> read_ids_file(const std::filesystem::path& file, int vocab_
 int check_thread_count(const std::string& flag, int n);
 // --device: auto, cpu, cpu-ref or gpu (throws strata::Error naming the flag otherwise).
 void check_device(const std::string& d);
+// --gpu-promote: on (the default interval), off (0) or a step interval N ≥ 1; the interval in
+// steps, 0 for off. Throws strata::Error naming the flag otherwise.
+int gpu_promote_interval(const std::string& v);
 
 // The options every forward-running command accepts, as parsed by CLI11.
 struct InspectOptions {
@@ -44,7 +47,9 @@ struct InspectOptions {
   std::string hardware;         // a `strata bench hw --save` profile for the cost model's decisions
   bool no_cuda_graphs = false;  // decode steps with eager launches (for comparisons)
   bool profile = false;         // GPU time per sublayer kind (CudaBackendOptions::profile)
-  int threads = 0;              // 0: all cores
+  // Promotions into the GPU expert cache: on (every 16 steps), off, or a step interval N ≥ 1.
+  std::string gpu_promote = "on";
+  int threads = 0;  // 0: all cores
   std::string dump_dir, dump_sites = ".*";
   int stop_after_layer = -1;
   std::string record_routing, replay_routing;

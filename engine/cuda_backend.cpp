@@ -12,18 +12,23 @@
 #include "engine/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include <tbb/parallel_for.h>
 
 #include "engine/finite_check.h"
+#include "engine/promotion.h"
 #include "engine/routing.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/kda/kda.h"
@@ -199,9 +204,54 @@ struct CudaBackend::Impl {
   void* half_free[2] = {nullptr, nullptr};  // main stream: the experts of half h computed
   void* copies_done = nullptr;
   int stage_threshold = -1;  // resolved lazily (−1: not yet)
+  // Promotions (CudaBackendOptions::promote). cache_base: slot s is at cache_base + s ·
+  // expert_bytes (one layout for every expert, so a slot's view never changes). heat[l]: decayed
+  // routing counts of MoE layer l's experts, empty for layers with nothing to promote (every
+  // expert resident, or none). A batch goes: decided at a commit_step (victims out of gpu_slot,
+  // `promo_after` recorded on the main stream after the last work that may read their slots,
+  // the batch handed to the worker thread) → copied by the worker (host copy of each expert into
+  // promo_pin[i], its DMA on promote_stream after promo_after, then promo_done recorded; a
+  // checkpoint page read from disk delays the worker, not the step) → switched into gpu_slot at
+  // the first commit_step that sees the worker finished and promo_done complete (non-blocking
+  // query); only then may the next batch be decided, so promo_pin and `promo` are free again.
+  struct Promotion {
+    int layer;
+    int32_t expert, victim, slot;
+  };
+  uint8_t* cache_base = nullptr;
+  std::vector<std::vector<float>> heat;
+  std::vector<Promotion> promo;  // the current batch (capacity promote_max); empty: none
+  uint64_t promo_steps = 0;
+  int promote_max = 0;  // 0: promotions off
+  char* promo_pin = nullptr;
+  void* promote_stream = nullptr;
+  void* promo_after = nullptr;
+  void* promo_done = nullptr;
+  // The worker: woken with promo_job, it sets promo_finished (release) when the batch's copies
+  // are enqueued, with promo_error and promo_copy_s written before.
+  std::thread promo_thread;
+  std::mutex promo_mu;
+  std::condition_variable promo_cv;
+  bool promo_job = false, promo_quit = false;  // under promo_mu
+  std::atomic<bool> promo_finished{false};
+  std::string promo_error;
+  double promo_copy_s = 0;
+  void promote_worker(const Model& model, int device);
   ~Impl() {
-    for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done})
+    if (promo_thread.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(promo_mu);
+        promo_quit = true;
+      }
+      promo_cv.notify_all();
+      promo_thread.join();
+    }
+    if (promote_stream) rt::stream_sync(promote_stream);  // its DMA reads promo_pin
+    for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done, promo_after,
+                    promo_done})
       rt::event_destroy(e);
+    rt::pinned_free(promo_pin);
+    if (promote_stream) rt::stream_destroy(promote_stream);
     rt::pinned_free(stage_pin);
     rt::pinned_free(pinned);
     if (copy_stream) rt::stream_destroy(copy_stream);
@@ -520,6 +570,12 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     }
   }
   const int64_t per_layer = c_.num_moe_layers() > 0 ? cache_slots / c_.num_moe_layers() : 0;
+  // Promotions need a partial cache (slots to take, experts outside them) and a pinned buffer of
+  // promote_max experts.
+  const bool promote =
+      cuda_.promote && per_layer > 0 && per_layer < E && cuda_.promote_interval > 0;
+  const int promote_max = promote ? std::max(1, cuda_.promote_max) : 0;
+  const uint64_t promo_pinned = uint64_t(promote_max) * im.expert_bytes;
   budget_.push_back("GPU " + kernels::cuda_device_description(cuda_.device) + ": budget " +
                     gib(double(budget)) +
                     (cuda_.gpu_mem_bytes ? " (--gpu-mem)" : " (free - 1 GiB)"));
@@ -543,7 +599,11 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                     std::to_string(cuda_.max_context) + ")");
   budget_.push_back("  step arena + workspaces   " + gib(double(arena)) + " (" + std::to_string(R) +
                     " rows per step)");
-  budget_.push_back("host: pinned staging " + gib(double(pinned)) +
+  budget_.push_back("host: pinned staging " + gib(double(pinned)) + ", promotions " +
+                    gib(double(promo_pinned)) +
+                    (promote ? " (" + std::to_string(promote_max) + " experts every " +
+                                   std::to_string(cuda_.promote_interval) + " steps)"
+                             : std::string(" (off)")) +
                     "; experts not in the GPU cache are computed by the CPU from host memory");
 
   // ---- Uploads ----
@@ -638,10 +698,11 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     }
   }
   // Expert cache: per MoE layer the first per_layer experts of a fixed per-layer permutation
-  // (random-weight routers are uniform; a live-statistics policy is future work).
+  // (random-weight routers are uniform); promote_poll moves hot experts in from routing statistics.
   if (per_layer > 0) {
     const size_t total_cache = size_t(per_layer * c_.num_moe_layers()) * im.expert_bytes;
     auto* base = static_cast<uint8_t*>(up.device(total_cache, "GPU expert cache"));
+    im.cache_base = base;
     uint64_t done = 0;
     const double t0 = now_s();
     for (int l = 0; l < nl; ++l) {
@@ -706,6 +767,26 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
       if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
   }
   if (cuda_.stage_threshold > 0) im.stage_threshold = cuda_.stage_threshold;
+  // Promotions: counts for the layers with experts on both sides, the pinned buffer, the stream.
+  if (promote) {
+    im.heat.resize(size_t(nl));
+    for (int l = 0; l < nl; ++l)
+      if (!im.layers[size_t(l)].moe.gpu_slot.empty() && !im.layers[size_t(l)].moe.all_resident)
+        im.heat[size_t(l)].assign(size_t(E), 0.0f);
+    im.promote_max = promote_max;
+    im.promo.reserve(size_t(promote_max));
+    std::string why_pin;
+    im.promo_pin = static_cast<char*>(rt::pinned_alloc(promo_pinned, &why_pin));
+    if (!im.promo_pin) throw Error("CUDA backend: cannot allocate pinned promotions: " + why_pin);
+    im.promote_stream = rt::stream_create();
+    if (!im.promote_stream) throw Error("CUDA backend: cannot create a stream");
+    for (void** e : {&im.promo_after, &im.promo_done})
+      if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
+    Impl* ip = &im;
+    const Model* mp = &model;
+    const int dev = cuda_.device;
+    im.promo_thread = std::thread([ip, mp, dev] { ip->promote_worker(*mp, dev); });
+  }
   // Step arena and pinned staging.
   im.arena.base = static_cast<char*>(up.device(arena, "step arena"));
   im.arena.cap = arena;
@@ -778,7 +859,8 @@ std::string CudaBackend::telemetry_line() const {
                 "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
                 "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
                 "%.3f s (per step %.3f / %.3f ms) | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu "
-                "captured, %llu launched | MoE layer-steps grouped on the GPU %llu",
+                "captured, %llu launched | MoE layer-steps grouped on the GPU %llu | promotions "
+                "%llu (%.3f GB, worker copy %.3f s)",
                 (unsigned long long)tel_.steps,
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
@@ -786,7 +868,8 @@ std::string CudaBackend::telemetry_line() const {
                 tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.cpu_expert_s * per,
                 tel_.sync_wait_s * per, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9,
                 (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches,
-                (unsigned long long)tel_.device_group_layers);
+                (unsigned long long)tel_.device_group_layers, (unsigned long long)tel_.promotions,
+                tel_.promote_bytes / 1e9, tel_.promote_copy_s);
   std::string line = b;
   if (prof_ && prof_->steps) {
     const Profile& p = *prof_;
@@ -824,7 +907,10 @@ std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() cons
           {"d2h_gb", tel_.d2h_bytes / 1e9},
           {"graph_captures", double(tel_.graph_captures)},
           {"graph_launches", double(tel_.graph_launches)},
-          {"device_group_layers", double(tel_.device_group_layers)}};
+          {"device_group_layers", double(tel_.device_group_layers)},
+          {"promotions", double(tel_.promotions)},
+          {"promote_gb", tel_.promote_bytes / 1e9},
+          {"promote_copy_s", tel_.promote_copy_s}};
 }
 
 void CudaBackend::reset_slot(int slot) {
@@ -984,6 +1070,7 @@ void CudaBackend::commit_step(const StepShape& s) {
     g.entry = nullptr;
   }
   for (const SeqSpan& q : s.seqs) pos_[size_t(q.slot)] += q.T;
+  promote_poll();
   if (prof_) {
     Profile& p = *prof_;
     void* end = p.take();
@@ -992,6 +1079,94 @@ void CudaBackend::commit_step(const StepShape& s) {
     for (const Profile::Mark& m : p.marks) p.ms[m.kind] += rt::event_elapsed_ms(m.a, m.b);
     p.span_ms += rt::event_elapsed_ms(p.step_a, end);
     ++p.steps;
+  }
+}
+
+// Promotions (CudaBackendOptions::promote; the states in Impl). Called at every commit_step, when
+// the step's work is enqueued and no graph capture is open.
+void CudaBackend::promote_poll() {
+  Impl& im = *impl_;
+  if (im.promote_max == 0) return;
+  // Switch in a batch whose copies are done; never wait for one.
+  if (!im.promo.empty() && im.promo_finished.load(std::memory_order_acquire)) {
+    if (!im.promo_error.empty()) throw Error("CUDA backend: promotion: " + im.promo_error);
+    bool done = false;
+    check(rt::event_query(im.promo_done, &done), "promotion");
+    if (done) {
+      for (const Impl::Promotion& p : im.promo) {
+        im.layers[size_t(p.layer)].moe.gpu_slot[size_t(p.expert)] = p.slot;
+        ++tel_.promotions;
+        tel_.promote_bytes += double(im.expert_bytes);
+        tel_.h2d_bytes += double(im.expert_bytes);
+      }
+      tel_.promote_copy_s += im.promo_copy_s;
+      im.promo.clear();
+    }
+  }
+  if (++im.promo_steps % uint64_t(cuda_.promote_interval) != 0) return;
+  if (im.promo.empty()) {
+    std::vector<const std::vector<int32_t>*> slots(im.layers.size());
+    for (size_t l = 0; l < slots.size(); ++l) slots[l] = &im.layers[l].moe.gpu_slot;
+    for (const PromotionPick& p :
+         pick_promotions(im.heat, slots, im.promote_max, cuda_.promote_margin)) {
+      std::vector<int32_t>& slot = im.layers[size_t(p.layer)].moe.gpu_slot;
+      im.promo.push_back({p.layer, p.expert, p.victim, slot[size_t(p.victim)]});
+      // The victim leaves the cache now: later steps compute it on the CPU, so only work already
+      // enqueued (before promo_after) may read its slot.
+      slot[size_t(p.victim)] = -1;
+    }
+    if (!im.promo.empty()) {
+      check(rt::event_record(im.promo_after, im.stream), "promotion");
+      im.promo_finished.store(false, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lk(im.promo_mu);
+        im.promo_job = true;
+      }
+      im.promo_cv.notify_one();
+    }
+  }
+  for (std::vector<float>& h : im.heat)  // a half-life of one interval
+    for (float& x : h) x *= 0.5f;
+}
+
+// The worker thread of promotions: per batch, each expert's arrays from host memory (the mmapped
+// checkpoint, possibly read from disk now, or experts quantized at load) into its pinned buffer
+// with one plain memcpy (the TBB workers belong to the CPU experts of the steps meanwhile), then
+// its DMA into the victim's slot on promote_stream, ordered after promo_after.
+void CudaBackend::Impl::promote_worker(const Model& model, int device) {
+  const kernels::Status dev = rt::set_device(device);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(promo_mu);
+      promo_cv.wait(lk, [&] { return promo_job || promo_quit; });
+      if (promo_quit) return;
+      promo_job = false;
+    }
+    std::string err = dev.ok() ? "" : std::string("cudaSetDevice: ") + dev.message;
+    const double t0 = now_s();
+    try {
+      if (err.empty()) {
+        check(rt::stream_wait(promote_stream, promo_after), "promotion");
+        for (size_t i = 0; i < promo.size(); ++i) {
+          const Promotion& p = promo[i];
+          const ExpertWeights& ew =
+              model.weights().layers[size_t(p.layer)].moe->experts[size_t(p.expert)];
+          char* pin = promo_pin + i * expert_bytes;
+          for_each_part(ew, [&](const uint8_t* src, size_t n, size_t off) {
+            std::memcpy(pin + off, src, n);
+          });
+          check(rt::copy_async(cache_base + size_t(p.slot) * expert_bytes, pin, expert_bytes,
+                               promote_stream),
+                "promotion DMA");
+        }
+        check(rt::event_record(promo_done, promote_stream), "promotion");
+      }
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    promo_error = err;
+    promo_copy_s = now_s() - t0;
+    promo_finished.store(true, std::memory_order_release);
   }
 }
 
@@ -1471,6 +1646,9 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   // staging threshold's tokens is copied host → GPU and run there (prefill); the rest run on the
   // CPU. Pair rows: resident [0, Pr), staged [Pr, Pr + Ps), CPU after.
   std::vector<ExpertTask> tasks = group_by_expert(r);
+  if (!im.heat.empty() && !im.heat[size_t(l)].empty())
+    for (const ExpertTask& t : tasks)
+      im.heat[size_t(l)][size_t(t.expert)] += float(t.tokens.size());
   std::vector<const ExpertTask*> resident, staged;
   std::vector<ExpertTask> cpu_tasks;
   int max_tokens = 0;

@@ -6,7 +6,8 @@
 // kernels from host memory (the mmapped checkpoint, or the tiered host cache + disk through the
 // wrap_executor hook) while the GPU does the resident experts and the shared experts; all expert
 // outputs meet in one buffer and one merge kernel sums them in expert-id order, so where an expert
-// ran changes speed, never a bit (DESIGN decision 7).
+// ran changes speed, never a bit (DESIGN decision 7). Experts the routing keeps choosing are
+// promoted into the GPU cache off the step's path (CudaBackendOptions::promote).
 //
 // Numerics: bf16 with the rounding points of spec §12.2, routed experts under the integer
 // contract. fp32 or exact numerics are the CPU reference's (engine/cpu_backend.h): refused here.
@@ -53,6 +54,17 @@ struct CudaBackendOptions {
   // GPU time per sublayer kind from timing events around each backend call (eager launches: it
   // turns CUDA graphs off), in the telemetry line — where a step's GPU time goes.
   bool profile = false;
+  // Promotions into the GPU expert cache (issue 18 item 5), in MoE layers with part of their
+  // experts resident: the host keeps decayed routing counts per expert (halved every interval);
+  // every `promote_interval` steps the hottest non-resident experts whose count beats the coldest
+  // resident's by `promote_margin` (count > (1 + margin) · victim's + 1) take the victims' slots,
+  // at most `promote_max` per interval. The copy runs on its own stream after the work that may
+  // still read the victim, and the expert is switched in only once a non-blocking query at a later
+  // step sees it done (meanwhile both run on the CPU): no step waits for it, no bit changes.
+  bool promote = true;
+  int promote_interval = 16;  // steps between decisions
+  int promote_max = 4;        // promotions per decision (the pinned buffer holds as many experts)
+  double promote_margin = 0.5;
 };
 
 // Step telemetry (summed over steps; reset by the caller reading it).
@@ -66,6 +78,9 @@ struct CudaTelemetry {
   double stage_copy_s = 0;                          // host time copying experts into pinned slots
   uint64_t graph_captures = 0, graph_launches = 0;  // CUDA graph segments captured / replayed
   uint64_t device_group_layers = 0;  // MoE layer-steps routed → grouped on the device
+  uint64_t promotions = 0;           // experts switched into the GPU cache (copies completed)
+  double promote_bytes = 0;          // bytes those copies moved host → GPU
+  double promote_copy_s = 0;         // worker-thread time copying them (off the step's path)
   uint64_t steps = 0;
 };
 
@@ -156,6 +171,9 @@ class CudaBackend final : public Backend {
   void finite_download();
   void finite_verdict();
   void moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const float* shared, Act out);
+  // Promotions (CudaBackendOptions::promote), at every commit_step: switches in a batch whose
+  // copies are seen done and, at an interval, decides the next (copied by a worker thread).
+  void promote_poll();
 };
 
 }  // namespace strata::engine

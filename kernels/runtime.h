@@ -56,6 +56,9 @@ void event_destroy(void* e);
 Status event_record(void* e, void* stream);
 Status stream_wait(void* stream, void* e);
 Status event_sync(void* e);  // host waits until the event's work is done
+// Non-blocking: *done = true when the event's recorded work has completed (cudaEventQuery), false
+// while it is still pending; never waits (the engine polls copy-stream work with it).
+Status event_query(void* e, bool* done);
 // Timing events (profiling only): a timing-enabled event, and the GPU time between two recorded,
 // completed events in ms (−1 on error).
 void* timing_event_create();

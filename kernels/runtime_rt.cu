@@ -71,7 +71,15 @@ void event_destroy(void* e) {
 Status event_record(void* e, void* s) {
   return st(cudaEventRecord(static_cast<cudaEvent_t>(e), S(s)));
 }
-Status event_sync(void* e) { return st(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+Status event_sync(void* e) {
+  return st(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+}
+Status event_query(void* e, bool* done) {
+  const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+  *done = r == cudaSuccess;
+  if (r == cudaErrorNotReady) return {};  // pending, not an error (nothing sticky is set)
+  return st(r);
+}
 Status stream_wait(void* s, void* e) {
   return st(cudaStreamWaitEvent(S(s), static_cast<cudaEvent_t>(e), 0));
 }

@@ -7,7 +7,8 @@
 // Protocol: per placement one backend; decode: a prompt of --context tokens per sequence, 4
 // warm-up steps, then --steps timed steps (aggregate tok/s = sequences · steps / seconds);
 // prefill: a fresh sequence, one warm-up prefill of one chunk (min(prompt, the backend's step
-// rows) tokens), then the timed prompt.
+// rows) tokens), then the timed prompt. Placements are static: promotions into the GPU cache
+// (--gpu-promote) are off here, since a line is read against its placement's roofline.
 #include <unistd.h>
 
 #include <chrono>
@@ -141,6 +142,9 @@ int run(const Options& o) {
     io.profile = o.profile;
     io.hardware = o.hardware;  // the cost model's inputs for the engine's decisions (staging)
     io.gpu_experts = sp.gpu_experts;
+    // Static placements: each line is read against its placement's roofline, which promotions
+    // would move under it.
+    io.gpu_promote = "off";
     io.max_context = max_prefill + o.context + o.steps + 16;
     engine::SessionSetup setup(io, c);
     engine::SessionOptions so = setup.options();

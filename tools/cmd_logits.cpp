@@ -34,6 +34,10 @@ void add_engine_options(CLI::App& app, engine::InspectOptions& o) {
   app.add_option("--gpu-experts", o.gpu_experts,
                  "share of each MoE layer's routed experts held in the GPU cache (e.g. 10%; "
                  "default: as many as the budget holds)");
+  app.add_option("--gpu-promote", o.gpu_promote,
+                 "promote hot experts into the GPU cache from routing statistics (copies on a "
+                 "copy stream, never waited for): on (every 16 steps), off, or an interval N")
+      ->capture_default_str();
   app.add_option("--max-context", o.max_context, "positions per sequence the GPU state holds")
       ->capture_default_str();
   app.add_flag("--no-cuda-graphs", o.no_cuda_graphs,

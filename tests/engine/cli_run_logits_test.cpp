@@ -169,6 +169,10 @@ TEST_CASE("strata run/logits: bad inputs give one clear line and exit 1", "[engi
       {"run " + m + " --ids " + (dir / "ok.json").string() + " --print-ids --experts-numerics x",
        "--experts-numerics"},
       {"run " + m + " -p hello", "tokenizer"},
+      {"logits " + m + " --ids " + (dir / "ok.json").string() + o + " --gpu-promote 0",
+       "--gpu-promote: expected on, off or a step interval"},
+      {"run " + m + " --ids " + (dir / "ok.json").string() + " --print-ids --gpu-promote often",
+       "--gpu-promote: expected on, off or a step interval"},
   };
   for (const auto& c : cases) {
     Result r = run(c.args);

@@ -86,6 +86,88 @@ TEST_CASE("cuda backend: several sequences per step give each sequence its own l
   CHECK(gb.position(1) == 6);
 }
 
+// Promotions into the GPU expert cache (issue 18 item 5) on k3-mini with 10% of each MoE layer's
+// experts resident and a skewed routing: two sequences take the same prompt and then the same
+// token at every decode step, so the same few experts are chosen again and again. Hot experts are
+// promoted (their copies done and switched in during the run) and run on the GPU more often than
+// without promotions, while the logits are bitwise those of the run without promotions at every
+// step (every executor computes the contract), nothing is allocated on the device or pinned in
+// the decode loop, and the decode steps still replay CUDA graphs. A layer with every expert
+// resident has nothing to promote: no buffer, no promotion.
+TEST_CASE("cuda backend: promotions into the GPU expert cache change no bit and allocate nothing",
+          "[gpu][engine]") {
+  test::skip_without_gpu();
+  auto model = Model::load(mini("promote"));
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> ids = prompt(24, c.vocab_size);
+  const int32_t tok = ids[5];
+  constexpr int kSteps = 40;
+  std::vector<std::vector<float>> runs[2];
+  CudaTelemetry tel[2];
+  double promotions_value = -1;
+  for (int on = 0; on < 2; ++on) {
+    CudaBackendOptions co = quiet(0.1, 2);
+    co.promote = on == 1;
+    co.promote_interval = 2;
+    co.promote_max = 4;
+    CudaBackend gb(*model, bf16_contract(), co);
+    bool budgeted = false;  // the pinned promotion buffer is in the start-up budget
+    for (const std::string& line : gb.budget_lines())
+      budgeted =
+          budgeted || line.find(on ? "(4 experts every 2 steps)" : "(off)") != std::string::npos;
+    CHECK(budgeted);
+    Schedule sched(gb, c);
+    std::vector<SeqChunk> pre = {{0, ids, true, false}, {1, ids, true, false}};
+    for (auto& l : sched.step(pre)) runs[on].push_back(l);
+    const uint64_t dev0 = kernels::rt::device_allocations(),
+                   pin0 = kernels::rt::pinned_allocations();
+    for (int i = 0; i < kSteps; ++i) {
+      std::vector<SeqChunk> two = {{0, std::span(&tok, 1), true, false},
+                                   {1, std::span(&tok, 1), true, false}};
+      for (auto& l : sched.step(two)) runs[on].push_back(l);
+    }
+    INFO("promotions " << (on ? "on" : "off"));
+    CHECK(kernels::rt::device_allocations() == dev0);  // nothing allocated in the decode loop
+    CHECK(kernels::rt::pinned_allocations() == pin0);
+    tel[on] = gb.telemetry();
+    CHECK(tel[on].graph_launches > uint64_t(kSteps));  // decode steps replayed CUDA graphs
+    if (on)
+      for (const auto& [k, v] : gb.telemetry_values())
+        if (k == "promotions") promotions_value = v;
+    std::printf(
+        "[cuda backend k3-mini, 10%% GPU] promotions %s: %llu promoted (%.3f MB, worker copy %.4f "
+        "s); expert pairs GPU %llu, CPU %llu\n  %s\n",
+        on ? "on" : "off", (unsigned long long)tel[on].promotions, tel[on].promote_bytes / 1e6,
+        tel[on].promote_copy_s, (unsigned long long)tel[on].gpu_expert_pairs,
+        (unsigned long long)tel[on].cpu_expert_pairs, gb.telemetry_line().c_str());
+  }
+  CHECK(tel[0].promotions == 0);
+  CHECK(tel[1].promotions > 0);
+  CHECK(tel[1].promote_bytes > 0);
+  CHECK(promotions_value == double(tel[1].promotions));
+  CHECK(tel[1].gpu_expert_pairs > tel[0].gpu_expert_pairs);  // the promoted experts were used
+  REQUIRE(runs[0].size() == runs[1].size());
+  size_t same = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) same += runs[0][i] == runs[1][i] ? 1 : 0;
+  CHECK(same == runs[0].size());  // bit for bit at every step
+  // Every expert resident: the layers are left out (no buffer in the budget, nothing promoted).
+  CudaBackendOptions all = quiet(1.0, 1);
+  all.promote_interval = 1;
+  CudaBackend gb(*model, bf16_contract(), all);
+  bool off = false;
+  for (const std::string& line : gb.budget_lines())
+    off = off || line.find("promotions 0.00 GiB (off)") != std::string::npos;
+  CHECK(off);
+  Schedule sched(gb, c);
+  SeqChunk one{0, ids, true, false};
+  sched.step(std::span(&one, 1));
+  for (int i = 0; i < 4; ++i) {
+    SeqChunk d{0, std::span(&tok, 1), true, false};
+    sched.step(std::span(&d, 1));
+  }
+  CHECK(gb.telemetry().promotions == 0);
+}
+
 TEST_CASE("cuda backend: refusals name the reason", "[gpu][engine]") {
   test::skip_without_gpu();
   auto model = Model::load(mini("refusals"));
