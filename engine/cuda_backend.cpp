@@ -192,7 +192,6 @@ struct CudaBackend::Impl {
   // pinned word after it holds kFiniteClean, the value a step starts from.
   uint64_t* finite_dev = nullptr;
   uint64_t* finite_pin = nullptr;
-  uint64_t finite_downloaded = 0;  // sites covered by the enqueued download
   std::unique_ptr<ExpertExecutor> cpu_executor;
   // Prefill staging: device slots in two halves (a round copies into one half while the other's
   // experts compute), two pinned expert buffers (host copy of one while the other is DMA'd).
@@ -281,9 +280,9 @@ struct CudaBackend::Graphs {
 // Sublayer profile (CudaBackendOptions::profile): a pool of timing events, the (kind, start, end)
 // marks of the current step, and the totals per kind.
 struct CudaBackend::Profile {
-  static constexpr const char* kKinds[] = {"embed", "mix", "norm", "kda",    "mla",   "mlp",
-                                           "moe",   "add", "copy", "finite", "logits"};
-  static constexpr int kNumKinds = int(sizeof(kKinds) / sizeof(kKinds[0]));
+  enum Kind { embed, mix, norm, kda, mla, mlp, moe, add, copy, finite, logits, kNumKinds };
+  static constexpr const char* kKinds[kNumKinds] = {
+      "embed", "mix", "norm", "kda", "mla", "mlp", "moe", "add", "copy", "finite", "logits"};
   std::vector<void*> pool;
   size_t used = 0;
   struct Mark {
@@ -308,23 +307,14 @@ struct CudaBackend::Profile {
   }
 };
 
-namespace {
-int kind_of(const char* k) {
-  for (int i = 0; i < CudaBackend::Profile::kNumKinds; ++i)
-    if (std::strcmp(CudaBackend::Profile::kKinds[i], k) == 0) return i;
-  return 0;
-}
-}  // namespace
-
-// Marks the GPU time of one backend call (a no-op unless profiling).
+// Marks the GPU time of one backend call on the backend's stream (a no-op unless profiling).
 struct ProfScope {
   CudaBackend::Profile* p;
   void* stream;
-  int kind;
   void* b = nullptr;
-  ProfScope(CudaBackend& cb, void* s, const char* k) : p(cb.prof_.get()), stream(s), kind(0) {
+  ProfScope(CudaBackend& cb, CudaBackend::Profile::Kind kind)
+      : p(cb.prof_.get()), stream(cb.impl_->stream) {
     if (!p) return;
-    kind = kind_of(k);
     void* a = p->take();
     b = p->take();
     check(rt::event_record(a, stream), "profile");
@@ -959,7 +949,7 @@ void CudaBackend::begin_step(const StepShape& s) {
   finite_sites_.clear();
   finite_read_ = 0;
   finite_shape_ = s;
-  impl_->finite_downloaded = 0;
+  finite_downloaded_ = 0;
   check(rt::copy_async(impl_->finite_dev, impl_->finite_pin + 1, 8, impl_->stream),
         "non-finite record");
   // Decode steps run from CUDA graphs, one set per step shape.
@@ -1027,7 +1017,7 @@ Act CudaBackend::alloc(int64_t rows, int64_t cols) {
 }
 
 void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* site) {
-  ProfScope prof_scope(*this, impl_->stream, "finite");
+  ProfScope prof_scope(*this, Profile::finite);
   finite_sites_.push_back({layer, site, a.cols});
   if (!graphable()) return;
   check(kops::finite_scan(a.data, a.size(), uint32_t(finite_sites_.size() - 1), impl_->finite_dev,
@@ -1035,14 +1025,15 @@ void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* s
         "non-finite scan");
 }
 
-void CudaBackend::finite_download() {
-  impl_->finite_downloaded = finite_sites_.size();
-  check(rt::copy_async(impl_->finite_pin, impl_->finite_dev, 8, impl_->stream),
-        "non-finite record");
+void CudaBackend::finite_download(bool enqueue) {
+  finite_downloaded_ = finite_sites_.size();
+  if (enqueue)
+    check(rt::copy_async(impl_->finite_pin, impl_->finite_dev, 8, impl_->stream),
+          "non-finite record");
 }
 
 void CudaBackend::finite_verdict() {
-  finite_read_ = impl_->finite_downloaded;
+  finite_read_ = finite_downloaded_;
   const uint64_t v = impl_->finite_pin[0];
   if (v == kops::kFiniteClean) return;
   const uint64_t site = v >> (kops::kFiniteIndexBits + 2), cls = v & 3;
@@ -1190,7 +1181,7 @@ void CudaBackend::from_host(const float* src, Act a) {
   check(rt::stream_sync(impl_->stream), "upload");
 }
 void CudaBackend::copy(Act src, Act dst) {
-  ProfScope prof_scope(*this, impl_->stream, "copy");
+  ProfScope prof_scope(*this, Profile::copy);
   if (!graphable()) return;
   check(rt::copy_async(dst.data, src.data, size_t(src.size()) * 4, impl_->stream), "copy");
 }
@@ -1210,7 +1201,7 @@ struct Scratch {
 }  // namespace
 
 void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
-  ProfScope prof_scope(*this, impl_->stream, "embed");
+  ProfScope prof_scope(*this, Profile::embed);
   Impl& im = *impl_;
   // The ids go through pinned memory (a fixed address, so a replayed graph's copy reads this
   // step's ids); nothing writes that staging again before the next routing synchronisation.
@@ -1225,7 +1216,7 @@ void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
 }
 
 void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
-  ProfScope prof_scope(*this, impl_->stream, "mix");
+  ProfScope prof_scope(*this, Profile::mix);
   if (!graphable()) return;
   Impl& im = *impl_;
   kops::AttnResSources src;
@@ -1245,7 +1236,7 @@ void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act
 }
 
 void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
-  ProfScope prof_scope(*this, impl_->stream, "norm");
+  ProfScope prof_scope(*this, Profile::norm);
   if (!graphable()) return;
   Impl& im = *impl_;
   const float* w = site == NormSite::final   ? im.final_norm.p
@@ -1256,7 +1247,7 @@ void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
 }
 
 void CudaBackend::add(Act acc, Act b) {
-  ProfScope prof_scope(*this, impl_->stream, "add");
+  ProfScope prof_scope(*this, Profile::add);
   if (!graphable()) return;
   check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
 }
@@ -1312,7 +1303,7 @@ void grouped_launch(CudaBackend::Impl& im, kernels::moe::ExpertBatch b, const cp
 }  // namespace
 
 void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
-  ProfScope prof_scope(*this, impl_->stream, "logits");
+  ProfScope prof_scope(*this, Profile::logits);
   eager_point();
   Impl& im = *impl_;
   Scratch sc(im.arena);
@@ -1340,7 +1331,7 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
 // Token mixers
 
 void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
-  ProfScope prof_scope(*this, impl_->stream, c_.is_kda(l) ? "kda" : "mla");
+  ProfScope prof_scope(*this, c_.is_kda(l) ? Profile::kda : Profile::mla);
   // KDA has no position-dependent host arguments: a graph segment. MLA's cache positions and
   // lengths are host arguments of its launchers: eager.
   if (c_.is_kda(l)) {
@@ -1514,7 +1505,7 @@ void CudaBackend::moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const f
 }
 
 void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
-  ProfScope prof_scope(*this, impl_->stream, c_.is_moe(l) ? "moe" : "mlp");
+  ProfScope prof_scope(*this, c_.is_moe(l) ? Profile::moe : Profile::mlp);
   Impl& im = *impl_;
   LayerDev& d = im.layers[size_t(l)];
   const int64_t T = x.rows, D = c_.hidden_size;
@@ -1614,9 +1605,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     check(rt::copy_async(h_ids, ids, size_t(T * K) * 4, im.stream), "ids download");
     check(rt::copy_async(h_w, wts, size_t(T * K) * 4, im.stream), "weights download");
     check(rt::copy_async(h_z, z, size_t(T * L) * 4, im.stream), "latent download");
-    finite_download();
   }
-  impl_->finite_downloaded = finite_sites_.size();  // replayed segments download it too
+  finite_download(graphable());  // a replayed segment holds the copy already
   eager_point();
   double t0 = now_s();
   check(rt::stream_sync(im.stream), "routing");

@@ -165,10 +165,12 @@ class CudaBackend final : public Backend {
   };
   std::vector<FiniteSite> finite_sites_;
   size_t finite_read_ = 0;
+  size_t finite_downloaded_ = 0;  // sites covered by the last enqueued (or replayed) download
   StepShape finite_shape_;
-  // Enqueues the record's download (in a graph segment or eagerly, before a sync the caller
-  // makes); after that sync, finite_verdict() throws for the first failing site.
-  void finite_download();
+  // The record's download, covering the sites so far, before a sync the caller makes (enqueue:
+  // false when a replayed graph segment holds the copy); after that sync, finite_verdict() throws
+  // for the first failing site.
+  void finite_download(bool enqueue = true);
   void finite_verdict();
   void moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const float* shared, Act out);
   // Promotions (CudaBackendOptions::promote), at every commit_step: switches in a batch whose
