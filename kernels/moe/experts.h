@@ -42,7 +42,9 @@ struct ExpertBatch {
   GluParams glu;                             // SiTU (K3) or SiLU (Kimi-Linear)
 };
 
-enum class ExpertPath { automatic, gemv, imma, gemm };
+// wgmma: the GEMM path's integer method with the Hopper warpgroup MMA (intgemm.cu); not chosen by
+// `automatic` until it is measured.
+enum class ExpertPath { automatic, gemv, imma, gemm, wgmma };
 
 // Scratch for one launch of at most T tokens, P pairs, widths H and I (bytes; 256-aligned parts).
 size_t experts_workspace_bytes(int T, int P, int H, int I);
@@ -64,8 +66,8 @@ inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
                        ExpertPath path, void* stream);
 
-// Diagnostics of the GEMM path's last launch on `workspace` (synchronous: copies the per-row
-// metadata back): how many input rows of x (of T) and of h (of P) were inside the integer
+// Diagnostics of the GEMM (or wgmma) path's last launch on `workspace` (synchronous: copies the
+// per-row metadata back): how many input rows of x (of T) and of h (of P) were inside the integer
 // method's window, outside it (their pairs took the strict per-block path) or poisoned.
 struct GemmWindowCounts {
   long long x_ok = 0, x_wide = 0, x_poisoned = 0;

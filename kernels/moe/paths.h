@@ -64,5 +64,8 @@ Status imma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 bool gemm_supports(int K);
 Status gemm_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+// The same path with wgmma (sm_90a warpgroup MMA) in the main loop; same planes, same bits.
+Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 
 }  // namespace strata::kernels::moe::detail

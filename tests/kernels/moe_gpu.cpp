@@ -2,9 +2,10 @@
 // contract strata::cpu::expert_ffn_contract, bit for bit (docs/numerics.md; DESIGN decision 7),
 // at K3 shapes (3584 → 3072 → 3584, SiTU) and odd small ones (SiLU, SiTU without β2, partial
 // lane rounds, empty groups, a poisoned token), on every path (GEMV, IMMA and the grouped GEMM of
-// intgemm.cu, whose own cases sit at its tile edges and window edges), plus the expert-id-order
-// merge. Experts sit in a device "cache" of slots in the released layout; free slots and the bytes
-// around each output are poisoned (0xFF) so a misread or stray write shows.
+// intgemm.cu in its mma.sync and wgmma forms, whose own cases sit at its tile edges and window
+// edges), plus the expert-id-order merge. Experts sit in a device "cache" of slots in the released
+// layout; free slots and the bytes around each output are poisoned (0xFF) so a misread or stray
+// write shows.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -162,10 +163,11 @@ Prepared prepare(const Case& c) {
 // sentinel rows after y are untouched. Returns the GEMM path's window counts (zeros otherwise).
 moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
-  INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
-                   : path == moe::ExpertPath::imma ? "imma"
-                   : path == moe::ExpertPath::gemm ? "gemm"
-                                                   : "automatic"));
+  INFO("path " << (path == moe::ExpertPath::gemv    ? "gemv"
+                   : path == moe::ExpertPath::imma  ? "imma"
+                   : path == moe::ExpertPath::gemm  ? "gemm"
+                   : path == moe::ExpertPath::wgmma ? "wgmma"
+                                                    : "automatic"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -227,7 +229,7 @@ moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
   moe::GemmWindowCounts wc;
-  if (path == moe::ExpertPath::gemm)
+  if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma)
     REQUIRE(moe::gemm_window_counts(ws.get(), c.T, p.P, c.H, c.I, &wc).ok());
   return wc;
 }
@@ -263,6 +265,7 @@ TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the 
   check_gpu(p, moe::ExpertPath::gemv);
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::gemm);  // scale spans of 4-6 codes: the strict rows
+  check_gpu(p, moe::ExpertPath::wgmma);
 }
 
 TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd shapes", "[gpu]") {
@@ -341,6 +344,7 @@ TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::automatic);
   check_gpu(p, moe::ExpertPath::gemm);
+  check_gpu(p, moe::ExpertPath::wgmma);
 }
 
 TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups, poison", "[gpu]") {
@@ -363,6 +367,7 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
       check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
       if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::gemm);
+      if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
 }
@@ -432,10 +437,16 @@ TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]"
   CHECK(wc.x_poisoned == 1);
   CHECK(wc.h_poisoned == 3);
   CHECK(wc.h_ok + wc.h_wide + wc.h_poisoned == p.P);
+  // The wgmma form of the path on the same case (the same planes, so the same counts).
+  const moe::GemmWindowCounts wcw = check_gpu(p, moe::ExpertPath::wgmma);
+  CHECK(wcw.x_ok == wc.x_ok);
+  CHECK(wcw.h_ok == wc.h_ok);
+  CHECK(wcw.h_poisoned == wc.h_poisoned);
   SECTION("rows outside the weight window (strict rows in every tile position)") {
     c.wide_rows = true;
     Prepared pw = prepare(c);
     check_gpu(pw, moe::ExpertPath::gemm);
+    check_gpu(pw, moe::ExpertPath::wgmma);
   }
 }
 
@@ -463,6 +474,7 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       c.group_tokens = {{0, 4, 7, 12}, {}, all, {6}};
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
+      check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
   const struct {
@@ -482,11 +494,49 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       c.group_tokens = {all, {1, 8}, {}, {}};
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
+      check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
 }
 
-TEST_CASE("moe gpu: GEMM path reports widths above 4096 as not supported", "[gpu]") {
+TEST_CASE("moe gpu: GEMM paths, token tiles partly filled past half (wgmma's full-N instruction)",
+          "[gpu]") {
+  strata::test::skip_without_gpu();
+  // The wgmma form issues N = BN when a tile holds more than BN/2 tokens and N = BN/2 otherwise;
+  // columns past the tile's count read stale shared memory and must never be stored. Each section
+  // picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: from 32) and
+  // has groups of more than BN/2 but fewer than BN tokens, plus smaller ones. H = 320 (10 blocks:
+  // a partial last pipeline stage), I = 256.
+  struct Layout {
+    const char* name;
+    std::vector<int> sizes;  // tokens per group (consecutive token ranges, wrapping at T)
+  };
+  const Layout layouts[] = {{"16-token tiles", {13, 1, 2, 0}},
+                            {"32-token tiles", {27, 5}},
+                            {"64-token tiles", {45, 100}}};
+  for (const Layout& l : layouts) {
+    DYNAMIC_SECTION(l.name) {
+      Case c;
+      c.H = 320, c.I = 256, c.T = 110, c.slots = 5, c.glu = situ();
+      c.scale_span = 4;
+      c.poisoned_token = 7;
+      c.wide_token = 9;
+      int next = 0;
+      for (int g = 0; g < int(l.sizes.size()); g++) {
+        std::vector<int> toks;
+        for (int k = 0; k < l.sizes[size_t(g)]; k++) toks.push_back((next + k) % c.T);
+        next += l.sizes[size_t(g)];
+        c.group_tokens.push_back(toks);
+        c.group_slot.push_back((g * 2 + 1) % c.slots);
+      }
+      Prepared p = prepare(c);
+      check_gpu(p, moe::ExpertPath::gemm);
+      check_gpu(p, moe::ExpertPath::wgmma);
+    }
+  }
+}
+
+TEST_CASE("moe gpu: GEMM and wgmma paths report widths above 4096 as not supported", "[gpu]") {
   strata::test::skip_without_gpu();
   moe::ExpertBatch b;
   b.G = 1, b.P = 1, b.T = 1, b.H = 4128, b.I = 96;
@@ -498,10 +548,11 @@ TEST_CASE("moe gpu: GEMM path reports widths above 4096 as not supported", "[gpu
   DeviceBuffer tok = DeviceBuffer::from(std::vector<int32_t>{0});
   b.experts = dv.as<Mxfp4ExpertView>(), b.group_offsets = off.as<int32_t>();
   b.pair_token = tok.as<int32_t>(), b.x = x.as<float>(), b.y = y.as<float>();
-  const strata::kernels::Status s =
-      moe::grouped_experts(b, ws.get(), ws_bytes, moe::ExpertPath::gemm, nullptr);
-  CHECK_FALSE(s.ok());
-  CHECK(std::string(s.message).find("4096") != std::string::npos);
+  for (const moe::ExpertPath path : {moe::ExpertPath::gemm, moe::ExpertPath::wgmma}) {
+    const strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
+    CHECK_FALSE(s.ok());
+    CHECK(std::string(s.message).find("4096") != std::string::npos);
+  }
 }
 
 TEST_CASE("moe gpu: weighted merge in expert-id order is bit-identical to the host", "[gpu]") {
