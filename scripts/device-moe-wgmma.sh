@@ -11,7 +11,8 @@
 #        times and, on a failure, the first mismatch (its path is in the INFO lines).
 # bench: strata bench kernels --filter moe --repeats 3, then the wgmma and gemm lines side by side
 #        (T = 64, 256, 1024, 4096 and the strict-rows line).
-# Each stage fits the 10-minute limit of one device command; run them one by one if needed.
+# Each stage fits the 10-minute limit of one device command (tests and bench run under timeouts
+# of 540/560 s); `all` usually does not: run build, test and bench as three commands.
 source .device/env.sh
 set -o pipefail
 OUT=${OUT:-/tmp/moe-wgmma-out}
@@ -38,7 +39,14 @@ if [ "$stage" = build ] || [ "$stage" = all ]; then
 fi
 
 if [ "$stage" = test ] || [ "$stage" = all ]; then
-  STRATA_REQUIRE_GPU=1 ./build-gpu/test_kernels "moe gpu*" -d yes > "$OUT/test_moe.log" 2>&1
+  # A wrong wgmma layout shows as mismatches, not a hang; the timeouts guard the run anyway.
+  # The partly-filled-tiles case first (small shapes, seconds): the wgmma path's quickest check.
+  STRATA_REQUIRE_GPU=1 timeout 120 ./build-gpu/test_kernels \
+    "moe gpu: GEMM paths with token tiles*" > "$OUT/test_quick.log" 2>&1
+  echo "quick (partly filled tiles, gemm and wgmma): rc=$?" \
+    "$(tail -2 "$OUT/test_quick.log" | tr '\n' ' ')"
+  STRATA_REQUIRE_GPU=1 timeout 540 ./build-gpu/test_kernels "moe gpu*" -d yes \
+    > "$OUT/test_moe.log" 2>&1
   rc=$?
   echo "test_kernels moe gpu*: rc=$rc"
   grep -E "^[0-9.]+ s: moe gpu" "$OUT/test_moe.log"
@@ -48,7 +56,7 @@ if [ "$stage" = test ] || [ "$stage" = all ]; then
 fi
 
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
-  ./build-gpu/strata bench kernels --filter moe --repeats 3 > "$OUT/bench_moe.log" 2>&1
+  timeout 560 ./build-gpu/strata bench kernels --filter moe --repeats 3 > "$OUT/bench_moe.log" 2>&1
   echo "bench rc=$?"
   grep -E "peak|copy" "$OUT/bench_moe.log" | head -6
   grep -E "moe/" "$OUT/bench_moe.log" | head -40

@@ -499,7 +499,7 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
   }
 }
 
-TEST_CASE("moe gpu: GEMM paths, token tiles partly filled past half (wgmma's full-N instruction)",
+TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full-N form)",
           "[gpu]") {
   strata::test::skip_without_gpu();
   // The wgmma form issues N = BN when a tile holds more than BN/2 tokens and N = BN/2 otherwise;
