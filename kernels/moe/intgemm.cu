@@ -377,8 +377,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
 //     16 bytes stored as 128 contiguous bytes, the stage's 8 column chunks of one 8-token group
 //     next to each other (leading-dimension offset 128 B: the next 16 columns; stride offset
 //     1024 B: the next 8 tokens).
-// N is the tile's BN, or BN/2 when the tile holds at most BN/2 tokens (a ragged last tile or small
-// groups); columns past the tile's count read stale shared memory and are never stored.
+// N is the tile's token count rounded up to a quarter of BN (BN/4, BN/2, 3·BN/4 or BN; 8 or 16
+// at BN = 16), so a ragged last tile or a small group costs the tensor cores in proportion;
+// columns past the tile's count read stale shared memory and are never stored.
 // Ordering: each thread's cp.async data is fenced into the async proxy (fence.proxy.async) before
 // the barrier that publishes a stage; a stage's wgmmas are waited for (wgmma.wait_group 0) before
 // the next barrier, so the pipeline never overwrites a stage the tensor cores still read.
@@ -404,6 +405,16 @@ __device__ __forceinline__ void wgmma_s8<16>(int* d, const uint32_t (&a)[4], uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 template <>
+__device__ __forceinline__ void wgmma_s8<24>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11}, {%12, %13, %14, %15}, %16, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
 __device__ __forceinline__ void wgmma_s8<32>(int* d, const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
@@ -412,6 +423,19 @@ __device__ __forceinline__ void wgmma_s8<32>(int* d, const uint32_t (&a)[4], uin
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
         "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
         "+r"(d[14]), "+r"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<48>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, "
+      "%27}, %28, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 template <>
@@ -458,7 +482,9 @@ struct WgTile {
   static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes, unpadded core matrices
   static constexpr int kBChunks = 2 * BN * kChunks / kThreads;
   static_assert(kBChunks * kThreads == 2 * BN * kChunks, "B stage: whole chunks per thread");
-  static_assert(BN % 16 == 0 && BN <= 64, "wgmma N: BN and BN/2 must be valid s8 shapes");
+  // Valid s8 widths: 8, 16, 24, 32 and multiples of 16 up to 256; the quarters of BN = 32 and 64,
+  // and 8 and 16 for BN = 16, are all such.
+  static_assert(BN == 16 || BN == 32 || BN == 64, "wgmma N: the quarters of BN must be s8 widths");
   static size_t smem(int nb) { return size_t(STAGES) * (kAStage + kBStage) + size_t(kBM) * nb; }
 };
 
@@ -509,6 +535,9 @@ template <int BN, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(GemmArgs a) {
   using Tl = WgTile<BN, STAGES>;
   constexpr int kBN = BN, kStages = STAGES, kBStage = Tl::kBStage, kAcc = BN / 2;
+  // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16; 4 and 12
+  // are no s8 widths).
+  constexpr int kNq1 = BN == 16 ? 8 : BN / 4, kNq3 = BN == 16 ? 16 : 3 * BN / 4;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const sA = smem;
   uint8_t* const sB = smem + kStages * kAStage;  // kAStage is a multiple of 128
@@ -580,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(GemmArgs a) {
 
   for (int pt = p0; pt < p1; pt += kBN) {
     const int cnt = min(kBN, p1 - pt);
-    const bool half = cnt <= kBN / 2;  // the N = BN/2 instruction covers the tile
+    const int nq = (cnt * 4 + kBN - 1) / kBN;  // the N = nq·BN/4 instruction covers the tile
     if (pfrow) prefetch_row_stages(pfrow, row_bytes, 0, kPfAhead);
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++)
@@ -682,8 +711,12 @@ __global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(GemmArgs a) {
         af[kb][1] = decode4_shifted(wh0, th), af[kb][3] = decode4_shifted(wh1, th);
       }
       wgmma_fence();
-      if (half)
+      if (nq == 1)
+        wgmma_stage<kNq1, kBN>(acc_hi, acc_lo, af, B, kbn);
+      else if (nq == 2)
         wgmma_stage<kBN / 2, kBN>(acc_hi, acc_lo, af, B, kbn);
+      else if (nq == 3)
+        wgmma_stage<kNq3, kBN>(acc_hi, acc_lo, af, B, kbn);
       else
         wgmma_stage<kBN, kBN>(acc_hi, acc_lo, af, B, kbn);
       wgmma_commit();

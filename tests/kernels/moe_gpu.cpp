@@ -502,18 +502,18 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
 TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full-N form)",
           "[gpu]") {
   strata::test::skip_without_gpu();
-  // The wgmma form issues N = BN when a tile holds more than BN/2 tokens and N = BN/2 otherwise;
-  // columns past the tile's count read stale shared memory and must never be stored. Each section
-  // picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: from 32) and
-  // has groups of more than BN/2 but fewer than BN tokens, plus smaller ones. H = 320 (10 blocks:
-  // a partial last pipeline stage), I = 256.
+  // The wgmma form issues N = the tile's token count rounded up to a quarter of BN (8 or 16 at
+  // BN = 16); columns past the count read stale shared memory and must never be stored. Each
+  // section picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: from
+  // 32) and has a group for every width, each short of it (64: 13, 30, 45 and 100 = 64 + 36
+  // tokens for N = 16, 32, 48, 64). H = 320 (10 blocks: a partial last pipeline stage), I = 256.
   struct Layout {
     const char* name;
     std::vector<int> sizes;  // tokens per group (consecutive token ranges, wrapping at T)
   };
-  const Layout layouts[] = {{"16-token tiles", {13, 1, 2, 0}},
-                            {"32-token tiles", {27, 5}},
-                            {"64-token tiles", {45, 100}}};
+  const Layout layouts[] = {{"16-token tiles", {13, 1, 2, 0, 6}},
+                            {"32-token tiles", {27, 5, 11, 19}},
+                            {"64-token tiles", {45, 100, 13, 30}}};
   for (const Layout& l : layouts) {
     DYNAMIC_SECTION(l.name) {
       Case c;
