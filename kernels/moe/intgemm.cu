@@ -382,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
 // columns past the tile's count read stale shared memory and are never stored.
 // Ordering: each thread's cp.async data is fenced into the async proxy (fence.proxy.async) before
 // the barrier that publishes a stage; a stage's wgmmas are waited for (wgmma.wait_group 0) before
-// the next barrier, so the pipeline never overwrites a stage the tensor cores still read.
+// the next barrier (after the next stage's copy wait, so the two overlap), so the pipeline never
+// refills a slot the tensor cores still read nor rewrites the A registers they still hold.
 template <int N>
 __device__ __forceinline__ void wgmma_s8(int* d, const uint32_t (&a)[4], uint64_t desc);
 template <>
@@ -660,6 +661,8 @@ __global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(GemmArgs a) {
     for (int kt = 0; kt < nkt; kt++) {
       cp_wait<kStages - 2>();
       fence_proxy_async();  // this thread's landed copies, visible to the tensor cores' reads
+      wgmma_wait0();        // the previous stage's wgmmas (overlapped with the copy wait) are
+                            // done before the barrier lets its slot be refilled
       __syncthreads();
       if (!windows_done) {
         windows_done = true;
@@ -720,8 +723,8 @@ __global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(GemmArgs a) {
       else
         wgmma_stage<kBN, kBN>(acc_hi, acc_lo, af, B, kbn);
       wgmma_commit();
-      wgmma_wait0();
     }
+    wgmma_wait0();  // the accumulators are final
     cp_wait<0>();
 
     // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
