@@ -454,6 +454,44 @@ __device__ __forceinline__ void wgmma_s8<64>(int* d, const uint32_t (&a)[4], uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+template <>
+__device__ __forceinline__ void wgmma_s8<96>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47}, {%48, %49, %50, %51}, %52, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<128>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
+        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
+        "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -483,9 +521,10 @@ struct WgTile {
   static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes, unpadded core matrices
   static constexpr int kBChunks = 2 * BN * kChunks / kThreads;
   static_assert(kBChunks * kThreads == 2 * BN * kChunks, "B stage: whole chunks per thread");
-  // Valid s8 widths: 8, 16, 24, 32 and multiples of 16 up to 256; the quarters of BN = 32 and 64,
-  // and 8 and 16 for BN = 16, are all such.
-  static_assert(BN == 16 || BN == 32 || BN == 64, "wgmma N: the quarters of BN must be s8 widths");
+  // Valid s8 widths: 8, 16, 24, 32 and multiples of 16 up to 256; the quarters of BN = 32, 64 and
+  // 128, and 8 and 16 for BN = 16, are all such.
+  static_assert(BN == 16 || BN == 32 || BN == 64 || BN == 128,
+                "wgmma N: the quarters of BN must be s8 widths");
   static size_t smem(int nb) { return size_t(STAGES) * (kAStage + kBStage) + size_t(kBM) * nb; }
 };
 
@@ -533,7 +572,7 @@ __device__ __forceinline__ void prefetch_row_stages(const uint8_t* row, int row_
 }
 
 template <int BN, int STAGES>
-__global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(GemmArgs a) {
   using Tl = WgTile<BN, STAGES>;
   constexpr int kBN = BN, kStages = STAGES, kBStage = Tl::kBStage, kAcc = BN / 2;
   // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16; 4 and 12
@@ -848,11 +887,15 @@ Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
 }
 
 // The wgmma tiles: the unpadded activation stages leave room for a deeper pipeline at 32 tokens
-// (5 stages; 104 KB per CTA, two per SM). Same thresholds as the mma.sync path, to be measured.
+// (5 stages; 104 KB per CTA, two per SM). From a mean of 64 tokens per expert (prefill chunks of
+// 4096 tokens: 73) a 128-token tile, one CTA per SM (4 stages, 182 KB; 128 accumulator registers
+// per thread): each expert's weights are read and decoded once per 128 tokens instead of per 64.
+// Thresholds below 64 as the mma.sync path's; all to be measured.
 Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
   if (P < 8 * G) return launch_wgmma_tile<16, 6>(a, G, stream);
   if (P < 32 * G) return launch_wgmma_tile<32, 5>(a, G, stream);
-  return launch_wgmma_tile<64, 3>(a, G, stream);
+  if (P < 64 * G) return launch_wgmma_tile<64, 3>(a, G, stream);
+  return launch_wgmma_tile<128, 4>(a, G, stream);
 }
 
 Status not_supported() {

@@ -504,20 +504,25 @@ TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full
   strata::test::skip_without_gpu();
   // The wgmma form issues N = the tile's token count rounded up to a quarter of BN (8 or 16 at
   // BN = 16); columns past the count read stale shared memory and must never be stored. Each
-  // section picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: from
-  // 32) and has a group for every width, each short of it (64: 13, 30, 45 and 100 = 64 + 36
-  // tokens for N = 16, 32, 48, 64). H = 320 (10 blocks: a partial last pipeline stage), I = 256.
+  // section picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: below
+  // 64, 128 from 64 on the wgmma path; the mma.sync path runs its 64-token tile there) and has a
+  // group for every width, each short of it (64: 13, 30, 45 and 100 = 64 + 36 tokens for N = 16,
+  // 32, 48, 64). H = 320 (10 blocks: a partial last pipeline stage), I = 256, and K3's shape for
+  // the 128-token tile (one CTA per SM, 28 stages).
   struct Layout {
     const char* name;
     std::vector<int> sizes;  // tokens per group (consecutive token ranges, wrapping at T)
+    int H = 320, I = 256;
   };
   const Layout layouts[] = {{"16-token tiles", {13, 1, 2, 0, 6}},
                             {"32-token tiles", {27, 5, 11, 19}},
-                            {"64-token tiles", {45, 100, 13, 30}}};
+                            {"64-token tiles", {45, 100, 13, 30}},
+                            {"128-token tiles", {100, 45, 130, 20, 70}},
+                            {"128-token tiles at K3 shape", {70, 130}, 3584, 3072}};
   for (const Layout& l : layouts) {
     DYNAMIC_SECTION(l.name) {
       Case c;
-      c.H = 320, c.I = 256, c.T = 110, c.slots = 5, c.glu = situ();
+      c.H = l.H, c.I = l.I, c.T = 140, c.slots = 5, c.glu = situ();
       c.scale_span = 4;
       c.poisoned_token = 7;
       c.wide_token = 9;
