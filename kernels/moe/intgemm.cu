@@ -31,6 +31,12 @@
 // 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which leaves
 // each dot product unchanged. The scale codes of the CTA's rows are copied once into shared
 // memory, with each row's window.
+//
+// A second form of the same kernel, wgmma_kernel (ExpertPath::wgmma; see its own comment below),
+// replaces the main loop's mma.sync by Hopper's warpgroup MMA with the planes read from shared
+// memory by the tensor cores, prefetches the weight rows into L2, and adds a 128-token tile; the
+// integer method, window scan, epilogue and strict fallback are gemm_kernel's, so its outputs are
+// the same bits.
 #include <cuda_runtime.h>
 
 #include "kernels/moe/contract_device.cuh"
@@ -366,8 +372,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
 
 // ---- The wgmma form of the same kernel (ExpertPath::wgmma; sm_90a) ----
 //
-// Same integer method, tiles, pipeline, window scan, epilogue and strict fallback as gemm_kernel;
-// only the main loop's tensor-core instruction and the activation stage's layout differ. A
+// Same integer method, 128-row tiles, cp.async pipeline, window scan, epilogue and strict fallback
+// as gemm_kernel; the main loop's tensor-core instruction, the activation stage's layout, the
+// weight prefetch into L2 (below, before the kernel) and the token tiles (16 × 6 stages, 32 × 5,
+// 64 × 3 at two CTAs per SM; 128 × 4 at one, from a mean of 64 tokens per expert) differ. A
 // warpgroup (warps 4·wg … 4·wg+3) owns the CTA's rows 64·wg … 64·wg+63 and issues, per 32-column
 // block, two wgmma.mma_async m64nNk32 s32.s8.s8 (hi and lo planes) over the whole token tile:
 //   A (weights) from registers — the m16n8k32 A fragment per warp (lane: row gid / gid+8, columns
