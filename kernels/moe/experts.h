@@ -14,9 +14,9 @@
 // The launcher picks the path: a warp-per-row GEMV that holds the weight row in registers and walks
 // the group's tokens (decode, few tokens per expert), or the grouped GEMM on int8 tensor cores with
 // one exact epilogue per output (prefill, many tokens per expert; intgemm.cu). The older IMMA path
-// (one mma k-step and one fp64 block term per 32-element block) can still be forced. All produce
-// the same bits. The GEMM path's grids are sized from host counts (G, P): fine for prefill, which
-// is not captured in CUDA graphs.
+// (one mma k-step and one fp64 block term per 32-element block) and the GEMM path's wgmma form
+// (ExpertPath::wgmma, not yet measured) can be forced. All produce the same bits. The GEMM path's
+// grids are sized from host counts (G, P): fine for prefill, which is not captured in CUDA graphs.
 //
 // Split plan from run (STYLE.md §9): experts_workspace_bytes() sizes the scratch the caller carves
 // once; nothing is allocated per call.
