@@ -40,11 +40,13 @@ fi
 
 if [ "$stage" = test ] || [ "$stage" = all ]; then
   # A wrong wgmma layout shows as mismatches, not a hang; the timeouts guard the run anyway.
-  # The partly-filled-tiles case first (small shapes, seconds): the wgmma path's quickest check.
+  # First the quick ones (seconds): the layout probe (one wgmma on known values; its INFO lines
+  # name the wrong rows/columns) and the partly-filled-tiles cases (gemm and wgmma).
   STRATA_REQUIRE_GPU=1 timeout 120 ./build-gpu/test_kernels \
-    "moe gpu: GEMM paths with token tiles*" > "$OUT/test_quick.log" 2>&1
-  echo "quick (partly filled tiles, gemm and wgmma): rc=$?" \
+    "moe gpu: wgmma operand*,moe gpu: GEMM paths with token tiles*" > "$OUT/test_quick.log" 2>&1
+  echo "quick (wgmma layout probe, partly filled tiles): rc=$?" \
     "$(tail -2 "$OUT/test_quick.log" | tr '\n' ' ')"
+  grep -E "N=(16|24) D\[" "$OUT/test_quick.log" | head -8
   STRATA_REQUIRE_GPU=1 timeout 540 ./build-gpu/test_kernels "moe gpu*" -d yes \
     > "$OUT/test_moe.log" 2>&1
   rc=$?

@@ -821,6 +821,61 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(Gemm
   }
 }
 
+// Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A, placed in registers
+// by wgmma_kernel's fragment map, with a known 32 × N B (N = 16 and 24), placed in shared memory
+// by its core-matrix map and descriptors, and stores D by its epilogue map: D[row][col] for the
+// host to compare with the plain product. Values: A(r, k) = (7r + 3k) mod 11 − 5,
+// B(k, t) = (5t + k) mod 13 − 6.
+__device__ __forceinline__ int probe_a(int r, int k) {
+  return (7 * r + 3 * k) % 11 - 5;
+}
+__device__ __forceinline__ int probe_b(int k, int t) {
+  return (5 * t + k) % 13 - 6;
+}
+__device__ __forceinline__ uint32_t pack4(int v0, int v1, int v2, int v3) {
+  return uint32_t(uint8_t(v0)) | uint32_t(uint8_t(v1)) << 8 | uint32_t(uint8_t(v2)) << 16 |
+         uint32_t(uint8_t(v3)) << 24;
+}
+template <int N>
+__device__ void probe_one(int32_t* out, uint8_t* sB) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  // B into core matrices: token t, column chunk c (16 columns) at (t/8)·kCoreGroup + c·128 +
+  // (t mod 8)·16, as wgmma_kernel's stage (chunks 0 and 1 of a stage).
+  for (int i = tid; i < N * 32; i += 128) {
+    const int t = i / 32, k = i % 32;
+    sB[(t >> 3) * kCoreGroup + (k >> 4) * kCoreBytes + (t & 7) * 16 + (k & 15)] =
+        uint8_t(probe_b(k, t));
+  }
+  fence_proxy_async();
+  __syncthreads();
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8, k0 = 4 * tig;
+  const uint32_t af[4] = {
+      pack4(probe_a(r_lo, k0), probe_a(r_lo, k0 + 1), probe_a(r_lo, k0 + 2), probe_a(r_lo, k0 + 3)),
+      pack4(probe_a(r_hi, k0), probe_a(r_hi, k0 + 1), probe_a(r_hi, k0 + 2), probe_a(r_hi, k0 + 3)),
+      pack4(probe_a(r_lo, k0 + 16), probe_a(r_lo, k0 + 17), probe_a(r_lo, k0 + 18),
+            probe_a(r_lo, k0 + 19)),
+      pack4(probe_a(r_hi, k0 + 16), probe_a(r_hi, k0 + 17), probe_a(r_hi, k0 + 18),
+            probe_a(r_hi, k0 + 19))};
+  int acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) acc[i] = 0;
+  wgmma_fence();
+  wgmma_s8<N>(acc, af, smem_desc(sB, kCoreBytes, kCoreGroup));
+  wgmma_commit();
+  wgmma_wait0();
+#pragma unroll
+  for (int f = 0; f < N / 8; f++)
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+      out[(r >= 2 ? r_hi : r_lo) * N + f * 8 + 2 * tig + (r & 1)] = acc[4 * f + r];
+  __syncthreads();
+}
+__global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
+  __shared__ __align__(128) uint8_t sB[3 * kCoreGroup];
+  probe_one<16>(out, sB);
+  probe_one<24>(out + 64 * 16, sB);
+}
+
 // Per input row: metadata (e_min, status) and, for rows inside the window, the two planes.
 // One warp per row.
 constexpr int kPlaneWarps = 8;
@@ -911,6 +966,11 @@ Status not_supported() {
 }
 
 }  // namespace
+
+Status wgmma_probe(int32_t* out, void* stream) {
+  wgmma_probe_kernel<<<1, 128, 0, kernels::detail::as_stream(stream)>>>(out);
+  return kernels::detail::launch_status();
+}
 
 bool gemm_supports(int K) {
   return K > 0 && K % c::kBlock == 0 && K <= is::kMaxK;

@@ -18,6 +18,7 @@
 #include "cpu/expert_contract.h"
 #include "gpu_test.h"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/paths.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
 #include "test_data.h"
@@ -497,6 +498,31 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
+}
+
+TEST_CASE("moe gpu: wgmma operand and result layouts on known values", "[gpu]") {
+  strata::test::skip_without_gpu();
+  // One m64nNk32 s8 wgmma (N = 16, 24) with A in registers, B in shared memory and D stored by
+  // the maps the wgmma path uses. If the op-checks of the path fail, this says which map: a wrong
+  // A map shows as wrong rows (or all), a wrong B descriptor or D map as wrong columns.
+  DeviceBuffer d_out(size_t(64) * (16 + 24) * 4);
+  d_out.fill(0xFF);
+  REQUIRE(moe::detail::wgmma_probe(d_out.as<int32_t>(), nullptr).ok());
+  strata::kernels::device_sync("wgmma_probe");
+  const std::vector<int32_t> got = d_out.to_vector<int32_t>(size_t(64) * (16 + 24));
+  size_t off = 0, bad = 0;
+  for (const int N : {16, 24}) {
+    for (int r = 0; r < 64; r++)
+      for (int t = 0; t < N; t++) {
+        int32_t want = 0;
+        for (int k = 0; k < 32; k++) want += ((7 * r + 3 * k) % 11 - 5) * ((5 * t + k) % 13 - 6);
+        const int32_t g = got[off + size_t(r) * N + size_t(t)];
+        if (g != want && bad++ < 8)
+          UNSCOPED_INFO("N=" << N << " D[" << r << "][" << t << "] = " << g << ", want " << want);
+      }
+    off += size_t(64) * N;
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full-N form)",
