@@ -2,8 +2,8 @@
 // lines: the MXFP4 expert GEMV (one token, 16 experts of 3584→3072→3584) in weight GB/s against the
 // measured copy bandwidth, the grouped MXFP4 experts at 64–4096 tokens per layer in TFLOP/s against
 // each line's roofline min(bf16 GEMM peak, FLOPs / (bytes of the touched experts / copy rate)) from
-// the peaks measured in the same run (every path: GEMM, IMMA, GEMV; the whole routed step, merge
-// into the tokens' outputs included), and the cuBLASLt shapes of
+// the peaks measured in the same run (every path: GEMM in its wgmma and mma.sync forms, IMMA, GEMV;
+// the whole routed step, merge into the tokens' outputs included), and the cuBLASLt shapes of
 // the K3 dense trunk (decode T=1 in weight GB/s, prefill T=4096 in TFLOP/s).
 //
 // Napkin (STYLE.md §17): 16 experts × 17.55 MB = 280.8 MB per token per MoE layer; at the H200's
@@ -174,7 +174,10 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
 
     // 2. Grouped experts at prefill scale, every path, each line against its own roofline.
     const auto path_name = [](moe::ExpertPath p) {
-      return p == moe::ExpertPath::gemm ? "gemm" : p == moe::ExpertPath::imma ? "imma" : "gemv";
+      return p == moe::ExpertPath::wgmma  ? "wgmma"
+             : p == moe::ExpertPath::gemm ? "gemm"
+             : p == moe::ExpertPath::imma ? "imma"
+                                          : "gemv";
     };
     const auto grouped_line = [&](Routed& batch, int T, moe::ExpertPath path, const char* suffix,
                                   int repeats) {
@@ -199,7 +202,7 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
                     "MACs as 2 FLOPs",
                     100.0 * g.tflops() / gemm_tflops);
       g.note = note;
-      if (path == moe::ExpertPath::gemm) {
+      if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma) {
         // How much of the line's work the integer method carried (rows outside the window take
         // the strict path): the input rows of the last call.
         moe::GemmWindowCounts wc;
@@ -213,13 +216,15 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     };
     for (int T : {64, 256, 1024, 4096}) {
       Routed batch(pool, T, rng);
-      for (auto path : {moe::ExpertPath::gemm, moe::ExpertPath::imma, moe::ExpertPath::gemv})
+      for (auto path : {moe::ExpertPath::wgmma, moe::ExpertPath::gemm, moe::ExpertPath::imma,
+                        moe::ExpertPath::gemv})
         grouped_line(batch, T, path, "", 5);
     }
     // The GEMM path when nearly every weight row is outside its window (strict fallback per row).
     pool.refill_scales(117, 121);
     {
       Routed batch(pool, 1024, rng);
+      grouped_line(batch, 1024, moe::ExpertPath::wgmma, " (codes 117..121: strict rows)", 3);
       grouped_line(batch, 1024, moe::ExpertPath::gemm, " (codes 117..121: strict rows)", 3);
     }
     pool.refill_scales(117, 120);

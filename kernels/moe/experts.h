@@ -14,9 +14,9 @@
 // The launcher picks the path: a warp-per-row GEMV that holds the weight row in registers and walks
 // the group's tokens (decode, few tokens per expert), or the grouped GEMM on int8 tensor cores with
 // one exact epilogue per output (prefill, many tokens per expert; intgemm.cu). The older IMMA path
-// (one mma k-step and one fp64 block term per 32-element block) can still be forced. All produce
-// the same bits. The GEMM path's grids are sized from host counts (G, P): fine for prefill, which
-// is not captured in CUDA graphs.
+// (one mma k-step and one fp64 block term per 32-element block) and the GEMM path's wgmma form
+// (ExpertPath::wgmma, not yet measured) can be forced. All produce the same bits. The GEMM path's
+// grids are sized from host counts (G, P): fine for prefill, which is not captured in CUDA graphs.
 //
 // Split plan from run (STYLE.md §9): experts_workspace_bytes() sizes the scratch the caller carves
 // once; nothing is allocated per call.
@@ -42,7 +42,9 @@ struct ExpertBatch {
   GluParams glu;                             // SiTU (K3) or SiLU (Kimi-Linear)
 };
 
-enum class ExpertPath { automatic, gemv, imma, gemm };
+// wgmma: the GEMM path's integer method with the Hopper warpgroup MMA (intgemm.cu); not chosen by
+// `automatic` until it is measured.
+enum class ExpertPath { automatic, gemv, imma, gemm, wgmma };
 
 // Scratch for one launch of at most T tokens, P pairs, widths H and I (bytes; 256-aligned parts).
 size_t experts_workspace_bytes(int T, int P, int H, int I);
@@ -64,8 +66,8 @@ inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_bytes,
                        ExpertPath path, void* stream);
 
-// Diagnostics of the GEMM path's last launch on `workspace` (synchronous: copies the per-row
-// metadata back): how many input rows of x (of T) and of h (of P) were inside the integer
+// Diagnostics of the GEMM (or wgmma) path's last launch on `workspace` (synchronous: copies the
+// per-row metadata back): how many input rows of x (of T) and of h (of P) were inside the integer
 // method's window, outside it (their pairs took the strict per-block path) or poisoned.
 struct GemmWindowCounts {
   long long x_ok = 0, x_wide = 0, x_poisoned = 0;

@@ -31,6 +31,12 @@
 // 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which leaves
 // each dot product unchanged. The scale codes of the CTA's rows are copied once into shared
 // memory, with each row's window.
+//
+// A second form of the same kernel, wgmma_kernel (ExpertPath::wgmma; see its own comment below),
+// replaces the main loop's mma.sync by Hopper's warpgroup MMA with the planes read from shared
+// memory by the tensor cores, prefetches the weight rows into L2, and adds a 128-token tile; the
+// integer method, window scan, epilogue and strict fallback are gemm_kernel's, so its outputs are
+// the same bits.
 #include <cuda_runtime.h>
 
 #include "kernels/moe/contract_device.cuh"
@@ -364,6 +370,512 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
   }
 }
 
+// ---- The wgmma form of the same kernel (ExpertPath::wgmma; sm_90a) ----
+//
+// Same integer method, 128-row tiles, cp.async pipeline, window scan, epilogue and strict fallback
+// as gemm_kernel; the main loop's tensor-core instruction, the activation stage's layout, the
+// weight prefetch into L2 (below, before the kernel) and the token tiles (16 × 6 stages, 32 × 5,
+// 64 × 3 at two CTAs per SM; 128 × 4 at one, from a mean of 64 tokens per expert) differ. A
+// warpgroup (warps 4·wg … 4·wg+3) owns the CTA's rows 64·wg … 64·wg+63 and issues, per 32-column
+// block, two wgmma.mma_async m64nNk32 s32.s8.s8 (hi and lo planes) over the whole token tile:
+//   A (weights) from registers — the m16n8k32 A fragment per warp (lane: row gid / gid+8, columns
+//     4·tig… and 16+4·tig…), decoded from the packed nibbles in natural column order (no k-slot
+//     permutation: B is read by the hardware in natural order);
+//   B (the token planes) from shared memory, K-major without swizzle: core matrices of 8 tokens ×
+//     16 bytes stored as 128 contiguous bytes, the stage's 8 column chunks of one 8-token group
+//     next to each other (leading-dimension offset 128 B: the next 16 columns; stride offset
+//     1024 B: the next 8 tokens).
+// N is the tile's token count rounded up to a quarter of BN (BN/4, BN/2, 3·BN/4 or BN; 8 or 16
+// at BN = 16), so a ragged last tile or a small group costs the tensor cores in proportion;
+// columns past the tile's count read stale shared memory and are never stored.
+// Ordering: each thread's cp.async data is fenced into the async proxy (fence.proxy.async) before
+// the barrier that publishes a stage; a stage's wgmmas are waited for (wgmma.wait_group 0) before
+// the next barrier (after the next stage's copy wait, so the two overlap), so the pipeline never
+// refills a slot the tensor cores still read nor rewrites the A registers they still hold.
+template <int N>
+__device__ __forceinline__ void wgmma_s8(int* d, const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_s8<8>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, "
+      "p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<16>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, "
+      "%10, %11}, %12, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<24>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11}, {%12, %13, %14, %15}, %16, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<32>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<48>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, "
+      "%27}, %28, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<64>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_s8<96>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47}, {%48, %49, %50, %51}, %52, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_s8<128>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
+        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
+        "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Shared-memory matrix descriptor (no swizzle): start address, leading- and stride-dimension byte
+// offsets, each in 16-byte units.
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  const uint32_t addr = unsigned(__cvta_generic_to_shared(p));
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
+}
+
+constexpr int kCoreBytes = 128;                   // one 8 × 16-byte core matrix
+constexpr int kChunks = kBK / 16;                 // 16-byte column chunks per stage
+constexpr int kCoreGroup = kChunks * kCoreBytes;  // one 8-token group of one stage: 1024 B
+
+template <int BN, int STAGES>
+struct WgTile {
+  static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes, unpadded core matrices
+  static constexpr int kBChunks = 2 * BN * kChunks / kThreads;
+  static_assert(kBChunks * kThreads == 2 * BN * kChunks, "B stage: whole chunks per thread");
+  // Valid s8 widths: 8, 16, 24, 32 and multiples of 16 up to 256; the quarters of BN = 32, 64 and
+  // 128, and 8 and 16 for BN = 16, are all such.
+  static_assert(BN == 16 || BN == 32 || BN == 64 || BN == 128,
+                "wgmma N: the quarters of BN must be s8 widths");
+  static size_t smem(int nb) { return size_t(STAGES) * (kAStage + kBStage) + size_t(kBM) * nb; }
+};
+
+// One stage's wgmmas of one warpgroup: per 32-column block (kbn of them), the hi and the lo plane
+// against the same A fragment; N columns (tokens) of the accumulators.
+template <int N, int BN>
+__device__ __forceinline__ void wgmma_stage(int (&acc_hi)[BN / 2], int (&acc_lo)[BN / 2],
+                                            const uint32_t (&af)[kKB][4], const uint8_t* B,
+                                            int kbn) {
+#pragma unroll
+  for (int kb = 0; kb < kKB; kb++) {
+    if (kb >= kbn) break;
+    const uint8_t* bh = B + 2 * kb * kCoreBytes;
+    wgmma_s8<N>(acc_hi, af[kb], smem_desc(bh, kCoreBytes, kCoreGroup));
+    wgmma_s8<N>(acc_lo, af[kb], smem_desc(bh + BN * kBK, kCoreBytes, kCoreGroup));
+  }
+}
+
+// Weight prefetch for the weight-streaming regime (few tokens per expert): a stage reads only 64
+// bytes of each of its 128 rows (rows 1792 bytes apart at K3's width), so the weight copies carry
+// the L2::256B hint (the L2 fetches the row's aligned 256 bytes, four stages' worth, in one DRAM
+// request), and the rows' bytes of later stages are prefetched into L2 ahead of the cp.async
+// pipeline by bulk prefetches (cp.async.bulk.prefetch.L2): the first kPfAhead stages at the tile's
+// start, then every kPfEvery stages the kPfEvery stages that lie kPfAhead ahead. Hints only: no
+// data or ordering depends on them.
+constexpr int kPfEvery = 4;              // stages per bulk prefetch of a row (256 bytes)
+constexpr int kPfAhead = 8;              // stages ahead of the one being consumed
+constexpr int kRowStageBytes = kBK / 2;  // packed bytes of one row in one stage
+
+__device__ __forceinline__ void cp16_l2_256(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(
+                   unsigned(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+// Row bytes of stages [first, first + n) (clamped to the row's end), into L2.
+__device__ __forceinline__ void prefetch_row_stages(const uint8_t* row, int row_bytes, int first,
+                                                    int n) {
+  const int off = first * kRowStageBytes;
+  if (off >= row_bytes) return;
+  prefetch_l2(row + off, unsigned(min(n * kRowStageBytes, row_bytes - off)));
+}
+
+template <int BN, int STAGES>
+__global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(GemmArgs a) {
+  using Tl = WgTile<BN, STAGES>;
+  constexpr int kBN = BN, kStages = STAGES, kBStage = Tl::kBStage, kAcc = BN / 2;
+  // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16; 4 and 12
+  // are no s8 widths).
+  constexpr int kNq1 = BN == 16 ? 8 : BN / 4, kNq3 = BN == 16 ? 16 : 3 * BN / 4;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* const sA = smem;
+  uint8_t* const sB = smem + kStages * kAStage;  // kAStage is a multiple of 128
+  uint8_t* const sS = sB + kStages * kBStage;    // [kBM, nb] scale codes
+  __shared__ int32_t s_smin[kBM], s_rowok[kBM];
+  __shared__ int32_t s_tokrow[kBN], s_tokemin[kBN], s_tokst[kBN], s_bad[kBN];
+  __shared__ int32_t s_nbad;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int g = blockIdx.y, row0 = blockIdx.x * kBM;
+  const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
+  if (p1 <= p0 || row0 >= a.N) return;
+  const Mxfp4ExpertView v = a.experts[g];
+  const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
+
+  // Scale codes, as gemm_kernel, in 16-byte copies where rows allow (K3: 112 and 96 codes).
+  const bool down = a.split == a.N;
+  const auto a4 = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0u; };
+  const auto a16 = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0u; };
+  if (nb % 16 == 0 && (down ? a16(v.w2_scale) : a16(v.w1_scale) && a16(v.w3_scale))) {
+    for (int i = tid; i < kBM * (nb / 16); i += kThreads) {
+      const int r = i / (nb / 16), j = i - r * (nb / 16);
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      cp16(sS + r * nb + 16 * j, sc + 16 * j);
+    }
+  } else if (nb % 4 == 0 && (down ? a4(v.w2_scale) : a4(v.w1_scale) && a4(v.w3_scale))) {
+    for (int i = tid; i < kBM * (nb / 4); i += kThreads) {
+      const int r = i / (nb / 4), j = i - r * (nb / 4);
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      cp4(sS + r * nb + 4 * j, sc + 4 * j);
+    }
+  } else {
+    for (int i = tid; i < kBM * nb; i += kThreads) {
+      const int r = i / nb, j = i - r * nb;
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      sS[i] = __ldg(sc + j);
+    }
+  }
+  bool windows_done = false;
+
+  const int ar = tid >> 2, ablk = tid & 3;
+  const uint8_t* apk[2];
+  {
+    const uint8_t* sc;
+    row_source(a, v, row0 + ar, apk[0], sc);
+    row_source(a, v, row0 + ar + 64, apk[1], sc);
+  }
+  const int bpart = tid & 7;
+  // Threads 0..127 prefetch row tid of the tile into L2.
+  const uint8_t* pfrow = nullptr;
+  if (tid < kBM) {
+    const uint8_t* sc;
+    row_source(a, v, row0 + tid, pfrow, sc);
+  }
+  const int row_bytes = K / 2;
+
+  auto load_a = [&](int st, int kt) {
+    const int b = kt * kKB + ablk;
+    if (b < nb) {
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+        cp16_l2_256(sA + st * kAStage + (ar + 64 * h) * kAStride + ablk * 16,
+                    apk[h] + size_t(b) * 16);
+    }
+  };
+
+  for (int pt = p0; pt < p1; pt += kBN) {
+    const int cnt = min(kBN, p1 - pt);
+    const int nq = (cnt * 4 + kBN - 1) / kBN;  // the N = nq·BN/4 instruction covers the tile
+    if (pfrow) prefetch_row_stages(pfrow, row_bytes, 0, kPfAhead);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++)
+      if (s < nkt) load_a(s, s);
+    if (tid < kBN) {
+      int row = 0, em = 0, st = is::kTokenOk;
+      if (tid < cnt) {
+        const int p = pt + tid;
+        row = a.row_map ? __ldg(a.row_map + p) : p;
+        em = __ldg(a.planes.meta + 2 * size_t(row));
+        st = __ldg(a.planes.meta + 2 * size_t(row) + 1);
+      }
+      s_tokrow[tid] = row, s_tokemin[tid] = em, s_tokst[tid] = st;
+    }
+    if (tid == 0) s_nbad = 0;
+    __syncthreads();
+    if (tid < cnt && s_tokst[tid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = tid;
+    // This thread's B copies: chunk ch = tid + 256·i is plane ch / (8·BN), token (ch / 8) mod BN,
+    // column chunk ch mod 8 (= bpart); it lands in the token's row of core matrix (token / 8,
+    // chunk).
+    const int8_t* bsrc[Tl::kBChunks];
+    int bdst[Tl::kBChunks];
+#pragma unroll
+    for (int i = 0; i < Tl::kBChunks; i++) {
+      const int ch = tid + kThreads * i, pl = ch / (8 * kBN), t = (ch >> 3) % kBN;
+      const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
+      bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
+      bdst[i] = pl * kBN * kBK + (t >> 3) * kCoreGroup + bpart * kCoreBytes + (t & 7) * 16;
+    }
+    auto load_b = [&](int st, int kt) {
+      if (kt * kKB + (bpart >> 1) < nb) {
+#pragma unroll
+        for (int i = 0; i < Tl::kBChunks; i++)
+          if (bsrc[i]) cp16(sB + st * kBStage + bdst[i], bsrc[i] + size_t(kt) * kBK);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++) {
+      if (s < nkt) load_b(s, s);
+      cp_commit();
+    }
+
+    int acc_hi[kAcc], acc_lo[kAcc];
+#pragma unroll
+    for (int r = 0; r < kAcc; r++) acc_hi[r] = 0, acc_lo[r] = 0;
+    const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+
+    for (int kt = 0; kt < nkt; kt++) {
+      cp_wait<kStages - 2>();
+      fence_proxy_async();  // this thread's landed copies, visible to the tensor cores' reads
+      wgmma_wait0();        // the previous stage's wgmmas (overlapped with the copy wait) are
+                            // done before the barrier lets its slot be refilled
+      __syncthreads();
+      if (!windows_done) {
+        windows_done = true;
+        const int r = warp * 16 + (lane & 15), hb = (nb + 1) / 2;
+        const int b0 = lane < 16 ? 0 : hb, b1 = lane < 16 ? hb : nb;
+        int mn = 255, mx = 0;
+        for (int b = b0; b < b1; b++) {
+          const int sv = sS[r * nb + b];
+          mn = min(mn, sv), mx = max(mx, sv);
+        }
+        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 16));
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        if (lane < 16) {
+          s_smin[r] = mn;
+          s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;
+        }
+        __syncwarp();
+      }
+      if (pfrow && kt % kPfEvery == 0)
+        prefetch_row_stages(pfrow, row_bytes, kt + kPfAhead, kPfEvery);
+      if (kt + kStages - 1 < nkt) {
+        load_a((kt + kStages - 1) % kStages, kt + kStages - 1);
+        load_b((kt + kStages - 1) % kStages, kt + kStages - 1);
+      }
+      cp_commit();
+      const int st = kt % kStages;
+      const uint8_t* A = sA + st * kAStage;
+      const uint8_t* B = sB + st * kBStage;
+      const int smin_lo = s_smin[r_lo], smin_hi = s_smin[r_hi];
+      const int kbn = min(kKB, nb - kt * kKB);  // blocks in this stage (CTA-uniform)
+      // Decode the stage's A fragments first (registers the wgmmas read), then issue.
+      uint32_t af[kKB][4];
+#pragma unroll
+      for (int kb = 0; kb < kKB; kb++) {
+        const int b = min(kt * kKB + kb, nb - 1);  // past nb: decoded, never issued
+        const is::ShiftedTables tl =
+            is::shifted_tables(min(int(sS[r_lo * nb + b]) - smin_lo, is::kMaxWeightShift));
+        const is::ShiftedTables th =
+            is::shifted_tables(min(int(sS[r_hi * nb + b]) - smin_hi, is::kMaxWeightShift));
+        // Columns 4·tig..4·tig+3 are bytes 2·tig, 2·tig+1 of the block's 16; 16+4·tig.. are 8
+        // bytes further.
+        const uint8_t* pl = A + r_lo * kAStride + kb * 16 + tig * 2;
+        const uint8_t* ph = A + r_hi * kAStride + kb * 16 + tig * 2;
+        const uint32_t wl0 = *reinterpret_cast<const uint16_t*>(pl);
+        const uint32_t wl1 = *reinterpret_cast<const uint16_t*>(pl + 8);
+        const uint32_t wh0 = *reinterpret_cast<const uint16_t*>(ph);
+        const uint32_t wh1 = *reinterpret_cast<const uint16_t*>(ph + 8);
+        af[kb][0] = decode4_shifted(wl0, tl), af[kb][2] = decode4_shifted(wl1, tl);
+        af[kb][1] = decode4_shifted(wh0, th), af[kb][3] = decode4_shifted(wh1, th);
+      }
+      wgmma_fence();
+      if (nq == 1)
+        wgmma_stage<kNq1, kBN>(acc_hi, acc_lo, af, B, kbn);
+      else if (nq == 2)
+        wgmma_stage<kBN / 2, kBN>(acc_hi, acc_lo, af, B, kbn);
+      else if (nq == 3)
+        wgmma_stage<kNq3, kBN>(acc_hi, acc_lo, af, B, kbn);
+      else
+        wgmma_stage<kBN, kBN>(acc_hi, acc_lo, af, B, kbn);
+      wgmma_commit();
+    }
+    wgmma_wait0();  // the accumulators are final
+    cp_wait<0>();
+
+    // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
+    // 8f + 2·tig + r%2).
+#pragma unroll
+    for (int f = 0; f < kBN / 8; f++) {
+      if (8 * f >= cnt) continue;
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const int row = r >= 2 ? r_hi : r_lo, col = f * 8 + 2 * tig + (r & 1);
+        if (col >= cnt || row0 + row >= a.N) continue;
+        const int st = s_tokst[col];
+        float val;
+        if (st == is::kTokenPoisoned)
+          val = c::canonical_nan();
+        else if (st == is::kTokenOk && s_rowok[row])
+          val = is::finish(acc_hi[4 * f + r], acc_lo[4 * f + r], s_tokemin[col], s_smin[row]);
+        else
+          continue;
+        a.out[size_t(pt + col) * a.N + row0 + row] = val;
+      }
+    }
+
+    // Strict path, as gemm_kernel's.
+    const unsigned badrows = __ballot_sync(0xffffffffu, lane < 16 && !s_rowok[warp * 16 + lane]);
+    const int nbad = s_nbad;
+    if (badrows != 0u || nbad > 0) {
+      for (int rr = 0; rr < 16; rr++) {
+        const int row = warp * 16 + rr;
+        if (row0 + row >= a.N) break;
+        const bool rbad = (badrows >> rr) & 1u;
+        const int n = rbad ? cnt : nbad;
+        if (n == 0) continue;
+        const uint8_t *pk, *sc;
+        row_source(a, v, row0 + row, pk, sc);
+        for (int i = 0; i < n; i++) {
+          const int col = rbad ? i : s_bad[i];
+          if (s_tokst[col] == is::kTokenPoisoned) continue;
+          const size_t in_row = size_t(s_tokrow[col]);
+          const float val = strict_element(pk, sc, a.in.q + in_row * size_t(K),
+                                           a.in.e + in_row * size_t(nb), nb, lane);
+          if (lane == 0) a.out[size_t(pt + col) * a.N + row0 + row] = val;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A, placed in registers
+// by wgmma_kernel's fragment map, with a known 32 × N B (N = 16 and 24), placed in shared memory
+// by its core-matrix map and descriptors, and stores D by its epilogue map: D[row][col] for the
+// host to compare with the plain product. Values: A(r, k) = (7r + 3k) mod 11 − 5,
+// B(k, t) = (5t + k) mod 13 − 6.
+__device__ __forceinline__ int probe_a(int r, int k) {
+  return (7 * r + 3 * k) % 11 - 5;
+}
+__device__ __forceinline__ int probe_b(int k, int t) {
+  return (5 * t + k) % 13 - 6;
+}
+__device__ __forceinline__ uint32_t pack4(int v0, int v1, int v2, int v3) {
+  return uint32_t(uint8_t(v0)) | uint32_t(uint8_t(v1)) << 8 | uint32_t(uint8_t(v2)) << 16 |
+         uint32_t(uint8_t(v3)) << 24;
+}
+template <int N>
+__device__ void probe_one(int32_t* out, uint8_t* sB) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  // B into core matrices: token t, column chunk c (16 columns) at (t/8)·kCoreGroup + c·128 +
+  // (t mod 8)·16, as wgmma_kernel's stage (chunks 0 and 1 of a stage).
+  for (int i = tid; i < N * 32; i += 128) {
+    const int t = i / 32, k = i % 32;
+    sB[(t >> 3) * kCoreGroup + (k >> 4) * kCoreBytes + (t & 7) * 16 + (k & 15)] =
+        uint8_t(probe_b(k, t));
+  }
+  fence_proxy_async();
+  __syncthreads();
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8, k0 = 4 * tig;
+  const uint32_t af[4] = {
+      pack4(probe_a(r_lo, k0), probe_a(r_lo, k0 + 1), probe_a(r_lo, k0 + 2), probe_a(r_lo, k0 + 3)),
+      pack4(probe_a(r_hi, k0), probe_a(r_hi, k0 + 1), probe_a(r_hi, k0 + 2), probe_a(r_hi, k0 + 3)),
+      pack4(probe_a(r_lo, k0 + 16), probe_a(r_lo, k0 + 17), probe_a(r_lo, k0 + 18),
+            probe_a(r_lo, k0 + 19)),
+      pack4(probe_a(r_hi, k0 + 16), probe_a(r_hi, k0 + 17), probe_a(r_hi, k0 + 18),
+            probe_a(r_hi, k0 + 19))};
+  int acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) acc[i] = 0;
+  wgmma_fence();
+  wgmma_s8<N>(acc, af, smem_desc(sB, kCoreBytes, kCoreGroup));
+  wgmma_commit();
+  wgmma_wait0();
+#pragma unroll
+  for (int f = 0; f < N / 8; f++)
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+      out[(r >= 2 ? r_hi : r_lo) * N + f * 8 + 2 * tig + (r & 1)] = acc[4 * f + r];
+  __syncthreads();
+}
+__global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
+  __shared__ __align__(128) uint8_t sB[3 * kCoreGroup];
+  probe_one<16>(out, sB);
+  probe_one<24>(out + 64 * 16, sB);
+}
+
 // Per input row: metadata (e_min, status) and, for rows inside the window, the two planes.
 // One warp per row.
 constexpr int kPlaneWarps = 8;
@@ -425,11 +937,40 @@ Status launch(const GemmArgs& a, int G, int P, void* stream) {
   return launch_tile<64, 3>(a, G, stream);
 }
 
+template <int BN, int STAGES>
+Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
+  const size_t smem = WgTile<BN, STAGES>::smem(a.K / c::kBlock);
+  if (cudaError_t e = cudaFuncSetAttribute(wgmma_kernel<BN, STAGES>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      e != cudaSuccess)
+    return kernels::detail::status_of(e);
+  const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
+  wgmma_kernel<BN, STAGES><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  return kernels::detail::launch_status();
+}
+
+// The wgmma tiles: the unpadded activation stages leave room for a deeper pipeline at 32 tokens
+// (5 stages; 104 KB per CTA, two per SM). From a mean of 64 tokens per expert (prefill chunks of
+// 4096 tokens: 73) a 128-token tile, one CTA per SM (4 stages, 182 KB; 128 accumulator registers
+// per thread): each expert's weights are read and decoded once per 128 tokens instead of per 64.
+// Thresholds below 64 as the mma.sync path's; all to be measured.
+Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
+  if (P < 8 * G) return launch_wgmma_tile<16, 6>(a, G, stream);
+  if (P < 32 * G) return launch_wgmma_tile<32, 5>(a, G, stream);
+  if (P < 64 * G) return launch_wgmma_tile<64, 3>(a, G, stream);
+  return launch_wgmma_tile<128, 4>(a, G, stream);
+}
+
 Status not_supported() {
   return {int(cudaErrorNotSupported), "grouped_experts: the GEMM path takes input widths <= 4096"};
 }
 
 }  // namespace
+
+Status wgmma_probe(int32_t* out, void* stream) {
+  wgmma_probe_kernel<<<1, 128, 0, kernels::detail::as_stream(stream)>>>(out);
+  return kernels::detail::launch_status();
+}
 
 bool gemm_supports(int K) {
   return K > 0 && K % c::kBlock == 0 && K <= is::kMaxK;
@@ -447,6 +988,20 @@ Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
   return launch(a, b.G, b.P, stream);
+}
+
+Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
+  if (!gemm_supports(b.H)) return not_supported();
+  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
+  GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
+  return launch_wgmma(a, b.G, b.P, stream);
+}
+
+Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
+  if (!gemm_supports(b.I)) return not_supported();
+  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
+  GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
+  return launch_wgmma(a, b.G, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail

@@ -1,7 +1,7 @@
 // Internal to kernels/moe: the workspace layout shared by the size query and the launch (one
 // carve function, so size math and pointers cannot drift), and the per-path launchers that
 // experts.cu dispatches to. Host code only (no CUDA types), included by the .cu files of this
-// folder.
+// folder (and by tests/kernels/moe_gpu.cpp for wgmma_probe).
 #pragma once
 #include <climits>
 #include <cstddef>
@@ -64,5 +64,13 @@ Status imma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 bool gemm_supports(int K);
 Status gemm_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+// The same path with wgmma (sm_90a warpgroup MMA) in the main loop; same planes, same bits.
+Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+// The wgmma form's operand and result layouts on known values (a test's diagnostic: a wrong map
+// shows as a pattern of wrong rows or columns): out [64·16 + 64·24] int32 = D of a 64 × 32 by
+// 32 × N product for N = 16, then N = 24 (row-major), A(r, k) = (7r + 3k) mod 11 − 5,
+// B(k, t) = (5t + k) mod 13 − 6.
+Status wgmma_probe(int32_t* out, void* stream);
 
 }  // namespace strata::kernels::moe::detail

@@ -2,9 +2,10 @@
 // contract strata::cpu::expert_ffn_contract, bit for bit (docs/numerics.md; DESIGN decision 7),
 // at K3 shapes (3584 → 3072 → 3584, SiTU) and odd small ones (SiLU, SiTU without β2, partial
 // lane rounds, empty groups, a poisoned token), on every path (GEMV, IMMA and the grouped GEMM of
-// intgemm.cu, whose own cases sit at its tile edges and window edges), plus the expert-id-order
-// merge. Experts sit in a device "cache" of slots in the released layout; free slots and the bytes
-// around each output are poisoned (0xFF) so a misread or stray write shows.
+// intgemm.cu in its mma.sync and wgmma forms, whose own cases sit at its tile edges and window
+// edges), plus the expert-id-order merge. Experts sit in a device "cache" of slots in the released
+// layout; free slots and the bytes around each output are poisoned (0xFF) so a misread or stray
+// write shows.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "cpu/expert_contract.h"
 #include "gpu_test.h"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/paths.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
 #include "test_data.h"
@@ -162,10 +164,11 @@ Prepared prepare(const Case& c) {
 // sentinel rows after y are untouched. Returns the GEMM path's window counts (zeros otherwise).
 moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
-  INFO("path " << (path == moe::ExpertPath::gemv   ? "gemv"
-                   : path == moe::ExpertPath::imma ? "imma"
-                   : path == moe::ExpertPath::gemm ? "gemm"
-                                                   : "automatic"));
+  INFO("path " << (path == moe::ExpertPath::gemv    ? "gemv"
+                   : path == moe::ExpertPath::imma  ? "imma"
+                   : path == moe::ExpertPath::gemm  ? "gemm"
+                   : path == moe::ExpertPath::wgmma ? "wgmma"
+                                                    : "automatic"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -227,7 +230,7 @@ moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
   moe::GemmWindowCounts wc;
-  if (path == moe::ExpertPath::gemm)
+  if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma)
     REQUIRE(moe::gemm_window_counts(ws.get(), c.T, p.P, c.H, c.I, &wc).ok());
   return wc;
 }
@@ -263,6 +266,7 @@ TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the 
   check_gpu(p, moe::ExpertPath::gemv);
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::gemm);  // scale spans of 4-6 codes: the strict rows
+  check_gpu(p, moe::ExpertPath::wgmma);
 }
 
 TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd shapes", "[gpu]") {
@@ -341,6 +345,7 @@ TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::automatic);
   check_gpu(p, moe::ExpertPath::gemm);
+  check_gpu(p, moe::ExpertPath::wgmma);
 }
 
 TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups, poison", "[gpu]") {
@@ -363,6 +368,7 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
       check_gpu(p, moe::ExpertPath::gemv);
       check_gpu(p, moe::ExpertPath::imma);
       if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::gemm);
+      if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
 }
@@ -432,10 +438,16 @@ TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]"
   CHECK(wc.x_poisoned == 1);
   CHECK(wc.h_poisoned == 3);
   CHECK(wc.h_ok + wc.h_wide + wc.h_poisoned == p.P);
+  // The wgmma form of the path on the same case (the same planes, so the same counts).
+  const moe::GemmWindowCounts wcw = check_gpu(p, moe::ExpertPath::wgmma);
+  CHECK(wcw.x_ok == wc.x_ok);
+  CHECK(wcw.h_ok == wc.h_ok);
+  CHECK(wcw.h_poisoned == wc.h_poisoned);
   SECTION("rows outside the weight window (strict rows in every tile position)") {
     c.wide_rows = true;
     Prepared pw = prepare(c);
     check_gpu(pw, moe::ExpertPath::gemm);
+    check_gpu(pw, moe::ExpertPath::wgmma);
   }
 }
 
@@ -463,6 +475,7 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       c.group_tokens = {{0, 4, 7, 12}, {}, all, {6}};
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
+      check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
   const struct {
@@ -482,11 +495,79 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       c.group_tokens = {all, {1, 8}, {}, {}};
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
+      check_gpu(p, moe::ExpertPath::wgmma);
     }
   }
 }
 
-TEST_CASE("moe gpu: GEMM path reports widths above 4096 as not supported", "[gpu]") {
+TEST_CASE("moe gpu: wgmma operand and result layouts on known values", "[gpu]") {
+  strata::test::skip_without_gpu();
+  // One m64nNk32 s8 wgmma (N = 16, 24) with A in registers, B in shared memory and D stored by
+  // the maps the wgmma path uses. If the op-checks of the path fail, this says which map: a wrong
+  // A map shows as wrong rows (or all), a wrong B descriptor or D map as wrong columns.
+  DeviceBuffer d_out(size_t(64) * (16 + 24) * 4);
+  d_out.fill(0xFF);
+  REQUIRE(moe::detail::wgmma_probe(d_out.as<int32_t>(), nullptr).ok());
+  strata::kernels::device_sync("wgmma_probe");
+  const std::vector<int32_t> got = d_out.to_vector<int32_t>(size_t(64) * (16 + 24));
+  size_t off = 0, bad = 0;
+  for (const int N : {16, 24}) {
+    for (int r = 0; r < 64; r++)
+      for (int t = 0; t < N; t++) {
+        int32_t want = 0;
+        for (int k = 0; k < 32; k++) want += ((7 * r + 3 * k) % 11 - 5) * ((5 * t + k) % 13 - 6);
+        const int32_t g = got[off + size_t(r) * N + size_t(t)];
+        if (g != want && bad++ < 8)
+          UNSCOPED_INFO("N=" << N << " D[" << r << "][" << t << "] = " << g << ", want " << want);
+      }
+    off += size_t(64) * N;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full-N form)",
+          "[gpu]") {
+  strata::test::skip_without_gpu();
+  // The wgmma form issues N = the tile's token count rounded up to a quarter of BN (8 or 16 at
+  // BN = 16); columns past the count read stale shared memory and must never be stored. Each
+  // section picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: below
+  // 64, 128 from 64 on the wgmma path; the mma.sync path runs its 64-token tile there) and has a
+  // group for every width, each short of it (64: 13, 30, 45 and 100 = 64 + 36 tokens for N = 16,
+  // 32, 48, 64). H = 320 (10 blocks: a partial last pipeline stage), I = 256, and K3's shape for
+  // the 128-token tile (one CTA per SM, 28 stages).
+  struct Layout {
+    const char* name;
+    std::vector<int> sizes;  // tokens per group (consecutive token ranges, wrapping at T)
+    int H = 320, I = 256;
+  };
+  const Layout layouts[] = {{"16-token tiles", {13, 1, 2, 0, 6}},
+                            {"32-token tiles", {27, 5, 11, 19}},
+                            {"64-token tiles", {45, 100, 13, 30}},
+                            {"128-token tiles", {100, 45, 130, 20, 70}},
+                            {"128-token tiles at K3 shape", {70, 130}, 3584, 3072}};
+  for (const Layout& l : layouts) {
+    DYNAMIC_SECTION(l.name) {
+      Case c;
+      c.H = l.H, c.I = l.I, c.T = 140, c.slots = 5, c.glu = situ();
+      c.scale_span = 4;
+      c.poisoned_token = 7;
+      c.wide_token = 9;
+      int next = 0;
+      for (int g = 0; g < int(l.sizes.size()); g++) {
+        std::vector<int> toks;
+        for (int k = 0; k < l.sizes[size_t(g)]; k++) toks.push_back((next + k) % c.T);
+        next += l.sizes[size_t(g)];
+        c.group_tokens.push_back(toks);
+        c.group_slot.push_back((g * 2 + 1) % c.slots);
+      }
+      Prepared p = prepare(c);
+      check_gpu(p, moe::ExpertPath::gemm);
+      check_gpu(p, moe::ExpertPath::wgmma);
+    }
+  }
+}
+
+TEST_CASE("moe gpu: GEMM and wgmma paths report widths above 4096 as not supported", "[gpu]") {
   strata::test::skip_without_gpu();
   moe::ExpertBatch b;
   b.G = 1, b.P = 1, b.T = 1, b.H = 4128, b.I = 96;
@@ -498,10 +579,11 @@ TEST_CASE("moe gpu: GEMM path reports widths above 4096 as not supported", "[gpu
   DeviceBuffer tok = DeviceBuffer::from(std::vector<int32_t>{0});
   b.experts = dv.as<Mxfp4ExpertView>(), b.group_offsets = off.as<int32_t>();
   b.pair_token = tok.as<int32_t>(), b.x = x.as<float>(), b.y = y.as<float>();
-  const strata::kernels::Status s =
-      moe::grouped_experts(b, ws.get(), ws_bytes, moe::ExpertPath::gemm, nullptr);
-  CHECK_FALSE(s.ok());
-  CHECK(std::string(s.message).find("4096") != std::string::npos);
+  for (const moe::ExpertPath path : {moe::ExpertPath::gemm, moe::ExpertPath::wgmma}) {
+    const strata::kernels::Status s = moe::grouped_experts(b, ws.get(), ws_bytes, path, nullptr);
+    CHECK_FALSE(s.ok());
+    CHECK(std::string(s.message).find("4096") != std::string::npos);
+  }
 }
 
 TEST_CASE("moe gpu: weighted merge in expert-id order is bit-identical to the host", "[gpu]") {
