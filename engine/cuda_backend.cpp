@@ -17,6 +17,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -416,6 +417,7 @@ Mxfp4ExpertView view_at(const ExpertWeights& e, const uint8_t* base, int hidden,
 
 CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackendOptions cuda)
     : model_(model), c_(model.config()), opt_(std::move(options)), cuda_(cuda) {
+  if (const char* e = std::getenv("STRATA_CUDA_PROFILE_STEP")) profile_step_ = std::atoi(e);
   if (kernels::cuda_device_count() == 0)
     throw Error("--device gpu: no CUDA device (" + kernels::cuda_device_description(0) + ")");
   if (opt_.precision != Precision::bf16 || opt_.experts != ExpertNumerics::contract)
@@ -980,6 +982,10 @@ void CudaBackend::begin_step(const StepShape& s) {
   } else {
     g.entry = &it->second;
     g.replaying = true;
+    if (profile_step_ > 0 && ++replayed_steps_ == profile_step_) {
+      profiling_ = true;
+      rt::profiler_start();
+    }
   }
 }
 
@@ -1061,6 +1067,11 @@ void CudaBackend::commit_step(const StepShape& s) {
     g.entry = nullptr;
   }
   for (const SeqSpan& q : s.seqs) pos_[size_t(q.slot)] += q.T;
+  if (profiling_) {
+    check(rt::stream_sync(impl_->stream), "profile");
+    rt::profiler_stop();
+    profiling_ = false;
+  }
   promote_poll();
   if (prof_) {
     Profile& p = *prof_;
@@ -1288,9 +1299,10 @@ void mlp(CudaBackend::Impl& im, const MlpDev& w, const kops::GluParams& act, con
   gemm_f32(im, hb, w.down, out, T);
 }
 
-// One grouped launch of contract experts (b's GLU set from the model's), then the bf16 rounding
-// of its output rows like every GEMM output of the bf16 model (and like the CPU executor's rows):
-// the merge then sees the same bits from either executor.
+// One grouped launch of contract experts (b's GLU set from the model's). Its output rows are
+// rounded to bf16 like every GEMM output of the bf16 model (and like the CPU executor's rows) as
+// the merge reads them (merge_weighted with round_bf16): the merge sees the same bits from either
+// executor.
 void grouped_launch(CudaBackend::Impl& im, kernels::moe::ExpertBatch b, const cpu::ref::Glu& glu,
                     void* wsp, size_t wsb) {
   b.glu.situ = glu.kind == cpu::ref::GluKind::situ;
@@ -1298,7 +1310,6 @@ void grouped_launch(CudaBackend::Impl& im, kernels::moe::ExpertBatch b, const cp
   b.glu.beta2 = glu.beta2;
   check(kernels::moe::grouped_experts(b, wsp, wsb, kernels::moe::ExpertPath::automatic, im.stream),
         "grouped_experts");
-  check(kops::round_bf16_inplace(b.y, int64_t(b.P) * b.H, im.stream), "round experts");
 }
 }  // namespace
 
@@ -1491,7 +1502,6 @@ void CudaBackend::moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const f
   const MoeDev& w = im.layers[size_t(l)].moe;
   const auto& mo = c_.moe;
   const int64_t L = c_.expert_in_dim(), D = c_.hidden_size;
-  check(kops::round_bf16_inplace(acc, T * L, im.stream), "round merge");
   if (mo.latent_size > 0) {
     if (mo.latent_norm)
       check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream),
@@ -1583,7 +1593,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     // Pairs of token t are rows t·K … of the merge lists: its experts in increasing id (route's
     // order), weights aligned with the ids.
     check(kernels::moe::merge_weighted(ybuf, im.token_offsets_dev, d_pair, wts, acc, int(T), int(L),
-                                       im.stream),
+                                       im.stream, true),
           "merge");
     moe_tail(l, T, acc, accb, shared, out);
     return;
@@ -1782,7 +1792,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   // 6. Merge in expert-id order, one rounding; latent norm and up-projection; shared experts.
   if (!graphable()) return;
   if (shared && shared_late) mlp(im, w.shared, act, xb, shared, T);
-  check(kernels::moe::merge_weighted(ybuf, d_toff, d_pair, d_mw, acc, int(T), int(L), im.stream),
+  check(kernels::moe::merge_weighted(ybuf, d_toff, d_pair, d_mw, acc, int(T), int(L), im.stream,
+                                     true),
         "merge");
   moe_tail(l, T, acc, accb, shared, out);
   // The pinned staging is reused by the next MoE layer: its uploads must have run by then (the

@@ -167,6 +167,10 @@ class CudaBackend final : public Backend {
   size_t finite_read_ = 0;
   size_t finite_downloaded_ = 0;  // sites covered by the last enqueued (or replayed) download
   StepShape finite_shape_;
+  // STRATA_CUDA_PROFILE_STEP=n: the n-th replayed decode step runs between profiler_start and
+  // profiler_stop (ncu --profile-from-start off collects that one step); 0 = off.
+  int profile_step_ = 0, replayed_steps_ = 0;
+  bool profiling_ = false;
   // The record's download, covering the sites so far, before a sync the caller makes (enqueue:
   // false when a replayed graph segment holds the copy); after that sync, finite_verdict() throws
   // for the first failing site.

@@ -81,6 +81,11 @@ Status end_capture(void* stream, void** graph_exec);
 Status graph_launch(void* graph_exec, void* stream);
 void graph_destroy(void* graph_exec);
 
+// cudaProfilerStart/Stop: marks the range an external profiler (ncu --profile-from-start off)
+// collects; no effect without one.
+void profiler_start();
+void profiler_stop();
+
 // Device allocations made through device_alloc / pinned_alloc so far (counted, for the test that
 // nothing is allocated in the decode loop).
 uint64_t device_allocations();

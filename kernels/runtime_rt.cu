@@ -1,4 +1,5 @@
 // The engine-facing CUDA runtime wrappers of kernels/runtime.h (namespace rt).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -141,6 +142,13 @@ Status graph_launch(void* exec, void* s) {
 }
 void graph_destroy(void* exec) {
   if (exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+}
+
+void profiler_start() {
+  cudaProfilerStart();
+}
+void profiler_stop() {
+  cudaProfilerStop();
 }
 
 uint64_t device_allocations() {

@@ -7,6 +7,7 @@
 
 #include "kernels/moe/paths.h"
 #include "kernels/ops/launch.cuh"
+#include "storage/bf16.h"
 #include "storage/expert_contract.h"
 #include "storage/expert_contract_int.h"
 
@@ -102,16 +103,26 @@ unsigned quant_grid(int rows, int K) {
   return unsigned((size_t(rows) * (K / c::kBlock) + kQuantWarps - 1) / kQuantWarps);
 }
 
-__global__ void merge_kernel(const float* y, const int32_t* token_offsets, const int32_t* pair,
-                             const float* weight, float* out, int H) {
-  const size_t t = blockIdx.x;
+// One thread per output column (blocks of kMergeThreads columns, T·chunks blocks): a decode step's
+// single token spreads over the SMs instead of one block walking its row. round: the y values are
+// read rounded to bf16 and the sum is stored rounded (RNE) — the same bits as rounding y and out
+// in passes of their own (rounding is idempotent, so rows already rounded read unchanged).
+constexpr int kMergeThreads = 128;
+template <bool kRound>
+__global__ void __launch_bounds__(kMergeThreads)
+    merge_kernel(const float* y, const int32_t* token_offsets, const int32_t* pair,
+                 const float* weight, float* out, int H, int chunks) {
+  const size_t t = blockIdx.x / unsigned(chunks);
+  const int d = int(blockIdx.x % unsigned(chunks)) * kMergeThreads + int(threadIdx.x);
+  if (d >= H) return;
   const int q0 = token_offsets[t], q1 = token_offsets[t + 1];
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int q = q0; q < q1; q++)
-      acc = __fadd_rn(acc, __fmul_rn(weight[q], y[size_t(pair[q]) * H + d]));
-    out[t * H + d] = acc;
+  float acc = 0.0f;
+  for (int q = q0; q < q1; q++) {
+    float v = y[size_t(pair[q]) * H + d];
+    if (kRound) v = ::strata::round_bf16(v);
+    acc = __fadd_rn(acc, __fmul_rn(weight[q], v));
   }
+  out[t * H + d] = kRound ? ::strata::round_bf16(acc) : acc;
 }
 
 }  // namespace
@@ -215,11 +226,21 @@ Status gemm_window_counts(const void* workspace, int T, int P, int H, int I,
 }
 
 Status merge_weighted(const float* y, const int32_t* token_offsets, const int32_t* pair,
-                      const float* weight, float* out, int T, int H, void* stream) {
+                      const float* weight, float* out, int T, int H, void* stream,
+                      bool round_bf16) {
   if (T < 0 || H <= 0) return kernels::detail::invalid("merge_weighted: bad T or H");
   if (T == 0) return {};
-  detail::merge_kernel<<<unsigned(T), 256, 0, kernels::detail::as_stream(stream)>>>(
-      y, token_offsets, pair, weight, out, H);
+  const int chunks = (H + detail::kMergeThreads - 1) / detail::kMergeThreads;
+  if (size_t(T) * size_t(chunks) > 0x7fffffffu)
+    return kernels::detail::invalid("merge_weighted: T too large");
+  const dim3 grid(unsigned(size_t(T) * size_t(chunks))), block(detail::kMergeThreads);
+  cudaStream_t st = kernels::detail::as_stream(stream);
+  if (round_bf16)
+    detail::merge_kernel<true>
+        <<<grid, block, 0, st>>>(y, token_offsets, pair, weight, out, H, chunks);
+  else
+    detail::merge_kernel<false>
+        <<<grid, block, 0, st>>>(y, token_offsets, pair, weight, out, H, chunks);
   return kernels::detail::launch_status();
 }
 

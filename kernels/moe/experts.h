@@ -79,7 +79,10 @@ Status gemm_window_counts(const void* workspace, int T, int P, int H, int I, Gem
 // token_offsets[t+1]) (the token's experts in increasing expert id): acc = acc + (weight[q] ·
 // y[pair[q], :]) in fp32 without FMA; out[t, :] = acc. token_offsets [T+1], pair/weight [Q].
 // y rows may come from any executor (CPU expert outputs copied into the same buffer).
+// round_bf16: every y value is read rounded to bf16 (RNE) and out is stored rounded — the bits of
+// rounding y and out in passes of their own, as the bf16 engine does, without the two passes.
 Status merge_weighted(const float* y, const int32_t* token_offsets, const int32_t* pair,
-                      const float* weight, float* out, int T, int H, void* stream);
+                      const float* weight, float* out, int T, int H, void* stream,
+                      bool round_bf16 = false);
 
 }  // namespace strata::kernels::moe

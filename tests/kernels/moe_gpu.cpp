@@ -21,6 +21,7 @@
 #include "kernels/moe/paths.h"
 #include "kernels/ops/device_memory.h"
 #include "kernels/runtime.h"
+#include "storage/bf16.h"
 #include "test_data.h"
 
 namespace {
@@ -588,44 +589,55 @@ TEST_CASE("moe gpu: GEMM and wgmma paths report widths above 4096 as not support
 
 TEST_CASE("moe gpu: weighted merge in expert-id order is bit-identical to the host", "[gpu]") {
   strata::test::skip_without_gpu();
-  const int T = 5, H = 3584, P = 23;
-  Rng r{7};
-  std::vector<float> y(size_t(P) * H);
-  for (float& v : y) v = r.normal();
-  y[size_t(3) * H + 17] = NAN;  // a NaN expert output poisons exactly its token's element
-  std::vector<int32_t> offsets = {0}, pair;
-  std::vector<float> w;
-  for (int t = 0; t < T; t++) {
-    const int n = t == 2 ? 0 : 3 + t;  // token 2 routed nowhere (all-GPU-miss): zeros
-    for (int k = 0; k < n; k++) {
-      pair.push_back(int32_t((t * 5 + k * 3) % P));
-      w.push_back(r.uniform() * 0.3f);
-    }
-    offsets.push_back(int32_t(pair.size()));
-  }
-  std::vector<float> want(size_t(T) * H);
-  for (int t = 0; t < T; t++)
-    for (int d = 0; d < H; d++) {
-      float acc = 0.0f;
-      for (int q = offsets[size_t(t)]; q < offsets[size_t(t) + 1]; q++) {
-        volatile float prod = w[size_t(q)] * y[size_t(pair[size_t(q)]) * H + d];
-        acc = acc + prod;
+  // Widths: K3's latent, one short of a column block and beyond it; with and without the bf16
+  // rounding of y and out (round(y) read, round(out) stored).
+  for (const int H : {3584, 127, 200})
+    for (const bool round : {false, true}) {
+      CAPTURE(H, round);
+      const int T = 5, P = 23;
+      Rng r{uint64_t(7 + H)};
+      std::vector<float> y(size_t(P) * H);
+      for (float& v : y) v = r.normal();
+      y[size_t(3) * H + 17] = NAN;  // a NaN expert output poisons exactly its token's element
+      std::vector<int32_t> offsets = {0}, pair;
+      std::vector<float> w;
+      for (int t = 0; t < T; t++) {
+        const int n = t == 2 ? 0 : 3 + t;  // token 2 routed nowhere (all-GPU-miss): zeros
+        for (int k = 0; k < n; k++) {
+          pair.push_back(int32_t((t * 5 + k * 3) % P));
+          w.push_back(r.uniform() * 0.3f);
+        }
+        offsets.push_back(int32_t(pair.size()));
       }
-      want[size_t(t) * H + d] = acc;
+      std::vector<float> want(size_t(T) * H);
+      for (int t = 0; t < T; t++)
+        for (int d = 0; d < H; d++) {
+          float acc = 0.0f;
+          for (int q = offsets[size_t(t)]; q < offsets[size_t(t) + 1]; q++) {
+            float v = y[size_t(pair[size_t(q)]) * H + d];
+            if (round) v = strata::round_bf16(v);
+            volatile float prod = w[size_t(q)] * v;
+            acc = acc + prod;
+          }
+          want[size_t(t) * H + d] = round ? strata::round_bf16(acc) : acc;
+        }
+      DeviceBuffer dy = DeviceBuffer::from(y), doff = DeviceBuffer::from(offsets),
+                   dp = DeviceBuffer::from(pair), dw = DeviceBuffer::from(w),
+                   dout(size_t(T) * H * 4);
+      REQUIRE(moe::merge_weighted(dy.as<float>(), doff.as<int32_t>(), dp.as<int32_t>(),
+                                  dw.as<float>(), dout.as<float>(), T, H, nullptr, round)
+                  .ok());
+      std::vector<float> got = dout.to_vector<float>(size_t(T) * H);
+      size_t bad = 0, nan = 0;
+      for (size_t i = 0; i < got.size(); i++) {
+        if (std::isnan(want[i])) {
+          ++nan;
+          bad += !std::isnan(got[i]);
+        } else {
+          bad += std::memcmp(&got[i], &want[i], 4) != 0;
+        }
+      }
+      CHECK(nan > 0);
+      CHECK(bad == 0);
     }
-  DeviceBuffer dy = DeviceBuffer::from(y), doff = DeviceBuffer::from(offsets),
-               dp = DeviceBuffer::from(pair), dw = DeviceBuffer::from(w), dout(size_t(T) * H * 4);
-  REQUIRE(moe::merge_weighted(dy.as<float>(), doff.as<int32_t>(), dp.as<int32_t>(), dw.as<float>(),
-                              dout.as<float>(), T, H, nullptr)
-              .ok());
-  std::vector<float> got = dout.to_vector<float>(size_t(T) * H);
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); i++) {
-    if (std::isnan(want[i])) {
-      bad += !std::isnan(got[i]);
-    } else {
-      bad += std::memcmp(&got[i], &want[i], 4) != 0;
-    }
-  }
-  CHECK(bad == 0);
 }

@@ -484,8 +484,13 @@ TEST_CASE("sample gpu: greedy, temperature, top-k, top-p match a host sampler", 
 TEST_CASE("moe gpu: routing to expert groups on the device matches the host grouping", "[gpu]") {
   strata::test::skip_without_gpu();
   using strata::Mxfp4ExpertView;
-  for (const auto& [E, K, T] : std::vector<std::array<int, 3>>{
-           {896, 16, 1}, {896, 16, 8}, {896, 16, 256}, {64, 16, 8}, {5, 4, 3}}) {
+  for (const auto& [E, K, T] : std::vector<std::array<int, 3>>{{896, 16, 1},
+                                                               {896, 16, 8},
+                                                               {896, 16, 9},
+                                                               {896, 16, 64},
+                                                               {896, 16, 256},
+                                                               {64, 16, 8},
+                                                               {5, 4, 3}}) {
     INFO("E " << E << " K " << K << " T " << T);
     Rng rng(uint64_t(E * 1000 + T));
     const int n = T * K;
