@@ -210,10 +210,13 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
 // chunk never straddles a run), G·N < 2^30 and (input rows)·K < 2^31 (32-bit row arithmetic).
 constexpr int kSmChunk = 2;      // rows per chunk (the trip structure assumes exactly two)
 constexpr int kSmMaxWarps = 24;  // block size bound (80 registers per thread)
-// Mean tokens per group up to which the launcher takes the persistent kernel. At 2 (batched
-// decode: 8 tokens × top-16 over the 64 experts of the 8-layer slice) the strip kernel read the
-// experts at 2.1 TB/s on the H200 (ncu), the persistent one at 3.5-3.8 TB/s for one token.
-constexpr int kSmMaxMeanTokens = 4;
+// Mean tokens per group up to which the launcher takes the persistent kernel: 1. Tried at 4 on the
+// H200 (8-layer slice, 8 sequences: 128 pairs over at most 64 experts, 2 tokens per group): decode
+// fell from 739 to 628 tok/s (MoE 7.1 ms of a 13.2 ms eager step) — with several tokens per row
+// both kernels are bound by the
+// per-token instructions (row_tokens decodes and reduces each token alone), and the strip kernel
+// (2.1 TB/s there, ncu) balances its strips better.
+constexpr int kSmMaxMeanTokens = 1;
 
 // Lane 0's claim of the next chunk. atom.inc with a limit never reached rather than atom.add:
 // ptxas wraps a lane-0-only add in its warp-aggregation sequence (vote, popc, shuffle: 13
