@@ -212,10 +212,9 @@ constexpr int kSmChunk = 2;      // rows per chunk (the trip structure assumes e
 constexpr int kSmMaxWarps = 24;  // block size bound (80 registers per thread)
 // Mean tokens per group up to which the launcher takes the persistent kernel: 1. Tried at 4 on the
 // H200 (8-layer slice, 8 sequences: 128 pairs over at most 64 experts, 2 tokens per group): decode
-// fell from 739 to 628 tok/s (MoE 7.1 ms of a 13.2 ms eager step) — with several tokens per row
-// both kernels are bound by the
-// per-token instructions (row_tokens decodes and reduces each token alone), and the strip kernel
-// (2.1 TB/s there, ncu) balances its strips better.
+// fell from 739 to 628 tok/s (MoE 7.1 ms of a 13.2 ms eager step). With several tokens per row
+// both kernels are bound by the per-token instructions (row_tokens decodes and reduces each token
+// alone), and the strip kernel (2.1 TB/s there, ncu) balances its strips better.
 constexpr int kSmMaxMeanTokens = 1;
 
 // Lane 0's claim of the next chunk. atom.inc with a limit never reached rather than atom.add:
