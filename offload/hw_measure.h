@@ -93,8 +93,9 @@ class BoundBuffer {
 void fill_random(uint8_t* p, size_t n, uint64_t seed, int lo = 0, int hi = 255);
 
 // All `arena` threads streaming reads over a `bytes` buffer bound through hwloc (AVX-512 loads
-// where available, else 64-bit loads; the returned sample's `note` says which).
-RateSample measure_host_read(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
+// where available, else 64-bit loads; the returned sample's `note` says which). `arena`: a
+// cpu::PinnedArena's (threads pinned) or a plain one.
+RateSample measure_host_read(tbb::task_arena& arena, const cpu::Topology& topo, size_t bytes,
                              int repeats, std::string* note = nullptr);
 
 // The K3 routed-expert shape (3584 → 3072 → 3584, released MXFP4 layout: 17,547,264 bytes).
@@ -109,8 +110,9 @@ class CpuExpertProbe {
   CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts);
   ~CpuExpertProbe();
   int experts() const { return int(views_.size()); }
-  // A callable that runs one cpu::run_experts_cpu call at M tokens per expert with `opt` (the
-  // arena is set by the probe); its buffers are prepared here and live as long as the callable.
+  // A callable that runs one cpu::run_experts_cpu call at M tokens per expert with `opt` (in
+  // opt.arena, or the probe's pinned arena when null); its buffers are prepared here and live as
+  // long as the callable.
   // The probe must outlive it.
   std::function<void()> prepare(int M, cpu::CpuExpertOptions opt);
 

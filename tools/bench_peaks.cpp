@@ -39,7 +39,8 @@ void stream_read(cpu::PinnedArena& arena, const uint8_t* buf, size_t bytes) {
 double measure_read_gbps(cpu::PinnedArena& arena, const cpu::Topology& topo, size_t bytes,
                          int repeats, BenchReport& rep) {
   std::string note;
-  const offload::RateSample s = offload::measure_host_read(arena, topo, bytes, repeats, &note);
+  const offload::RateSample s =
+      offload::measure_host_read(arena.arena(), topo, bytes, repeats, &note);
   BenchLine l;
   l.name = "memory read (peak)";
   l.shape =
