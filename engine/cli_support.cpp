@@ -142,9 +142,12 @@ int gpu_promote_interval(const std::string& v) {
 SessionSetup::SessionSetup(const InspectOptions& o, const ModelConfig& c, PositionRange positions)
     : in_(o) {
   opt_.precision = parse_precision(o.precision);
+  // auto: the contract for MXFP4 experts; bf16 experts (Kimi-Linear) on the fast bf16 GEMMs in
+  // the bf16 model, the exact oracle in fp32.
   if (o.experts_numerics == "auto")
-    opt_.experts =
-        c.moe.mxfp4 || c.num_moe_layers() == 0 ? ExpertNumerics::contract : ExpertNumerics::exact;
+    opt_.experts = c.moe.mxfp4 || c.num_moe_layers() == 0 ? ExpertNumerics::contract
+                   : opt_.precision == Precision::bf16    ? ExpertNumerics::bf16
+                                                          : ExpertNumerics::exact;
   else
     opt_.experts = parse_expert_numerics(o.experts_numerics);
   check_device(o.device);
@@ -227,7 +230,8 @@ std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const Sessio
   }
   // cpu-ref: the reference backend in any precision (every row computed alone in a fixed order, so
   // a sequence's bits do not depend on the others in its step). cpu: the fast backend for bf16 +
-  // contract (its GEMV/oneDNN choice follows the rows of a step), the reference for fp32 or exact.
+  // contract or bf16 experts (its GEMV/oneDNN choice follows the rows of a step), the reference
+  // for fp32 or exact.
   if (in_.device == "cpu-ref") return std::make_unique<CpuRefBackend>(m, so.backend(), slots);
   return make_cpu_backend(m, so.backend(), slots);
 }

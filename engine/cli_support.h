@@ -36,7 +36,8 @@ int gpu_promote_interval(const std::string& v);
 // The options every forward-running command accepts, as parsed by CLI11.
 struct InspectOptions {
   std::string precision = "bf16";
-  std::string experts_numerics = "auto";  // contract for MXFP4 experts, exact for bf16 experts
+  std::string experts_numerics = "auto";  // contract for MXFP4 experts; bf16 experts: bf16 (exact
+                                          // with --precision fp32)
   // Device table (README "Devices, precisions, experts"): auto = the GPU when present and the
   // numerics are bf16 + contract, else the CPU reference.
   std::string device = "auto";

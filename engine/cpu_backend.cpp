@@ -66,6 +66,10 @@ uint64_t CpuSeqState::bytes(const ModelConfig& c) const {
 CpuHostBackend::CpuHostBackend(const Model& model, BackendOptions options, int slots)
     : model_(model), c_(model.config()), opt_(std::move(options)) {
   STRATA_ASSERT(slots >= 1);
+  if (opt_.experts == ExpertNumerics::bf16 && opt_.precision != Precision::bf16)
+    throw Error(
+        "--experts-numerics bf16 runs the bf16 model; --precision fp32 is the reference's (use "
+        "--experts-numerics exact)");
   executor_ = make_expert_executor(opt_.experts, c_);
   if (opt_.wrap_executor) executor_ = opt_.wrap_executor(std::move(executor_));
   slots_.resize(size_t(slots));

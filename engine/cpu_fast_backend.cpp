@@ -474,7 +474,7 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
 // ---------------------------------------------------------------------------------------------
 
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, BackendOptions options, int slots) {
-  if (options.precision == Precision::bf16 && options.experts == ExpertNumerics::contract)
+  if (options.precision == Precision::bf16 && options.experts != ExpertNumerics::exact)
     return std::make_unique<CpuFastBackend>(model, std::move(options), slots);
   return std::make_unique<CpuRefBackend>(model, std::move(options), slots);
 }

@@ -91,7 +91,8 @@ class CpuFastBackend final : public CpuHostBackend {
 };
 
 // The CPU backend for the options: the fast one for bf16 with contract experts (the default
-// combination), the reference backend (the oracle) for fp32 or exact experts.
+// combination) or bf16 experts (ExpertNumerics::bf16), the reference backend (the oracle) for
+// fp32 or exact experts.
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, BackendOptions options,
                                           int slots = 1);
 

@@ -420,6 +420,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   if (const char* e = std::getenv("STRATA_CUDA_PROFILE_STEP")) profile_step_ = std::atoi(e);
   if (kernels::cuda_device_count() == 0)
     throw Error("--device gpu: no CUDA device (" + kernels::cuda_device_description(0) + ")");
+  if (opt_.experts == ExpertNumerics::bf16)
+    throw Error(
+        "--device gpu: bf16 routed experts (--experts-numerics bf16) run on the CPU so far; use "
+        "--experts-quantize mxfp4 for the GPU, or --device cpu");
   if (opt_.precision != Precision::bf16 || opt_.experts != ExpertNumerics::contract)
     throw Error(
         "--device gpu runs bf16 with contract experts; --precision fp32 and --experts-numerics "

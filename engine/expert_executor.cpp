@@ -16,13 +16,14 @@ namespace strata::engine {
 namespace ref = cpu::ref;
 
 const char* expert_numerics_name(ExpertNumerics n) {
-  return n == ExpertNumerics::exact ? "exact" : "contract";
+  return n == ExpertNumerics::exact ? "exact" : n == ExpertNumerics::bf16 ? "bf16" : "contract";
 }
 
 ExpertNumerics parse_expert_numerics(const std::string& s) {
   if (s == "exact") return ExpertNumerics::exact;
   if (s == "contract") return ExpertNumerics::contract;
-  throw Error("--experts-numerics: expected exact or contract, got '" + s + "'");
+  if (s == "bf16") return ExpertNumerics::bf16;
+  throw Error("--experts-numerics: expected exact, contract or bf16, got '" + s + "'");
 }
 
 std::vector<ExpertTask> group_by_expert(const MoeRouting& r) {
@@ -91,11 +92,17 @@ class ExactExecutor final : public ExpertExecutor {
 
 std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const ModelConfig& c) {
   if (n == ExpertNumerics::exact) return std::make_unique<ExactExecutor>();
+  if (n == ExpertNumerics::bf16) {
+    if (c.moe.mxfp4)
+      throw Error("--experts-numerics bf16 is for bf16 routed experts; " + c.source +
+                  " has MXFP4 experts (use contract or exact)");
+    return make_bf16_executor();
+  }
   if (!c.moe.mxfp4)
     throw Error(
         "--experts-numerics contract: the contract (docs/numerics.md) is defined for "
         "MXFP4 routed experts; " +
-        c.source + " has bf16 experts (use exact)");
+        c.source + " has bf16 experts (use bf16 or exact)");
   return make_contract_executor(c, cpu::ExpertIsa::automatic);
 }
 

@@ -24,6 +24,10 @@ enum class ExpertNumerics {
   exact,     // experts dequantised to fp32 (MXFP4 exact), fp32 math: the oracle, used vs golden
   contract,  // docs/numerics.md integer contract: the fast CPU expert kernels
              // (cpu/expert_kernels.h), bit-identical to the scalar strata::cpu::expert_ffn_contract
+  bf16,      // bf16 routed experts (Kimi-Linear) on the fast bf16 GEMMs of the trunk
+             // (cpu/bf16_linear.h): the bf16 model's rounding points, fp32 sums whose order
+             // follows the kernel (GEMV or oneDNN by the expert's token count) — outside the
+             // contract, within the bf16 noise of the exact oracle (engine/bf16_executor.cpp)
 };
 const char* expert_numerics_name(ExpertNumerics n);
 ExpertNumerics parse_expert_numerics(const std::string& s);  // throws strata::Error
@@ -65,9 +69,14 @@ class ExpertExecutor {
                    float* y, Precision p) = 0;
 };
 
-// The executor for a numerics mode. contract requires MXFP4 experts (throws strata::Error naming
-// the reason otherwise: no silent fallback, STYLE §12).
+// The executor for a numerics mode. contract requires MXFP4 experts, bf16 requires bf16 experts
+// (throws strata::Error naming the reason otherwise: no silent fallback, STYLE §12).
 std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const ModelConfig& c);
+
+// The bf16 executor (ExpertNumerics::bf16): per expert, its tokens' rows through the trunk's
+// cpu::Bf16Linear (gate and up in one pass, the GLU, down), outputs rounded to bf16. Requires bf16
+// experts and Precision::bf16 (asserted).
+std::unique_ptr<ExpertExecutor> make_bf16_executor();
 // The contract executor with its kernels' ISA chosen (cpu::ExpertIsa::automatic: the best this CPU
 // runs; scalar/avx2/avx512: forced, for tests and benchmarks). An ISA this CPU cannot run throws
 // strata::Error (no silent fallback). Requires MXFP4 experts (asserted).

@@ -16,10 +16,13 @@
 #include <sstream>
 #include <vector>
 
+#include "cpu/bf16_linear.h"
 #include "cpu/expert_kernels.h"
 #include "cpu/expert_kernels_impl.h"
 #include "cpu/topology.h"
+#include "engine/expert_executor.h"
 #include "offload/hw_measure.h"
+#include "storage/bf16.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 #include "tools/bench_peaks.h"
@@ -38,6 +41,7 @@ struct Options {
   std::vector<int> prefetch = {-1};
   std::vector<int> pass_tokens = {-1};
   bool no_workspace = false;
+  bool bf16 = false;
   int repeats = 5;
   int gemm = 4096;
   int membw_mib = 2048;
@@ -120,6 +124,66 @@ int run(const Options& o) {
         rep.add(l);
       }
   }
+  // bf16 routed experts (Kimi-Linear-48B: 2304 -> 1024 -> 2304, SiLU) through the bf16 executor
+  // (ExpertNumerics::bf16: the trunk's GEMV / oneDNN kernels), every token to every expert.
+  if (o.bf16) {
+    constexpr int64_t H = 2304, I = 1024;
+    const size_t per = size_t(3 * H * I);
+    std::vector<uint16_t> w(per * size_t(o.experts));
+    arena.arena().execute([&] {
+      tbb::parallel_for(size_t(0), w.size(), size_t(1) << 20, [&](size_t i0) {
+        const size_t i1 = std::min(w.size(), i0 + (size_t(1) << 20));
+        for (size_t i = i0; i < i1; ++i)
+          w[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 2e-5f);
+      });
+    });
+    engine::MoeWeights moe;
+    for (int e = 0; e < o.experts; ++e) {
+      const uint16_t* b = w.data() + size_t(e) * per;
+      moe.experts.push_back({cpu::ref::WeightView::bf16(b, I, H),
+                             cpu::ref::WeightView::bf16(b + H * I, I, H),
+                             cpu::ref::WeightView::bf16(b + 2 * H * I, H, I)});
+    }
+    ModelConfig cfg;
+    cfg.source = "bench cpu-experts";
+    engine::ExpertLayer layer;
+    layer.weights = &moe;
+    layer.config = &cfg;
+    layer.glu.kind = cpu::ref::GluKind::silu;
+    layer.in_dim = H;
+    layer.intermediate = I;
+    auto ex = engine::make_expert_executor(engine::ExpertNumerics::bf16, cfg);
+    for (int M : o.tokens) {
+      std::vector<float> x(size_t(M) * H), y(size_t(M) * size_t(o.experts) * H);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(float(int(i % 13) - 6) * 0.1f);
+      std::vector<engine::ExpertTask> tasks(size_t(o.experts));
+      int32_t slot = 0;
+      for (int e = 0; e < o.experts; ++e) {
+        tasks[size_t(e)].expert = e;
+        for (int t = 0; t < M; ++t) {
+          tasks[size_t(e)].tokens.push_back(t);
+          tasks[size_t(e)].slots.push_back(slot++);
+        }
+      }
+      BenchLine l;
+      l.name = "cpu-experts bf16 M=" + std::to_string(M);
+      l.shape = "2304->1024->2304 x" + std::to_string(o.experts) + " experts";
+      l.time = measure(
+          [&] {
+            arena.arena().execute(
+                [&] { ex->run(layer, tasks, x.data(), y.data(), cpu::ref::Precision::bf16); });
+          },
+          M >= 64 ? std::max(1, o.repeats / 2) : o.repeats, 1);
+      l.bytes = double(per) * 2.0 * o.experts;
+      l.flops = 2.0 * M * 3.0 * double(H) * double(I) * o.experts;
+      l.peak_is_bandwidth = double(M) < ridge;  // M FLOP per weight byte
+      l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
+      l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
+      l.note = "Kimi-Linear shape, bf16 executor (GEMV to " + std::to_string(cpu::kGemvMaxTokens) +
+               " tokens, oneDNN above)";
+      rep.add(l);
+    }
+  }
   if (!o.json.empty()) rep.write_json(o.json);
   return 0;
 }
@@ -142,6 +206,10 @@ BenchSetup setup = [](CLI::App& app) {
       ->delimiter(',');
   app.add_flag("--no-workspace", o->no_workspace,
                "allocate the kernels' buffers in every call (no CpuExpertWorkspace)");
+  app.add_flag(
+      "--bf16", o->bf16,
+      "also the bf16 routed experts of Kimi-Linear (2304 -> 1024 -> 2304) through the bf16 "
+      "executor, the same experts and tokens");
   app.add_option("--repeats", o->repeats, "timed repeats per line (default 5; half for M ≥ 64)");
   app.add_option("--gemm", o->gemm, "oneDNN bf16 peak matmul size N (N×N×N, default 4096)");
   app.add_option("--membw-mib", o->membw_mib, "memory read peak buffer in MiB (default 2048)");

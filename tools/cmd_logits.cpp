@@ -24,8 +24,9 @@ void add_engine_options(CLI::App& app, engine::InspectOptions& o) {
   app.add_option("--precision", o.precision, "fp32 (the oracle, CPU) or bf16 (spec §12.2 rounding)")
       ->capture_default_str();
   app.add_option("--experts-numerics", o.experts_numerics,
-                 "routed experts: auto (contract for MXFP4 experts, exact for bf16 experts), exact "
-                 "(fp32 dequant, CPU) or contract (docs/numerics.md)")
+                 "routed experts: auto (contract for MXFP4 experts; bf16 for bf16 experts in "
+                 "bf16, exact in fp32), exact (fp32 dequant, CPU), contract (docs/numerics.md) or "
+                 "bf16 (bf16 experts on the fast bf16 GEMMs, CPU)")
       ->capture_default_str();
   app.add_option("--experts-quantize", o.experts_quantize,
                  "mxfp4: quantize bf16 routed experts to MXFP4 at load (OCP rule, into host "

@@ -68,15 +68,19 @@ struct Sessions {
   std::unique_ptr<Session> r16, r32, f;
   Dumper dump_fast{
       R"(blk\.[0-9]+\.(mix_attn|attn_norm|kda_out|mla_out|mix_mlp|ffn_norm|moe_out|mlp_out|out))"};
+  // e: the fast backend's experts; the reference sessions run the same, except that bf16
+  // experts (Kimi-Linear's fast executor) are checked against the exact oracle's.
   Sessions(const Model& m, ExpertNumerics e) {
     BackendOptions b16;
     b16.precision = Precision::bf16;
-    b16.experts = e;
+    b16.experts = e == ExpertNumerics::bf16 ? ExpertNumerics::exact : e;
     BackendOptions b32 = b16;
     b32.precision = Precision::fp32;
+    BackendOptions bf = b16;
+    bf.experts = e;
     ref16 = std::make_unique<CpuRefBackend>(m, b16, 1);
     ref32 = std::make_unique<CpuRefBackend>(m, b32, 1);
-    fast = std::make_unique<CpuFastBackend>(m, b16, 1);
+    fast = std::make_unique<CpuFastBackend>(m, bf, 1);
     SessionOptions rec, rep, rep32;
     rec.record_routing = &log;
     rep.replay_routing = &log;
@@ -121,10 +125,11 @@ double check_step(Sessions& s, const ModelConfig& c, const std::vector<int32_t>&
 TEST_CASE("fast CPU backend: layer by layer within the bf16 noise of the reference",
           "[engine][cpu_fast]") {
   // k3-tiny with contract experts (the default combination), kimi-linear-tiny (SiLU, plain
-  // residual, bf16 experts) with exact ones.
+  // residual, bf16 experts) with exact ones and with the bf16 executor (its default).
   for (auto [preset, numerics] : {std::pair{"k3-tiny", ExpertNumerics::contract},
-                                  std::pair{"kimi-linear-tiny", ExpertNumerics::exact}}) {
-    INFO(preset);
+                                  std::pair{"kimi-linear-tiny", ExpertNumerics::exact},
+                                  std::pair{"kimi-linear-tiny", ExpertNumerics::bf16}}) {
+    INFO(preset << ", experts " << expert_numerics_name(numerics));
     auto model = Model::load(synth_model(preset, "layers"));
     const ModelConfig& c = model->config();
     Sessions s(*model, numerics);
@@ -154,7 +159,8 @@ TEST_CASE("fast CPU backend: layer by layer within the bf16 noise of the referen
   }
 }
 
-TEST_CASE("fast CPU backend: chosen for bf16 + contract only, refuses fp32", "[engine][cpu_fast]") {
+TEST_CASE("fast CPU backend: chosen for bf16 with contract or bf16 experts, refuses fp32",
+          "[engine][cpu_fast]") {
   auto model = Model::load(synth_model("k3-tiny", "choice"));
   BackendOptions o;
   o.precision = Precision::bf16;
@@ -162,7 +168,12 @@ TEST_CASE("fast CPU backend: chosen for bf16 + contract only, refuses fp32", "[e
   CHECK(dynamic_cast<CpuFastBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
   o.experts = ExpertNumerics::exact;
   CHECK(dynamic_cast<CpuRefBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
+  auto kimi = Model::load(synth_model("kimi-linear-tiny", "choice"));
+  o.experts = ExpertNumerics::bf16;
+  CHECK(dynamic_cast<CpuFastBackend*>(make_cpu_backend(*kimi, o).get()) != nullptr);
   o.precision = Precision::fp32;
+  CHECK_THROWS_WITH(make_cpu_backend(*kimi, o),
+                    Catch::Contains("--experts-numerics bf16 runs the bf16 model"));
   o.experts = ExpertNumerics::contract;
   CHECK(dynamic_cast<CpuRefBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
   CHECK_THROWS_AS(CpuFastBackend(*model, o), strata::Error);
