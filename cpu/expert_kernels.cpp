@@ -310,7 +310,7 @@ void token_set(const QuantizedActivations& xq, const int* rows, int n, TokenSet&
 }
 
 detail::ProjArgs proj_args(const QuantizedActivations& xq, const TokenSet& ts, int r0, int r1,
-                           int prefetch, int pass_groups) {
+                           int prefetch, int pass_groups, bool few) {
   detail::ProjArgs a;
   a.K = xq.width();
   a.nb = xq.blocks();
@@ -331,6 +331,7 @@ detail::ProjArgs proj_args(const QuantizedActivations& xq, const TokenSet& ts, i
   a.out_stride = kRowTile;
   a.prefetch = prefetch;
   a.amx_pass_groups = pass_groups;
+  a.few = few;
   return a;
 }
 
@@ -427,7 +428,8 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
       const int r0 = it * kRowTile, r1 = std::min(H, r0 + kRowTile);
       thread_local std::vector<float> yt;
       if (yt.size() < size_t(n) * kRowTile) yt.resize(size_t(n) * kRowTile);
-      detail::ProjArgs a = proj_args(hq[e], ts, r0, r1, prefetch, pass_groups);
+      detail::ProjArgs a =
+          proj_args(hq[e], ts, r0, r1, prefetch, pass_groups, opt.few_token_kernel);
       a.packed = tk.w.w2_packed;
       a.scale = tk.w.w2_scale;
       if (r1 < H) {  // the next row tile (a hint for the AMX kernel's prefetch)
@@ -453,7 +455,7 @@ void run_layer(std::span<const ExpertTask> tasks, const QuantizedActivations& xq
     {
       thread_local std::vector<float> gu;
       if (gu.size() < size_t(2) * size_t(n) * kRowTile) gu.resize(size_t(2) * size_t(n) * kRowTile);
-      detail::ProjArgs a = proj_args(xq, ts, r0, r1, prefetch, pass_groups);
+      detail::ProjArgs a = proj_args(xq, ts, r0, r1, prefetch, pass_groups, opt.few_token_kernel);
       // next_*: the rows projected next (w3 after w1; after w3, likely this thread's next item:
       // the next row tile of w1), a hint for the AMX kernel's prefetch.
       const size_t hb = size_t(H / 2), hsc = size_t(H / c::kBlock);

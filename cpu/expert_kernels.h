@@ -107,6 +107,10 @@ struct CpuExpertOptions {
   int prefetch = -1;
   // Reused between calls when set (see CpuExpertWorkspace); null: this call allocates its own.
   CpuExpertWorkspace* workspace = nullptr;
+  // 2 to 4 tokens per expert (batched decode) on the few-token kernel (true) or the
+  // register-tiled one (false). A knob for the benchmark and the tests; results do not depend on
+  // it.
+  bool few_token_kernel = true;
   // AMX kernel with more than 16 tokens: tokens per pass over 64 decoded weight rows (rounded up
   // to a multiple of 16), so that the packed activations of a pass stay in L2 next to the decoded
   // weights; 0 = all tokens per pass over 16 rows (the loop order before this option); < 0 = the

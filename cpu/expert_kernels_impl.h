@@ -33,6 +33,9 @@ struct ProjArgs {
   // Software prefetch distance of the one-token kernel in bytes ahead of the row being read
   // (0: none).
   int prefetch = 0;
+  // AVX-512: 2 to 4 tokens take the few-token kernel (the one-token arithmetic per token, each
+  // weight piece decoded once) instead of the register-tiled one. Same bits either way.
+  bool few = true;
   // AMX only: the token set packed by amx_pack_tokens (B tiles and 2^e_x per token group).
   const int8_t* tb = nullptr;
   const double* tpx = nullptr;

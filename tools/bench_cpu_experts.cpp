@@ -41,6 +41,7 @@ struct Options {
   std::vector<int> prefetch = {-1};
   std::vector<int> pass_tokens = {-1};
   bool no_workspace = false;
+  bool no_few = false;
   bool bf16 = false;
   int repeats = 5;
   int gemm = 4096;
@@ -88,6 +89,7 @@ int run(const Options& o) {
   opt.isa = isa;
   cpu::CpuExpertWorkspace workspace;  // reused by every call, as a layer executor would
   if (!o.no_workspace) opt.workspace = &workspace;
+  opt.few_token_kernel = !o.no_few;
 
   for (int M : o.tokens) {
     if (M < 1) throw Error("--tokens: expected positive token counts");
@@ -110,7 +112,8 @@ int run(const Options& o) {
         l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
         l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
         l.note = std::string(cpu::isa_name(isa)) + ", contract bits" +
-                 (o.no_workspace ? ", fresh buffers per call" : ", workspace reused");
+                 (o.no_workspace ? ", fresh buffers per call" : ", workspace reused") +
+                 (M >= 2 && M <= 4 ? (o.no_few ? ", register-tiled" : ", few-token kernel") : "");
         const cpu::detail::GemmCounts c1 = cpu::detail::gemm_counts();
         if (c1.fast + c1.strict > c0.fast + c0.strict) {
           std::ostringstream ss;
@@ -206,6 +209,9 @@ BenchSetup setup = [](CLI::App& app) {
       ->delimiter(',');
   app.add_flag("--no-workspace", o->no_workspace,
                "allocate the kernels' buffers in every call (no CpuExpertWorkspace)");
+  app.add_flag(
+      "--no-few-token-kernel", o->no_few,
+      "2 to 4 tokens per expert on the register-tiled kernel instead of the few-token one");
   app.add_flag(
       "--bf16", o->bf16,
       "also the bf16 routed experts of Kimi-Linear (2304 -> 1024 -> 2304) through the bf16 "

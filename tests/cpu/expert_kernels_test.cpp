@@ -52,7 +52,8 @@ Layer make_layer(int H, int I, int T, const std::vector<std::vector<int>>& rows,
 
 // Runs the layer with `isa` and compares every output bit with expert_ffn_contract.
 void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
-                 strata::cpu::CpuExpertWorkspace* ws = nullptr, int pass_tokens = -1) {
+                 strata::cpu::CpuExpertWorkspace* ws = nullptr, int pass_tokens = -1,
+                 bool few = true) {
   std::vector<std::vector<float>> y(L.experts.size());
   std::vector<ExpertTask> tasks;
   for (size_t e = 0; e < L.experts.size(); ++e) {
@@ -63,6 +64,7 @@ void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
   opt.isa = isa;
   opt.workspace = ws;
   opt.amx_pass_tokens = pass_tokens;
+  opt.few_token_kernel = few;
   strata::cpu::run_experts_cpu(tasks, L.x.data(), L.T, glu, opt);
   std::vector<float> want(size_t(L.H));
   size_t mismatches = 0, nan_rows = 0;
@@ -82,7 +84,7 @@ void check_layer(const Layer& L, const GluParams& glu, ExpertIsa isa,
         }
     }
   INFO("isa " << strata::cpu::isa_name(isa) << ", shape " << L.H << "->" << L.I << "->" << L.H
-              << ", NaN rows " << nan_rows);
+              << ", NaN rows " << nan_rows << ", few-token kernel " << few);
   CHECK(mismatches == 0);
 }
 
@@ -105,6 +107,24 @@ TEST_CASE("expert kernels: K3 expert shape, every ISA, bit-identical to the cont
   const Layer L = make_layer(3584, 3072, 3, {{1}, {0, 2, 0}}, false, 21);
   for (ExpertIsa isa : kIsas)
     if (supported_or_warn(isa)) check_layer(L, GluParams{true, 4.0, 25.0}, isa);
+}
+
+TEST_CASE("expert kernels: 2 to 4 tokens per expert, few-token and register-tiled kernels",
+          "[expert]") {
+  // Batched decode: experts with 2, 3 and 4 tokens (and 1 beside them), K3's shape and odd widths
+  // (a partial 16-block chunk, a partial 64-byte piece), narrow and full-range scale codes.
+  struct Shape {
+    int H, I;
+  };
+  const GluParams situ{true, 4.0, 25.0}, silu{false, 0, 0};
+  for (Shape s : {Shape{3584, 3072}, Shape{160, 96}, Shape{1184, 608}, Shape{544, 1056}})
+    for (bool wide : {false, true}) {
+      const std::vector<std::vector<int>> rows = {{0, 1}, {2, 0, 3}, {1}, {3, 2, 1, 0}};
+      const Layer L = make_layer(s.H, s.I, 4, rows, wide, uint32_t(s.H * 3 + s.I + wide));
+      for (ExpertIsa isa : {ExpertIsa::avx512, ExpertIsa::amx})
+        if (supported_or_warn(isa))
+          for (bool few : {true, false}) check_layer(L, wide ? silu : situ, isa, nullptr, -1, few);
+    }
 }
 
 TEST_CASE("expert kernels: odd shapes and token counts, every ISA", "[expert]") {
