@@ -56,7 +56,7 @@ struct MeasureOptions {
   // dev VM), where wall-clock rates move 3× with other jobs; compare with the CPU seconds in
   // `strata run`'s stats line. Disk and GPU rates stay wall-clock.
   bool cpu_time = false;
-  std::vector<int> expert_tokens;  // M for the CPU expert curve; empty = {1, 4, 16, 64}
+  std::vector<int> expert_tokens;  // M for the CPU expert curve; empty = {1, 2, 4, 16, 64}
   // Called with a short status ("host memory read", "disk O_DIRECT 0.5 GiB") as each
   // measurement starts, and with the result line when it ends, for a progress display.
   std::function<void(const std::string&)> progress;
