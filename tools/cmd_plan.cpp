@@ -29,6 +29,7 @@ using namespace offload;
 
 struct Options {
   std::string model, config, hardware = "auto", json, svg, backend = "auto", overlap = "moe-layer";
+  std::string experts_quantize;  // --experts-quantize mxfp4
   std::string placement;
   int64_t context = 8192, prompt_len = 8192, gen_len = 256, chunk = 0;
   int concurrency = 1;
@@ -382,6 +383,9 @@ CommandRun setup(CLI::App& app) {
   app.add_option("--assume", o->assume,
                  "NAME=VALUE: replace one of the cost model's assumptions (CostAssumptions in "
                  "offload/cost_model.h), e.g. gpu_extra_syncs_per_layer=2");
+  app.add_option("--experts-quantize", o->experts_quantize,
+                 "mxfp4: plan bf16 routed experts (Kimi-Linear) as quantized at load, as `strata "
+                 "run --experts-quantize mxfp4` runs them (contract numerics, the GPU engine)");
   app.add_option("--json", o->json, "write the plan as JSON to FILE");
   app.add_option("--svg", o->svg, "write a chart of decode tok/s against DRAM and GPUs to FILE");
   return [o, ctx_opt]() {
@@ -397,7 +401,16 @@ CommandRun setup(CLI::App& app) {
     if (!fs::exists(cfg_path, ec))
       throw Error(cfg_path.string() + ": not found" +
                   (o->model.empty() ? "" : " (is " + o->model + " a checkpoint directory?)"));
-    const ModelConfig cfg = load_config(cfg_path);
+    ModelConfig cfg = load_config(cfg_path);
+    if (!o->experts_quantize.empty()) {  // as `strata run --experts-quantize` loads the model
+      const std::string q = "--experts-quantize " + o->experts_quantize + ": ";
+      if (o->experts_quantize != "mxfp4") throw Error(q + "expected mxfp4");
+      if (cfg.num_moe_layers() == 0) throw Error(q + cfg.source + " has no routed experts");
+      if (cfg.moe.mxfp4) throw Error(q + cfg.source + ": the routed experts are already MXFP4");
+      if (cfg.expert_in_dim() % 32 != 0 || cfg.moe.intermediate_size % 32 != 0)
+        throw Error(q + "expert widths must be multiples of 32 (the MXFP4 block)");
+      cfg.moe.mxfp4 = true;
+    }
     std::string note;
     const HardwareProfile hw = load_hw(o->hardware, &note);
     if (o->bench_e2e) {
@@ -446,6 +459,11 @@ CommandRun setup(CLI::App& app) {
       throw;
     }
     if (!note.empty()) std::printf("%s\n", note.c_str());
+    if (!cfg.moe.mxfp4 && cfg.num_moe_layers() > 0 && p.backend == TrunkBackend::gpu)
+      std::printf(
+          "note: the GPU engine runs bf16 routed experts only after --experts-quantize mxfp4 "
+          "today; this plan models them as bf16 GEMMs on the GPU (not built yet). For what runs "
+          "now: strata plan --experts-quantize mxfp4\n");
     std::printf("%s", plan_text(p).c_str());
     if (!o->json.empty()) {
       std::ofstream f(o->json);

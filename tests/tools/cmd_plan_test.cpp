@@ -66,6 +66,27 @@ TEST_CASE("plan: the real K3 config on the reference machines, without weights",
   CHECK(text.find("<path d=\"M") != std::string::npos);
 }
 
+TEST_CASE("plan: Kimi-Linear's bf16 experts as the engine runs them on a GPU (quantized at load)",
+          "[plan][cli]") {
+  const fs::path kl = strata::test::shared_dir() / "configs" / "kimi-linear-48b-a3b.config.json";
+  strata::test::need_shared(kl);
+  const auto dir = strata::test::scratch_dir("cmd_plan_kl");
+  const std::string base = "plan --config " + q(kl) + " --hardware " + q(hw("1xH100-64GB.json"));
+  const auto bf16 = run_cli(base + " --json " + q(dir / "bf16.json"));
+  CHECK(bf16.status == 0);
+  CHECK(bf16.out.find("note: the GPU engine runs bf16 routed experts only after") !=
+        std::string::npos);
+  const auto mx = run_cli(base + " --experts-quantize mxfp4 --json " + q(dir / "mx.json"));
+  CHECK(mx.status == 0);
+  CHECK(mx.out.find("note: the GPU engine") == std::string::npos);
+  CHECK(mx.out.find("top-8 MXFP4") != std::string::npos);
+  std::ifstream fb(dir / "bf16.json"), fm(dir / "mx.json");
+  const auto jb = nlohmann::json::parse(fb), jm = nlohmann::json::parse(fm);
+  // 3 × 2304 × 1024 weights: 14.2 MB in bf16, 3.76 MB in MXFP4 (4.25 bits per weight).
+  CHECK(jm["placement"]["expert_bytes"].get<double>() * 3.5 <
+        jb["placement"]["expert_bytes"].get<double>());
+}
+
 TEST_CASE("plan: machines that cannot run K3 are refused with the reason", "[plan][cli][errors]") {
   strata::test::need_shared(k3_config());
   const auto dir = strata::test::scratch_dir("cmd_plan_refuse");
@@ -115,6 +136,12 @@ TEST_CASE("plan and bench hw: bad input is one line and exit 1", "[plan][cli][er
       {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) + " --backend tpu",
        fs::exists(cfg) ? "--backend 'tpu': expected auto, gpu, cpu-reference or cpu-bf16"
                        : "config.json"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) +
+           " --experts-quantize mxfp4",
+       fs::exists(cfg) ? "the routed experts are already MXFP4" : "config.json"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) +
+           " --experts-quantize fp8",
+       fs::exists(cfg) ? "--experts-quantize fp8: expected mxfp4" : "config.json"},
   };
   for (const Case& c : cases) {
     INFO(c.args);
