@@ -2,11 +2,10 @@
 // cpu/expert_kernels.h for the scheme and docs/numerics.md for the arithmetic they must reproduce
 // bit for bit.
 //
-// One token (decode, memory-bound): each row is decoded in registers from the packed bytes; per
-// chunk of 16 blocks, 8 vpdpbusd give 4 dwords per block, a transpose-add tree and one vpermd the
-// 16 block dots in block order, minus 12·Σq.
-// Two to four tokens (batched decode): the one-token scheme per token, each 64-byte piece of the
-// row decoded once for all of them (project_few_avx512).
+// One to four tokens (decode, memory-bound; project_tokens_avx512): each row is decoded in
+// registers from the packed bytes, each 64-byte piece once for all the tokens; per token and chunk
+// of 16 blocks, 8 vpdpbusd give 4 dwords per block, a transpose-add tree and one vpermd the 16
+// block dots in block order, minus 12·Σq.
 // More tokens: the register-tiled any-order kernel (cpu/expert_gemm_avx512.cpp) whenever the
 // caller passes px, nbias and span (the layer driver always does); otherwise, here, each row is
 // decoded once into an L1 buffer in a transposed layout (and each token's activations once per
@@ -121,87 +120,16 @@ inline float lane_finish(__m512d L0, __m512d L1, __m512d L2, __m512d L3) {
 
 }  // namespace
 
-// One token (decode): the row is decoded in registers, straight from the packed bytes, with no
-// trip through the L1 buffer — the path that has to keep up with DRAM.
-void project_one_avx512(const ProjArgs& a) {
-  const __m512i lut = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m512i bias128 = _mm512_set1_epi32(128);
-  const int row_bytes = a.K / 2, nchunks = a.nbp / 16;
-  const int8_t* q = a.q[0];
-  const int32_t* e = a.e[0];
-  const int32_t* bias = a.bias[0];
-  const int pf = a.prefetch;
-  for (int o = a.r0; o < a.r1; ++o) {
-    const uint8_t* prow = a.packed + size_t(o) * size_t(row_bytes);
-    const uint8_t* srow = a.scale + size_t(o) * size_t(a.nb);
-    if (pf > 0) {  // the scales of a row ahead (rows are contiguous: a linear stream)
-      const uint8_t* sp = srow + pf / 16;
-      _mm_prefetch(reinterpret_cast<const char*>(sp), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(sp + 64), _MM_HINT_T0);
-    }
-    __m512d L[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
-                    _mm512_setzero_pd()};
-    for (int c = 0; c < nchunks; ++c) {
-      const int8_t* qc = q + c * 512;
-      __m512i acc[4];
-      for (int k = 0; k < 4; ++k) {
-        const int g = c * 4 + k, rem = row_bytes - g * 64;
-        __m512i p;
-        if (pf > 0) _mm_prefetch(reinterpret_cast<const char*>(prow + g * 64 + pf), _MM_HINT_T0);
-        if (rem >= 64) {
-          p = _mm512_loadu_si512(prow + g * 64);
-        } else if (rem > 0) {
-          p = _mm512_maskz_loadu_epi8(_cvtu64_mask64((uint64_t(1) << rem) - 1), prow + g * 64);
-        } else {
-          p = _mm512_setzero_si512();
-        }
-        const __m512i wl = _mm512_shuffle_epi8(lut, _mm512_and_si512(p, low4));
-        const __m512i wh =
-            _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
-        acc[k] = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, _mm512_loadu_si512(qc + k * 128)), wh,
-            _mm512_loadu_si512(qc + k * 128 + 64));
-      }
-      const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]),
-                                           _mm512_unpackhi_epi32(acc[0], acc[1]));
-      const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]),
-                                           _mm512_unpackhi_epi32(acc[2], acc[3]));
-      const __m512i r =
-          _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
-      const __m512i d =
-          _mm512_sub_epi32(_mm512_permutexvar_epi32(perm, r), _mm512_loadu_si512(bias + c * 16));
-      const int srem = a.nb - c * 16;
-      __m128i sb;
-      if (srem >= 16) {
-        sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + c * 16));
-      } else {
-        sb = _mm_maskz_loadu_epi8(__mmask16((1u << srem) - 1), srow + c * 16);
-      }
-      const __m512i ex = _mm512_add_epi32(_mm512_sub_epi32(_mm512_cvtepu8_epi32(sb), bias128),
-                                          _mm512_loadu_si512(e + c * 16));
-      const __m512d tlo = _mm512_scalef_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(d)),
-                                           _mm512_cvtepi32_pd(_mm512_castsi512_si256(ex)));
-      const __m512d thi = _mm512_scalef_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1)),
-                                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(ex, 1)));
-      const int l = (c & 1) * 2;
-      L[l] = _mm512_add_pd(L[l], tlo);
-      L[l + 1] = _mm512_add_pd(L[l + 1], thi);
-    }
-    a.out[size_t(o - a.r0)] = lane_finish(L[0], L[1], L[2], L[3]);
-  }
-}
-
-// Two to four tokens (batched decode: a few sequences share an expert): the one-token kernel's
-// arithmetic per token — so the same bits — with each 64-byte piece of the row decoded once for
-// all of them. On the dev VM (`strata bench cpu-experts --tokens 1,2,3,4 --experts 8`, 2
-// threads) 2 / 3 / 4 tokens took 6.50 / 7.52 / 9.25 ms against 10.58 / 10.94 / 11.49 on the
-// register-tiled kernel (one token: 6.67 ms).
+// One to four tokens (decode, batched decode): each row is decoded in registers, straight from
+// the packed bytes with no trip through the L1 buffer — the path that has to keep up with DRAM —
+// each 64-byte piece once for all the tokens, then per token 8 vpdpbusd per chunk of 16 blocks
+// and the transpose-add tree. Every token gets the same arithmetic whatever NT is, so the same
+// bits. On the dev VM (`strata bench cpu-experts --tokens 1,2,3,4 --experts 8`, 2 threads) 2 / 3
+// / 4 tokens took 6.50 / 7.52 / 9.25 ms against 10.58 / 10.94 / 11.49 on the register-tiled
+// kernel (one token: 6.67 ms).
 template <int NT>
-void project_few_avx512(const ProjArgs& a) {
-  static_assert(NT >= 2 && NT <= 4);
+void project_tokens_avx512(const ProjArgs& a) {
+  static_assert(NT >= 1 && NT <= 4);
   const __m512i lut = _mm512_broadcast_i32x4(
       _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -275,11 +203,15 @@ void project_few_avx512(const ProjArgs& a) {
   }
 }
 
+void project_one_avx512(const ProjArgs& a) {
+  project_tokens_avx512<1>(a);
+}
+
 void project_avx512(const ProjArgs& a) {
   if (a.n == 1) return project_one_avx512(a);
-  if (a.n == 2 && a.few) return project_few_avx512<2>(a);
-  if (a.n == 3 && a.few) return project_few_avx512<3>(a);
-  if (a.n == 4 && a.few) return project_few_avx512<4>(a);
+  if (a.n == 2 && a.few) return project_tokens_avx512<2>(a);
+  if (a.n == 3 && a.few) return project_tokens_avx512<3>(a);
+  if (a.n == 4 && a.few) return project_tokens_avx512<4>(a);
   if (a.n >= kGemmMinTokens && a.px && a.nbias && a.span) return project_gemm_avx512(a);
   RowScratch& sc = tl_scratch;
   const size_t wbytes = size_t(a.nbp) * 32;
