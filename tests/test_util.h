@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 
 #include <array>
 #include <catch2/catch.hpp>
@@ -36,6 +37,17 @@ inline std::filesystem::path shared_dir() {
 
 inline std::filesystem::path golden_dir() {
   return shared_dir() / "golden";
+}
+
+// Relative L2 distance ‖a − ref‖ / ‖ref‖ in double (a and ref of one size).
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double n = 0, d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = double(a[i]) - double(ref[i]);
+    n += e * e;
+    d += double(ref[i]) * double(ref[i]);
+  }
+  return std::sqrt(n / d);
 }
 
 // True when the environment variable is set to anything but "" or "0".

@@ -19,9 +19,11 @@
 #include "engine/expert_executor.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
+#include "test_util.h"
 
 using namespace strata;
 using namespace strata::engine;
+using strata::test::rel_l2;
 
 namespace {
 
@@ -84,16 +86,6 @@ struct Fixture {
     return y;
   }
 };
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double n = 0, d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double e = double(a[i]) - double(ref[i]);
-    n += e * e;
-    d += double(ref[i]) * double(ref[i]);
-  }
-  return std::sqrt(n / d);
-}
 
 }  // namespace
 

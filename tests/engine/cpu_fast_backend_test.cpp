@@ -31,6 +31,7 @@
 
 using namespace strata;
 using namespace strata::engine;
+using strata::test::rel_l2;
 
 namespace {
 
@@ -43,16 +44,6 @@ std::filesystem::path synth_model(const std::string& preset, const std::string& 
   o.tokenizer = false;
   synth_checkpoint(o, d);
   return d;
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double n = 0, d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double e = double(a[i]) - double(ref[i]);
-    n += e * e;
-    d += double(ref[i]) * double(ref[i]);
-  }
-  return std::sqrt(n / d);
 }
 
 bool all_finite(const std::vector<float>& v) {

@@ -44,15 +44,6 @@ LoadOptions quantized() {
   return lo;
 }
 
-double rel_rms(const std::vector<float>& a, const std::vector<float>& ref) {
-  double n = 0, d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    n += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    d += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(n / d);
-}
-
 // Prefill 6 tokens (all logits), then decode 2 (last-row logits), on `backend`.
 std::vector<float> logits(const Model& m, Backend& backend, const SessionOptions& so) {
   const int64_t V = m.config().vocab_size;
@@ -169,9 +160,9 @@ TEST_CASE("experts quantize: kimi-linear-tiny runs contract on cpu and cpu-ref, 
   REQUIRE(got_fast.size() == want.size());
   REQUIRE(got_exact.size() == want.size());
   for (float v : got_fast) REQUIRE(std::isfinite(v));
-  const double e_noise = rel_rms(noise, want), e_ref = rel_rms(got_ref, want),
-               e_fast = rel_rms(got_fast, want), e_contract = rel_rms(got_ref, got_exact),
-               e_backends = rel_rms(got_fast, got_ref);
+  const double e_noise = test::rel_l2(noise, want), e_ref = test::rel_l2(got_ref, want),
+               e_fast = test::rel_l2(got_fast, want), e_contract = test::rel_l2(got_ref, got_exact),
+               e_backends = test::rel_l2(got_fast, got_ref);
   std::printf(
       "[experts quantize] logits rel RMS against the bf16-expert model (routing replayed): "
       "cpu-ref contract %.3e, cpu contract %.3e (bf16 vs fp32 noise %.3e); on the MXFP4 experts: "
