@@ -70,12 +70,16 @@ int check_thread_count(const std::string& flag, int n) {
   return n;
 }
 
+bool parse_experts_quantize(const std::string& v) {
+  if (!v.empty() && v != "mxfp4")
+    throw Error("--experts-quantize: expected mxfp4, got '" + v + "'");
+  return !v.empty();
+}
+
 LoadOptions load_options(const InspectOptions& o) {
-  if (!o.experts_quantize.empty() && o.experts_quantize != "mxfp4")
-    throw Error("--experts-quantize: expected mxfp4, got '" + o.experts_quantize + "'");
   LoadOptions lo;
+  lo.quantize_experts = parse_experts_quantize(o.experts_quantize);
   lo.check_weights = o.check_weights;
-  lo.quantize_experts = o.experts_quantize == "mxfp4";
   lo.progress = true;
   return lo;
 }

@@ -61,6 +61,8 @@ struct InspectOptions {
 // The LoadOptions those options ask for (--check-weights, --experts-quantize; progress lines on).
 // Throws strata::Error for an --experts-quantize other than mxfp4.
 LoadOptions load_options(const InspectOptions& o);
+// --experts-quantize's value: "" (off) or mxfp4 (true); anything else throws strata::Error.
+bool parse_experts_quantize(const std::string& v);
 
 struct OffloadOptions;  // engine/offload_executor.h
 

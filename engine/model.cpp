@@ -207,6 +207,16 @@ cpu::ref::Glu Model::glu() const {
   return g;
 }
 
+void check_experts_quantizable(const ModelConfig& c, const std::string& what) {
+  const std::string q = "--experts-quantize mxfp4: " + what;
+  if (c.num_moe_layers() == 0) throw Error(q + " has no routed experts");
+  if (c.moe.mxfp4) throw Error(q + ": the routed experts are already MXFP4");
+  if (c.expert_in_dim() % mxfp4::kBlock != 0 || c.moe.intermediate_size % mxfp4::kBlock != 0)
+    throw Error(q + ": expert widths " + std::to_string(c.expert_in_dim()) + " and " +
+                std::to_string(c.moe.intermediate_size) + " must be multiples of " +
+                std::to_string(mxfp4::kBlock) + " (the MXFP4 block)");
+}
+
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, LoadOptions opt) {
   std::unique_ptr<Model> m(new Model());
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
@@ -214,15 +224,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, LoadOptions
   m->config_ = ckpt.config();
   const ModelConfig& c = m->config_;
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  if (opt.quantize_experts) {  // refused before anything is read
-    const std::string q = "--experts-quantize mxfp4: " + dir.string();
-    if (c.num_moe_layers() == 0) throw Error(q + " has no routed experts");
-    if (c.moe.mxfp4) throw Error(q + ": the routed experts are already MXFP4");
-    if (c.expert_in_dim() % mxfp4::kBlock != 0 || c.moe.intermediate_size % mxfp4::kBlock != 0)
-      throw Error(q + ": expert widths " + std::to_string(c.expert_in_dim()) + " and " +
-                  std::to_string(c.moe.intermediate_size) + " must be multiples of " +
-                  std::to_string(mxfp4::kBlock) + " (the MXFP4 block)");
-  }
+  if (opt.quantize_experts) check_experts_quantizable(c, dir.string());  // before any read
   Loader ld(ckpt, opt);
   ModelWeights& w = m->weights_;
   w.embed = ld.mat(c.tensor_prefix + "embed_tokens.weight", V, D);

@@ -97,6 +97,11 @@ struct ModelWeights {
 // for K3; check_weights scans every bf16/f32 matrix too (all of the dense trunk: ~113 GB for
 // K3, so not by default). MXFP4 experts hold no non-finite values except NaN scales, which the
 // checkpoint validates on open; products that overflow are caught in the activations.
+// The refusals of LoadOptions::quantize_experts for a model (`what` names it in the message): no
+// routed experts, experts already MXFP4, expert widths not multiples of the MXFP4 block. Throws
+// strata::Error. `strata plan --experts-quantize` applies the same checks to a config alone.
+void check_experts_quantizable(const ModelConfig& c, const std::string& what);
+
 struct LoadOptions {
   bool check_weights = false;
   // --experts-quantize mxfp4: every bf16 routed expert is quantized to MXFP4 (storage/mxfp4.h,

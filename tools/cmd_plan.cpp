@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cli_support.h"
+#include "engine/model.h"
 #include "offload/plan.h"
 #include "storage/config.h"
 #include "storage/error.h"
@@ -402,13 +403,8 @@ CommandRun setup(CLI::App& app) {
       throw Error(cfg_path.string() + ": not found" +
                   (o->model.empty() ? "" : " (is " + o->model + " a checkpoint directory?)"));
     ModelConfig cfg = load_config(cfg_path);
-    if (!o->experts_quantize.empty()) {  // as `strata run --experts-quantize` loads the model
-      const std::string q = "--experts-quantize " + o->experts_quantize + ": ";
-      if (o->experts_quantize != "mxfp4") throw Error(q + "expected mxfp4");
-      if (cfg.num_moe_layers() == 0) throw Error(q + cfg.source + " has no routed experts");
-      if (cfg.moe.mxfp4) throw Error(q + cfg.source + ": the routed experts are already MXFP4");
-      if (cfg.expert_in_dim() % 32 != 0 || cfg.moe.intermediate_size % 32 != 0)
-        throw Error(q + "expert widths must be multiples of 32 (the MXFP4 block)");
+    if (engine::parse_experts_quantize(o->experts_quantize)) {  // as Model::load quantizes
+      engine::check_experts_quantizable(cfg, cfg.source);
       cfg.moe.mxfp4 = true;
     }
     std::string note;

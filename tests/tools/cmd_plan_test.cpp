@@ -141,7 +141,7 @@ TEST_CASE("plan and bench hw: bad input is one line and exit 1", "[plan][cli][er
        fs::exists(cfg) ? "the routed experts are already MXFP4" : "config.json"},
       {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) +
            " --experts-quantize fp8",
-       fs::exists(cfg) ? "--experts-quantize fp8: expected mxfp4" : "config.json"},
+       fs::exists(cfg) ? "--experts-quantize: expected mxfp4, got 'fp8'" : "config.json"},
   };
   for (const Case& c : cases) {
     INFO(c.args);
