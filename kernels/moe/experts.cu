@@ -233,14 +233,9 @@ Status merge_weighted(const float* y, const int32_t* token_offsets, const int32_
   const int chunks = (H + detail::kMergeThreads - 1) / detail::kMergeThreads;
   if (size_t(T) * size_t(chunks) > 0x7fffffffu)
     return kernels::detail::invalid("merge_weighted: T too large");
-  const dim3 grid(unsigned(size_t(T) * size_t(chunks))), block(detail::kMergeThreads);
-  cudaStream_t st = kernels::detail::as_stream(stream);
-  if (round_bf16)
-    detail::merge_kernel<true>
-        <<<grid, block, 0, st>>>(y, token_offsets, pair, weight, out, H, chunks);
-  else
-    detail::merge_kernel<false>
-        <<<grid, block, 0, st>>>(y, token_offsets, pair, weight, out, H, chunks);
+  auto* k = round_bf16 ? detail::merge_kernel<true> : detail::merge_kernel<false>;
+  k<<<unsigned(size_t(T) * size_t(chunks)), detail::kMergeThreads, 0,
+      kernels::detail::as_stream(stream)>>>(y, token_offsets, pair, weight, out, H, chunks);
   return kernels::detail::launch_status();
 }
 

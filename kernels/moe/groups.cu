@@ -76,16 +76,12 @@ Status build_groups(const int32_t* ids, int n, int K, const int32_t* slot_of,
   if (n < 1 || n > kMaxGroupPairs || K < 1 || n % K != 0 || g_cap < 1)
     return kernels::detail::invalid(
         "build_groups: n must be in [1, 4096], a multiple of K, g_cap >= 1");
-  cudaStream_t st = kernels::detail::as_stream(stream);
-  if (n <= 32 * kItems)
-    groups_kernel<32><<<1, 32, 0, st>>>(ids, n, K, slot_of, views_by_slot, g_cap, views,
-                                        group_offsets, pair_token, pair_of);
-  else if (n <= 256 * kItems)
-    groups_kernel<256><<<1, 256, 0, st>>>(ids, n, K, slot_of, views_by_slot, g_cap, views,
-                                          group_offsets, pair_token, pair_of);
-  else
-    groups_kernel<1024><<<1, 1024, 0, st>>>(ids, n, K, slot_of, views_by_slot, g_cap, views,
-                                            group_offsets, pair_token, pair_of);
+  const int threads = n <= 32 * kItems ? 32 : n <= 256 * kItems ? 256 : 1024;
+  auto* k = threads == 32    ? groups_kernel<32>
+            : threads == 256 ? groups_kernel<256>
+                             : groups_kernel<1024>;
+  k<<<1, threads, 0, kernels::detail::as_stream(stream)>>>(
+      ids, n, K, slot_of, views_by_slot, g_cap, views, group_offsets, pair_token, pair_of);
   return kernels::detail::launch_status();
 }
 
