@@ -3,17 +3,11 @@
 # re-run alone), then bench e2e on the 8-layer slice, all experts on the GPU (random decode
 # tokens, prefill 1024) for as long as LIMIT allows. On the H200 from the repository root:
 #   LIMIT=seconds bash scripts/device-gpu-check.sh        (logs under $OUT)
-[ -f .device/env.sh ] && source .device/env.sh
-OUT=${OUT:-/tmp/gpu-check-out}
-mkdir -p "$OUT"
-set -o pipefail
-t0=$(date +%s)
+DEVICE_OUT_DEFAULT=/tmp/gpu-check-out
+source scripts/device-lib.sh
 LIMIT=${LIMIT:-300}
 git log --oneline -1 2>/dev/null
-gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release > $OUT/cfg.log 2>&1 || { tail -30 $OUT/cfg.log; exit 1; }
-cmake --build build-gpu -j16 --target strata test_kernels test_engine > $OUT/build.log 2>&1 || { grep -E "error|FAILED" -A5 $OUT/build.log | head -60; exit 1; }
-echo "build $(( $(date +%s) - t0 )) s"
+device_build strata test_kernels test_engine
 S=./build-gpu/strata
 ($S synth --preset k3-slice --layers 8 --experts 64 -o /tmp/k3-slice8 -q > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log) &
 export STRATA_REQUIRE_GPU=1 STRATA_SHARED_DIR=$PWD/.device/shared

@@ -13,21 +13,13 @@
 #        (T = 64, 256, 1024, 4096 and the strict-rows line).
 # Each stage fits the 10-minute limit of one device command (tests and bench run under timeouts
 # of 540/560 s); `all` usually does not: run build, test and bench as three commands.
-source .device/env.sh
-set -o pipefail
-OUT=${OUT:-/tmp/moe-wgmma-out}
-mkdir -p "$OUT"
+DEVICE_OUT_DEFAULT=/tmp/moe-wgmma-out
+source scripts/device-lib.sh
 stage=${1:-all}
-t0=$(date +%s)
 git log --oneline -1 | sed 's/^/tree: /'
 
 if [ "$stage" = build ] || [ "$stage" = all ]; then
-  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release > "$OUT/cfg.log" 2>&1 ||
-    { tail -30 "$OUT/cfg.log"; exit 1; }
-  cmake --build build-gpu -j16 --target test_kernels strata > "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
-  grep -E "warning" "$OUT/build.log" | head -5
+  device_build test_kernels strata
   if command -v cuobjdump >/dev/null; then
     cuobjdump -sass ./build-gpu/strata > "$OUT/strata.sass" 2>/dev/null
     # Per kernel: HGMMA instructions (the wgmma kernels) and IMMA ones (the mma.sync kernels).

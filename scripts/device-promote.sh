@@ -7,22 +7,13 @@
 #        each side, the telemetry line), then every engine GPU case (STRATA_REQUIRE_GPU=1: a skip
 #        fails), which includes placement invariance and CUDA graphs with promotions on by default.
 # Each stage fits the 10-minute limit of one device command; run them one by one if needed.
-[ -f .device/env.sh ] && source .device/env.sh
-set -o pipefail
-OUT=${OUT:-/tmp/promote-out}
-mkdir -p "$OUT"
+DEVICE_OUT_DEFAULT=/tmp/promote-out
+source scripts/device-lib.sh
 stage=${1:-all}
-t0=$(date +%s)
 git log --oneline -1 | sed 's/^/tree: /'
 
 if [ "$stage" = build ] || [ "$stage" = all ]; then
-  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release > "$OUT/cfg.log" 2>&1 ||
-    { tail -30 "$OUT/cfg.log"; exit 1; }
-  cmake --build build-gpu -j16 --target strata test_engine > "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
-  grep -E "warning" "$OUT/build.log" | head -5
-  echo "build $(( $(date +%s) - t0 )) s"
+  device_build strata test_engine
 fi
 
 if [ "$stage" = test ] || [ "$stage" = all ]; then

@@ -15,23 +15,14 @@
 #         docs/performance.md "End to end": AttnRes mix 0.639 ms / 17 calls, RMSNorm 0.349 ms /
 #         17 calls per decode step before); synthesizes /tmp/k3-slice8 (22.8 GB) if absent.
 # Each stage fits the 10-minute limit of one device command; run them one by one if needed.
-[ -f .device/env.sh ] && source .device/env.sh
-set -o pipefail
-OUT=${OUT:-/tmp/rowops-out}
-mkdir -p "$OUT"
+DEVICE_OUT_DEFAULT=/tmp/rowops-out
+source scripts/device-lib.sh
 stage=${1:-all}
-t0=$(date +%s)
 git log --oneline -1 2>/dev/null | sed 's/^/tree: /'
 want() { [ "$stage" = "$1" ] || { [ "$stage" = all ] && [ "$2" = default ]; }; }
 
 if want build default; then
-  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release > "$OUT/cfg.log" 2>&1 ||
-    { tail -30 "$OUT/cfg.log"; exit 1; }
-  cmake --build build-gpu -j16 --target test_kernels test_engine strata > "$OUT/build.log" 2>&1 ||
-    { grep -E "error|FAILED" -A5 "$OUT/build.log" | head -60; exit 1; }
-  grep -E "warning" "$OUT/build.log" | head -5
-  echo "build $(( $(date +%s) - t0 )) s"
+  device_build test_kernels test_engine strata
 fi
 
 if want test default; then
