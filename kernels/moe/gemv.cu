@@ -170,9 +170,17 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   uint4 cw[MAXI], nw[MAXI];
   int cs[MAXI], ns[MAXI];
   auto load = [&](const Cursor& cu, uint4* w, int* s) { load_row<MAXI>(cu, nb, lane, w, s); };
-  load(cc, cw, cs);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  int p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
+  int p0, p1;
+  if (a.rows_per_unit > 0) {  // persistent: the first row's loads overlap the producer's tail
+    load(cc, cw, cs);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
+  } else {  // strip of one group: an empty group (device groups pad to g_cap) reads no weights
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
+    if (p0 == p1) return;
+    load(cc, cw, cs);
+  }
   Cursor nc = cc;
   for (int k = 0; k < count; k++) {
     advance(a, nc);
