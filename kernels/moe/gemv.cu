@@ -112,6 +112,95 @@ __device__ __forceinline__ double lane_sum(const int8_t* qr, const int32_t* er, 
   return L;
 }
 
+// A lane's 32-block of a weight row decoded once for every token of the row: the four PRMT
+// lookups per packed word of dot8_split (contract_device.cuh), p = the positive weights, n = the
+// negative ones' magnitudes, word j against activation word j (qa.x, qa.y, qa.z, qa.w, qb.x, …).
+struct DecodedBlock {
+  uint32_t p[8], n[8];
+};
+
+__device__ __forceinline__ void decode_block(uint4 w, DecodedBlock& d) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const uint32_t wn = ws[k] ^ 0x88888888u;
+    d.p[2 * k] = prmt(kPos0, kPos1, ws[k]);
+    d.p[2 * k + 1] = prmt(kPos0, kPos1, ws[k] >> 16);
+    d.n[2 * k] = prmt(kPos0, kPos1, wn);
+    d.n[2 * k + 1] = prmt(kPos0, kPos1, wn >> 16);
+  }
+}
+
+// dot_block_biased from a decoded block: the same int32 sums (wrapping addition is associative),
+// so the same biased dot.
+__device__ __forceinline__ uint32_t dot_decoded(const DecodedBlock& d, uint4 qa, uint4 qb) {
+  const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+  int pos = int(0x80000000u), neg = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    pos = __dp4a(int(d.p[j]), int(q[j]), pos);
+    neg = __dp4a(int(d.n[j]), int(q[j]), neg);
+  }
+  return uint32_t(pos) - uint32_t(neg);
+}
+
+// One token's block term on a decoded block: its activations and exponent at the lane's block i.
+__device__ __forceinline__ double token_term(const DecodedBlock& d, const int8_t* qr,
+                                             const int32_t* er, int i, int s, int& emin) {
+  const uint4* qb = reinterpret_cast<const uint4*>(qr + 32 * c::kBlock * i);
+  const uint4 q0 = __ldg(qb), q1 = __ldg(qb + 1);
+  const int ex = __ldg(er + 32 * i);
+  emin = min(emin, ex);
+  return block_term_bits(dot_decoded(d, q0, q1), ex, s);
+}
+
+// The warp's sum of a token's lane partials (butterfly off 16 … 1, numerics.md §3) and its store.
+__device__ __forceinline__ void finish_token(const GemvArgs& a, int p, int on, int lane, double L,
+                                             int emin) {
+  const bool poisoned = __any_sync(0xffffffffu, emin == kPoisonedBlock);
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
+  if (lane == 0) a.out[size_t(p) * a.N + on] = poisoned ? c::canonical_nan() : float(L);
+}
+
+// Row `on` of the current group for its tokens [p0, p1), from the row held in registers, tokens two
+// at a time over one decode of each block (the decode was half of a token's instructions;
+// groups of several tokens were bound by them: 2.1 TB/s at 2 tokens per group against 3.5-3.8 for
+// one, ncu on the H200). Each token's terms are summed in increasing block order as lane_sum does:
+// the same bits.
+template <int MAXI>
+__device__ __forceinline__ void row_tokens_paired(const GemvArgs& a, int p0, int p1, int on, int nb,
+                                                  int lane, const uint4* w, const int* s) {
+  for (int p = p0; p < p1; p += 2) {
+    const bool two = p + 1 < p1;  // warp-uniform
+    const int ra = a.row_map ? __ldg(a.row_map + p) : p;
+    const int rb = !two ? ra : a.row_map ? __ldg(a.row_map + p + 1) : p + 1;
+    const int8_t* qa = a.in.q + size_t(ra) * a.K + lane * c::kBlock;
+    const int8_t* qb = a.in.q + size_t(rb) * a.K + lane * c::kBlock;
+    const int32_t* ea = a.in.e + size_t(ra) * nb + lane;
+    const int32_t* eb = a.in.e + size_t(rb) * nb + lane;
+    double LA = 0.0, LB = 0.0;
+    int emin_a = 0, emin_b = 0;
+#pragma unroll
+    for (int i = 0; i < MAXI; i++) {
+      const int b = lane + 32 * i;
+      if (i < MAXI - 1 || b < nb) {
+        DecodedBlock d;
+        decode_block(w[i], d);
+        // 0 + t is t: a term is never −0 (the bits subtraction of equal values gives +0).
+        const double ta = token_term(d, qa, ea, i, s[i], emin_a);
+        LA = i == 0 ? ta : c::dadd(LA, ta);
+        if (two) {
+          const double tb = token_term(d, qb, eb, i, s[i], emin_b);
+          LB = i == 0 ? tb : c::dadd(LB, tb);
+        }
+      }
+    }
+    finish_token(a, p, on, lane, LA, emin_a);
+    if (two) finish_token(a, p + 1, on, lane, LB, emin_b);
+  }
+}
+
 // Row `on` of the current group for its tokens [p0, p1), from the row held in registers.
 template <int MAXI>
 __device__ __forceinline__ void row_tokens(const GemvArgs& a, int p0, int p1, int on, int nb,
@@ -121,10 +210,7 @@ __device__ __forceinline__ void row_tokens(const GemvArgs& a, int p0, int p1, in
     int emin = 0;
     double L = lane_sum<MAXI>(a.in.q + size_t(row) * a.K + lane * c::kBlock,
                               a.in.e + size_t(row) * nb + lane, nb, lane, w, s, emin);
-    const bool poisoned = __any_sync(0xffffffffu, emin == kPoisonedBlock);
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
-    if (lane == 0) a.out[size_t(p) * a.N + on] = poisoned ? c::canonical_nan() : float(L);
+    finish_token(a, p, on, lane, L, emin);
   }
 }
 
@@ -155,9 +241,10 @@ __device__ __forceinline__ void warp_range(const GemvArgs& a, long long& v0, lon
 }
 
 // MAXI = ceil(nb / 32): blocks per lane; every lane has blocks i < MAXI − 1, only the last round
-// is partial. K ≤ 4096 (MAXI ≤ 4) fits 6 blocks of 4 warps per SM (≤ 80 registers).
+// is partial. K ≤ 4096 (MAXI ≤ 4) fits 4 blocks of 4 warps per SM (≤ 128 registers): the paired
+// token path (row_tokens_paired) spilled at 80 and 96 registers (ptxas, MAXI 2–4); 93–123 without.
 template <int MAXI>
-__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 4 : 3) gemv_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
   const int nb = a.K / c::kBlock;
   asm volatile("griddepcontrol.launch_dependents;");
@@ -185,7 +272,7 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 6 : 3) gemv_kernel(Ge
   for (int k = 0; k < count; k++) {
     advance(a, nc);
     if (k + 1 < count) load(nc, nw, ns);
-    row_tokens<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
+    row_tokens_paired<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
 #pragma unroll
     for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
     if (k + 1 < count && nc.g != cc.g) p0 = p1, p1 = __ldg(a.group_offsets + nc.g + 1);
