@@ -1307,10 +1307,12 @@ void mlp(CudaBackend::Impl& im, const MlpDev& w, const kops::GluParams& act, con
          float* out, int64_t T) {
   Scratch sc(im.arena);
   auto* gu = sc.take<float>(T * 2 * w.I, "gate|up");
-  gemm_f32(im, xb, w.gate_up, gu, T);
-  auto* h = sc.take<float>(T * w.I, "glu");
-  check(kops::glu_fused(act, gu, h, T, w.I, true, im.stream), "glu");
-  uint16_t* hb = to_bf16(im, sc, h, T * w.I);
+  // gate|up's rounding happens as the GLU reads it, and h comes out as bf16 (glu_fused_bf16).
+  check(im.gemm->linear(xb, w.gate_up.p, gu, kernels::gemm::OutType::f32, T, w.gate_up.rows,
+                        w.gate_up.cols, im.stream),
+        "GEMM");
+  auto* hb = sc.take<uint16_t>(T * w.I, "glu");
+  check(kops::glu_fused_bf16(act, gu, hb, T, w.I, im.stream), "glu");
   gemm_f32(im, hb, w.down, out, T);
 }
 

@@ -38,6 +38,17 @@ __global__ void glu_fused_kernel(GluParams a, const float* gu, float* out, int64
   }
 }
 
+__global__ void glu_fused_bf16_kernel(GluParams a, const float* gu, uint16_t* out, int64_t T,
+                                      int64_t I) {
+  const int64_t n = T * I;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / I, c = i - t * I;
+    const float y = glu_one(a, round_bf16(gu[t * 2 * I + c]), round_bf16(gu[t * 2 * I + I + c]));
+    out[i] = ::strata::f32_to_bf16(round_bf16(y));
+  }
+}
+
 __global__ void gather_kernel(const uint16_t* table, int64_t vocab, int64_t D, const int32_t* ids,
                               float* out) {
   const int64_t t = blockIdx.x;
@@ -81,6 +92,15 @@ Status glu_fused(const GluParams& act, const float* gate_up, float* out, int64_t
   if (T == 0) return {};
   glu_fused_kernel<<<grid_for(T * I), 256, 0, detail::as_stream(stream)>>>(act, gate_up, out, T, I,
                                                                            round_bf16);
+  return detail::launch_status();
+}
+
+Status glu_fused_bf16(const GluParams& act, const float* gate_up, uint16_t* out, int64_t T,
+                      int64_t I, void* stream) {
+  if (T < 0 || I <= 0) return detail::invalid("glu_fused_bf16: bad T or I");
+  if (T == 0) return {};
+  glu_fused_bf16_kernel<<<grid_for(T * I), 256, 0, detail::as_stream(stream)>>>(act, gate_up, out,
+                                                                                T, I);
   return detail::launch_status();
 }
 

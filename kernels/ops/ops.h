@@ -68,6 +68,11 @@ Status glu(const GluParams& act, const float* g, const float* u, float* out, int
 // out: [T, I].
 Status glu_fused(const GluParams& act, const float* gate_up, float* out, int64_t T, int64_t I,
                  bool round_bf16, void* stream);
+// The bf16 model's MLP middle in one pass: gate|up read rounded to bf16 (the GEMM output's
+// rounding point), the GLU, its output rounded and stored as bf16 bits (the next GEMM's input) —
+// the bits of round_bf16_inplace, glu_fused(round) and f32_to_bf16 in three passes.
+Status glu_fused_bf16(const GluParams& act, const float* gate_up, uint16_t* out, int64_t T,
+                      int64_t I, void* stream);
 
 // Router (§7.1, §7.2). logits: [T, E] fp32. Selection: top-k of sigmoid(logit) + bias (ties → the
 // lower expert id). Weights: unbiased (K3) = sigmoid of the selected; biased_in_place

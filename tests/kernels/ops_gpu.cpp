@@ -294,6 +294,21 @@ TEST_CASE("ops gpu: SiTU and SiLU GLUs, separate and fused gate|up", "[gpu]") {
           return ops::glu_fused(ga, in, out, T, I, bf, nullptr);
         });
         CHECK(std::memcmp(fused.data(), got.data(), n * 4) == 0);  // same op, same bits
+        if (bf) {  // one pass: gate|up rounded on read, h as bf16 — the three passes' bits
+          std::vector<float> gur(gu.size());
+          for (size_t i = 0; i < gu.size(); i++) gur[i] = strata::round_bf16(gu[i] * 1.0001f);
+          std::vector<float> gun(gu.size());
+          for (size_t i = 0; i < gu.size(); i++) gun[i] = gu[i] * 1.0001f;  // off the bf16 grid
+          auto three = run_gpu_unary(gur, n, [&](const float* in, float* out) {
+            return ops::glu_fused(ga, in, out, T, I, true, nullptr);
+          });
+          DeviceBuffer din = DeviceBuffer::from(gun), dhb(n * 2);
+          REQUIRE(ops::glu_fused_bf16(ga, din.as<float>(), dhb.as<uint16_t>(), T, I, nullptr).ok());
+          const std::vector<uint16_t> hb = dhb.to_vector<uint16_t>(n);
+          size_t bad = 0;
+          for (size_t i = 0; i < n; i++) bad += hb[i] != strata::f32_to_bf16(three[i]);
+          CHECK(bad == 0);
+        }
       }
     }
   }
