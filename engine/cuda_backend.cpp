@@ -1715,39 +1715,23 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   // pair0 … of ybuf. Lists go through pinned memory that stays untouched until the launch ran
   // (each launch takes its own part of the staging area).
   // bf16 experts (Kimi-Linear, ExpertNumerics::bf16): per group, its tokens' rows of z gathered
-  // into bf16, gate|up as one cuBLASLt GEMM (w1 and w3 adjacent in the slot: [2I, L]), rounded,
-  // the GLU (rounded), down into the group's pair rows (rounded by the merge). Temporaries come
-  // out of the expert workspace (sized for the MXFP4 path's T·L + P·I·8 bytes and more).
+  // into bf16 (in the expert workspace), then the expert as the dense MLP runs (mlp: w1 and w3
+  // adjacent in the slot are one [2I, L] gate|up matrix, w2 the down one) into the group's pair
+  // rows, with the bf16 model's roundings.
   auto bf16_groups = [&](int G, const Mxfp4ExpertView* views, const int32_t* goff,
                          const int32_t* d_rows, const float* x, float* y, void* ws, size_t wsb_) {
     for (int g = 0; g < G; ++g) {
       const int64_t n = goff[g + 1] - goff[g];
       if (n == 0) continue;
-      const size_t need = size_t(n) * size_t(L * 2 + 2 * I * 4 + I * 4 + I * 2) + 1024;
-      if (need > wsb_)
+      if (size_t(n * L) * 2 > wsb_)
         throw Error("CUDA backend: bf16 experts: a group of " + std::to_string(n) +
-                    " tokens needs " + std::to_string(need) + " bytes of workspace, " +
-                    std::to_string(wsb_) + " reserved");
-      char* wp = static_cast<char*>(ws);
-      auto* xg = reinterpret_cast<uint16_t*>(wp);
-      wp += align_up(size_t(n * L) * 2);
-      auto* gu = reinterpret_cast<float*>(wp);
-      wp += align_up(size_t(n * 2 * I) * 4);
-      auto* h = reinterpret_cast<float*>(wp);
-      wp += align_up(size_t(n * I) * 4);
-      auto* hb = reinterpret_cast<uint16_t*>(wp);
-      const Mxfp4ExpertView& v = views[g];
+                    " tokens exceeds the expert workspace (" + std::to_string(wsb_) + " bytes)");
+      auto* xg = static_cast<uint16_t*>(ws);
       check(kops::gather_rows_bf16(x, d_rows + goff[g], n, L, xg, im.stream), "bf16 experts");
-      check(im.gemm->linear(xg, reinterpret_cast<const uint16_t*>(v.w1_packed), gu,
-                            kernels::gemm::OutType::f32, n, 2 * I, L, im.stream),
-            "bf16 experts gate|up");
-      check(kops::round_bf16_inplace(gu, n * 2 * I, im.stream), "round");
-      check(kops::glu_fused(act, gu, h, n, I, true, im.stream), "glu");
-      check(kops::f32_to_bf16(h, hb, n * I, im.stream), "f32_to_bf16");
-      check(im.gemm->linear(hb, reinterpret_cast<const uint16_t*>(v.w2_packed),
-                            y + int64_t(goff[g]) * L, kernels::gemm::OutType::f32, n, L, I,
-                            im.stream),
-            "bf16 experts down");
+      const MlpDev e{{reinterpret_cast<const uint16_t*>(views[g].w1_packed), 2 * I, L},
+                     {reinterpret_cast<const uint16_t*>(views[g].w2_packed), L, I},
+                     I};
+      mlp(im, e, act, xg, y + int64_t(goff[g]) * L, n);
     }
   };
   int pair0 = 0;
