@@ -396,6 +396,12 @@ template <typename F>
 void for_each_part(const ExpertWeights& e, F&& f) {
   size_t off = 0;
   for (const WeightView* w : {&e.w1, &e.w3, &e.w2}) {
+    if (w->format == cpu::ref::WeightFormat::bf16) {    // bf16 experts: w1, w3 (one [2I, H]
+      const size_t nb = size_t(w->rows * w->cols) * 2;  // gate|up matrix), w2
+      f(static_cast<const uint8_t*>(w->data), nb, off);
+      off += nb;
+      continue;
+    }
     const size_t np = size_t(w->rows * w->cols / 2), ns = size_t(w->rows * w->cols / 32);
     f(static_cast<const uint8_t*>(w->data), np, off);
     off += np;
@@ -407,9 +413,13 @@ Mxfp4ExpertView view_at(const ExpertWeights& e, const uint8_t* base, int hidden,
   Mxfp4ExpertView v;
   v.hidden = hidden;
   v.inter = inter;
-  const uint8_t* parts[6];
+  const uint8_t* parts[6] = {};
   int i = 0;
   for_each_part(e, [&](const uint8_t*, size_t, size_t off) { parts[i++] = base + off; });
+  if (i == 3) {  // bf16 experts: the view's packed pointers are the bf16 matrices, no scales
+    v.w1_packed = parts[0], v.w3_packed = parts[1], v.w2_packed = parts[2];
+    return v;
+  }
   v.w1_packed = parts[0], v.w1_scale = parts[1], v.w3_packed = parts[2], v.w3_scale = parts[3];
   v.w2_packed = parts[4], v.w2_scale = parts[5];
   return v;
@@ -425,11 +435,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   if (const char* e = std::getenv("STRATA_CUDA_PROFILE_STEP")) profile_step_ = std::atoi(e);
   if (kernels::cuda_device_count() == 0)
     throw Error("--device gpu: no CUDA device (" + kernels::cuda_device_description(0) + ")");
-  if (opt_.experts == ExpertNumerics::bf16)
-    throw Error(
-        "--device gpu: bf16 routed experts (--experts-numerics bf16) run on the CPU so far; use "
-        "--experts-quantize mxfp4 for the GPU, or --device cpu");
-  if (opt_.precision != Precision::bf16 || opt_.experts != ExpertNumerics::contract)
+  if (opt_.experts == ExpertNumerics::bf16 && c_.moe.mxfp4)
+    throw Error("--experts-numerics bf16 is for bf16 routed experts; " + c_.source +
+                " has MXFP4 experts (use contract)");
+  if (opt_.precision != Precision::bf16 || opt_.experts == ExpertNumerics::exact)
     throw Error(
         "--device gpu runs bf16 with contract experts; --precision fp32 and --experts-numerics "
         "exact are the CPU reference's (use --device cpu or auto)");
@@ -446,7 +455,7 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                 std::to_string(m.qk_nope_head_dim) + ", " + std::to_string(m.qk_rope_head_dim) +
                 ", " + std::to_string(m.v_head_dim) + ", " + std::to_string(m.kv_lora_rank) +
                 "); use --device cpu");
-  if (c_.num_moe_layers() > 0 && !mo.mxfp4)
+  if (c_.num_moe_layers() > 0 && !mo.mxfp4 && opt_.experts != ExpertNumerics::bf16)
     throw Error(
         "--device gpu: routed experts must be MXFP4 (this model's are bf16); use "
         "--experts-quantize mxfp4 or --device cpu");
@@ -495,8 +504,8 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
       add(mw.router), add(mw.latent_down), add(mw.latent_up);
       if (mw.shared) add(mw.shared->gate), add(mw.shared->up), add(mw.shared->down);
       for (const ExpertWeights& e : mw.experts) {
-        const size_t b = size_t(e.w1.rows * e.w1.cols / 2 + e.w1.rows * e.w1.cols / 32) * 2 +
-                         size_t(e.w2.rows * e.w2.cols / 2 + e.w2.rows * e.w2.cols / 32);
+        size_t b = 0;
+        for_each_part(e, [&](const uint8_t*, size_t n, size_t) { b += n; });
         im.expert_bytes = b;
         experts_total += b;
       }
@@ -805,7 +814,8 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   im.finite_pin[0] = im.finite_pin[1] = kops::kFiniteClean;
   im.finite_dev = static_cast<uint64_t*>(up.device(kAlign, "non-finite record"));
   // CPU executor for the experts that miss the GPU cache.
-  im.cpu_executor = make_expert_executor(ExpertNumerics::contract, c_);
+  im.cpu_executor =
+      make_expert_executor(mo.mxfp4 ? ExpertNumerics::contract : ExpertNumerics::bf16, c_);
   if (opt_.wrap_executor) im.cpu_executor = opt_.wrap_executor(std::move(im.cpu_executor));
   for (int s = 0; s < cuda_.slots; ++s) reset_slot(s);
   check(rt::stream_sync(im.stream), "start-up");
@@ -1583,7 +1593,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   const bool shared_late = graphs_->entry != nullptr;
   // Every expert resident and nothing on the host wants the routing: groups built on the device.
   const bool routing_traced = trace_ && (trace_->record_routing || trace_->replay_routing);
-  const bool device_groups = w.all_resident && !routing_traced && !opt_.on_moe_input &&
+  const bool device_groups = mo.mxfp4 && w.all_resident && !routing_traced && !opt_.on_moe_input &&
                              P <= kernels::moe::kMaxGroupPairs && cuda_.device_groups;
   // 1. Router (fp32 logits of the bf16 input, never rounded), top-k on the device; latent input.
   kops::RouterParams rp;
@@ -1724,6 +1734,26 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   // One grouped launch over `groups` (views in device memory at `views`), writing pair rows
   // pair0 … of ybuf. Lists go through pinned memory that stays untouched until the launch ran
   // (each launch takes its own part of the staging area).
+  // bf16 experts (Kimi-Linear, ExpertNumerics::bf16): per group, its tokens' rows of z gathered
+  // into bf16 (in the expert workspace), then the expert as the dense MLP runs (mlp: w1 and w3
+  // adjacent in the slot are one [2I, L] gate|up matrix, w2 the down one) into the group's pair
+  // rows, with the bf16 model's roundings.
+  auto bf16_groups = [&](int G, const Mxfp4ExpertView* views, const int32_t* goff,
+                         const int32_t* d_rows, const float* x, float* y, void* ws, size_t wsb_) {
+    for (int g = 0; g < G; ++g) {
+      const int64_t n = goff[g + 1] - goff[g];
+      if (n == 0) continue;
+      if (size_t(n * L) * 2 > wsb_)
+        throw Error("CUDA backend: bf16 experts: a group of " + std::to_string(n) +
+                    " tokens exceeds the expert workspace (" + std::to_string(wsb_) + " bytes)");
+      auto* xg = static_cast<uint16_t*>(ws);
+      check(kops::gather_rows_bf16(x, d_rows + goff[g], n, L, xg, im.stream), "bf16 experts");
+      const MlpDev e{{reinterpret_cast<const uint16_t*>(views[g].w1_packed), 2 * I, L},
+                     {reinterpret_cast<const uint16_t*>(views[g].w2_packed), L, I},
+                     I};
+      mlp(im, e, act, xg, y + int64_t(goff[g]) * L, n);
+    }
+  };
   int pair0 = 0;
   auto launch = [&](const std::vector<const ExpertTask*>& groups,
                     const std::function<Mxfp4ExpertView(size_t)>& view_of) {
@@ -1751,10 +1781,23 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     check(rt::copy_async(d_goff, h_goff, size_t(G + 1) * 4, im.stream), "upload");
     check(rt::copy_async(d_ptok, h_ptok, size_t(np) * 4, im.stream), "upload");
     tel_.h2d_bytes += double(G * int64_t(sizeof(Mxfp4ExpertView)) + (G + 1 + np) * 4);
-    grouped_launch(
-        im,
-        {d_views, d_goff, d_ptok, z, ybuf + int64_t(pair0) * L, G, np, int(T), int(L), int(I), {}},
-        glu, wsp, wsb);
+    if (mo.mxfp4) {
+      grouped_launch(im,
+                     {d_views,
+                      d_goff,
+                      d_ptok,
+                      z,
+                      ybuf + int64_t(pair0) * L,
+                      G,
+                      np,
+                      int(T),
+                      int(L),
+                      int(I),
+                      {}},
+                     glu, wsp, wsb);
+    } else {
+      bf16_groups(G, h_views, h_goff, d_ptok, z, ybuf + int64_t(pair0) * L, wsp, wsb);
+    }
     pair0 += np;
   };
   launch(resident,

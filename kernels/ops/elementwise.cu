@@ -65,6 +65,15 @@ __global__ void f32_to_bf16_kernel(const float* in, uint16_t* out, int64_t n) {
     out[i] = ::strata::f32_to_bf16(in[i]);
 }
 
+__global__ void gather_rows_bf16_kernel(const float* in, const int32_t* rows, int64_t n,
+                                        int64_t cols, uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * cols;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    out[i] = ::strata::f32_to_bf16(in[int64_t(rows[r]) * cols + c]);
+  }
+}
+
 __global__ void bf16_to_f32_kernel(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -117,6 +126,15 @@ Status f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream) {
   if (n < 0) return detail::invalid("f32_to_bf16: n < 0");
   if (n == 0) return {};
   f32_to_bf16_kernel<<<grid_for(n), 256, 0, detail::as_stream(stream)>>>(in, out, n);
+  return detail::launch_status();
+}
+
+Status gather_rows_bf16(const float* in, const int32_t* rows, int64_t n, int64_t cols,
+                        uint16_t* out, void* stream) {
+  if (n < 0 || cols <= 0) return detail::invalid("gather_rows_bf16: bad n or cols");
+  if (n == 0) return {};
+  gather_rows_bf16_kernel<<<grid_for(n * cols), 256, 0, detail::as_stream(stream)>>>(in, rows, n,
+                                                                                     cols, out);
   return detail::launch_status();
 }
 

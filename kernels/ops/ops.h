@@ -98,6 +98,10 @@ Status embedding_gather(const uint16_t* table, int64_t vocab, int64_t D, const i
 
 // Conversions (RNE, NaN kept quiet — storage/bf16.h).
 Status f32_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream);
+// out[i, :] = bf16(in[rows[i], :]) for i < n (row width `cols`): a group's tokens gathered for a
+// bf16 GEMM (Kimi-Linear's bf16 experts). rows: device memory.
+Status gather_rows_bf16(const float* in, const int32_t* rows, int64_t n, int64_t cols,
+                        uint16_t* out, void* stream);
 Status bf16_to_f32(const uint16_t* in, float* out, int64_t n, void* stream);
 
 }  // namespace strata::kernels::ops
