@@ -455,11 +455,6 @@ CommandRun setup(CLI::App& app) {
       throw;
     }
     if (!note.empty()) std::printf("%s\n", note.c_str());
-    if (!cfg.moe.mxfp4 && cfg.num_moe_layers() > 0 && p.backend == TrunkBackend::gpu)
-      std::printf(
-          "note: the GPU engine runs bf16 routed experts only after --experts-quantize mxfp4 "
-          "today; this plan models them as bf16 GEMMs on the GPU (not built yet). For what runs "
-          "now: strata plan --experts-quantize mxfp4\n");
     std::printf("%s", plan_text(p).c_str());
     if (!o->json.empty()) {
       std::ofstream f(o->json);
