@@ -46,6 +46,7 @@ std::vector<KernelBenchCase>& kernel_bench_cases() {
 #ifdef STRATA_HAVE_CUDA
 // CUDA kernels II (tools/bench_kernels_moe.cpp) reports through this function.
 void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops);
+void bench_kernels_moe_batch(BenchReport& r, double copy_gbps);
 #endif
 
 namespace {
@@ -445,6 +446,9 @@ STRATA_KERNEL_BENCH("mla", bench_mla);
 STRATA_KERNEL_BENCH("ops", bench_ops);
 STRATA_KERNEL_BENCH("moe", [](const KernelBenchContext& ctx, BenchReport& r) {
   bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops);
+});
+STRATA_KERNEL_BENCH("moe-batch", [](const KernelBenchContext& ctx, BenchReport& r) {
+  bench_kernels_moe_batch(r, ctx.copy_gbps);
 });
 
 #endif  // STRATA_HAVE_CUDA
