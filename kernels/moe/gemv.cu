@@ -31,7 +31,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/moe/contract_device.cuh"
 #include "kernels/moe/paths.h"
@@ -57,20 +56,7 @@ struct GemvArgs {
   int G;                   // groups
   int rows_per_unit;       // persistent: rows per warp (equal shares) or per block (SM kernel);
                            // 0: strip mode
-  int strip_rows;          // strip mode: rows per warp
-  int prefetch;            // strip mode: bulk-prefetch the strip's bytes into L2 first
 };
-
-// Bytes [p, p + n) into L2 by one bulk prefetch: the 16-byte-aligned part (the start rounded
-// down stays inside an allocation, whose base is aligned; the tail past the last whole 16 bytes is
-// left to the loads).
-__device__ __forceinline__ void prefetch_l2_range(const uint8_t* p, size_t n) {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(15);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + n) & ~uintptr_t(15);
-  if (e > b)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b), "r"(uint32_t(e - b))
-                 : "memory");
-}
 
 // Where the weights of virtual row (g, on) start, and the cursor that walks the rows.
 struct Cursor {
@@ -248,9 +234,9 @@ __device__ __forceinline__ void warp_range(const GemvArgs& a, long long& v0, lon
     v1 = min(R, v0 + a.rows_per_unit);
   } else {
     const long long g0 = (long long)blockIdx.y * a.N;
-    const int o = (blockIdx.x * kWarps + warp_in_block) * a.strip_rows;
+    const int o = (blockIdx.x * kWarps + warp_in_block) * kStripRows;
     v0 = g0 + o;
-    v1 = g0 + min(a.N, o + a.strip_rows);
+    v1 = g0 + min(a.N, o + kStripRows);
   }
 }
 
@@ -280,11 +266,6 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 4 : 3) gemv_kernel(Ge
     asm volatile("griddepcontrol.wait;" ::: "memory");
     p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
     if (p0 == p1) return;
-    if (a.prefetch && lane == 0) {  // the strip's rows up to the end of their matrix
-      const int run = min(count, (cc.on < a.split ? a.split : a.N) - cc.on);
-      prefetch_l2_range(cc.pk, size_t(run) * size_t(a.K / 2));
-      prefetch_l2_range(cc.sc, size_t(run) * size_t(nb));
-    }
     load(cc, cw, cs);
   }
   Cursor nc = cc;
@@ -296,68 +277,6 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 4 : 3) gemv_kernel(Ge
     for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
     if (k + 1 < count && nc.g != cc.g) p0 = p1, p1 = __ldg(a.group_offsets + nc.g + 1);
     cc = nc;
-  }
-}
-
-// A strip's rows into L2 (those up to the end of its matrix): one bulk prefetch of the packed
-// weights, one of the scale codes.
-__device__ __forceinline__ void prefetch_strip(const GemvArgs& a, const Cursor& cu, int count,
-                                               int nb) {
-  const int run = min(count, (cu.on < a.split ? a.split : a.N) - cu.on);
-  prefetch_l2_range(cu.pk, size_t(run) * size_t(a.K / 2));
-  prefetch_l2_range(cu.sc, size_t(run) * size_t(nb));
-}
-
-// Strip mode on a persistent grid: warp w takes strips w, w + W, … (W warps; strip s = rows
-// [j·R, j·R + R) of group s / (strips per group), j = s mod strips per group) and skips the
-// strips of empty groups; while it computes one strip, the next one's bytes stream into L2.
-template <int MAXI>
-__global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 4 : 3) gemv_strips_kernel(GemvArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int nb = a.K / c::kBlock;
-  asm volatile("griddepcontrol.launch_dependents;");
-  const int R = a.strip_rows, spg = (a.N + R - 1) / R;
-  const long long S = (long long)a.G * spg, W = (long long)gridDim.x * kWarps;
-  long long s = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  // The warp's next strip of a non-empty group from s on (S: none), with its tokens.
-  auto next_strip = [&](long long t, int& p0, int& p1) {
-    for (; t < S; t += W) {
-      const int g = int(t / spg);
-      p0 = __ldg(a.group_offsets + g), p1 = __ldg(a.group_offsets + g + 1);
-      if (p0 < p1) break;
-    }
-    return t;
-  };
-  int p0 = 0, p1 = 0;
-  s = next_strip(s, p0, p1);
-  Cursor cc;
-  if (s < S) {
-    seek(a, cc, int(s / spg), int(s % spg) * R);
-    if (lane == 0) prefetch_strip(a, cc, min(a.N - cc.on, R), nb);
-  }
-  while (s < S) {
-    int q0 = 0, q1 = 0;
-    const long long t = next_strip(s + W, q0, q1);
-    Cursor tc;
-    if (t < S) {
-      seek(a, tc, int(t / spg), int(t % spg) * R);
-      if (lane == 0) prefetch_strip(a, tc, min(a.N - tc.on, R), nb);
-    }
-    const int count = min(a.N - cc.on, R);
-    uint4 cw[MAXI], nw[MAXI];
-    int cs[MAXI], ns[MAXI];
-    load_row<MAXI>(cc, nb, lane, cw, cs);
-    Cursor nc = cc;
-    for (int k = 0; k < count; k++) {
-      advance(a, nc);
-      if (k + 1 < count) load_row<MAXI>(nc, nb, lane, nw, ns);
-      row_tokens_paired<MAXI>(a, p0, p1, cc.on, nb, lane, cw, cs);
-#pragma unroll
-      for (int i = 0; i < MAXI; i++) cw[i] = nw[i], cs[i] = ns[i];
-      cc = nc;
-    }
-    s = t, p0 = q0, p1 = q1, cc = tc;
   }
 }
 
@@ -498,10 +417,6 @@ constexpr KernelFn kSmKernels[4] = {gemv_sm_kernel<1>, gemv_sm_kernel<2>, gemv_s
 // MAXI = 1..8: input widths up to 8192.
 constexpr KernelFn kKernels[8] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
                                   gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
-constexpr KernelFn kStripKernels[8] = {gemv_strips_kernel<1>, gemv_strips_kernel<2>,
-                                       gemv_strips_kernel<3>, gemv_strips_kernel<4>,
-                                       gemv_strips_kernel<5>, gemv_strips_kernel<6>,
-                                       gemv_strips_kernel<7>, gemv_strips_kernel<8>};
 
 // The device's SM count and how many blocks of `threads` threads of kernel k fit on one SM.
 Status device_fit(const void* k, int threads, int& sms, int& per_sm) {
@@ -554,32 +469,7 @@ Status launch(GemvArgs a, int P, void* stream) {
     grid = dim3(unsigned((used_warps + kWarps - 1) / kWarps));
   } else {  // strips of one group each; the hardware balances groups of different token counts
     a.rows_per_unit = 0;
-    static const int env_rows = [] {
-      const char* e = std::getenv("STRATA_MOE_STRIP_ROWS");
-      return e ? std::atoi(e) : kStripRows;
-    }();
-    static const int env_pf = [] {
-      const char* e = std::getenv("STRATA_MOE_STRIP_PREFETCH");
-      return e ? std::atoi(e) : 0;
-    }();
-    static const int env_persist = [] {
-      const char* e = std::getenv("STRATA_MOE_STRIP_PERSIST");
-      return e ? std::atoi(e) : 0;
-    }();
-    a.strip_rows = env_rows, a.prefetch = env_pf;
-    if (env_persist) {
-      const KernelFn sk = kStripKernels[maxi - 1];
-      int sms = 0, per_sm = 0;
-      if (Status s = device_fit(reinterpret_cast<const void*>(sk), kWarps * 32, sms, per_sm);
-          !s.ok())
-        return s;
-      const long long strips = (long long)a.G * ((a.N + a.strip_rows - 1) / a.strip_rows);
-      const long long blocks = std::min<long long>((long long)sms * std::max(1, per_sm),
-                                                   (strips + kWarps - 1) / kWarps);
-      return kd::launch_pdl(sk, dim3(unsigned(blocks)), dim3(kWarps * 32), stream, true, a);
-    }
-    grid = dim3(unsigned((a.N + kWarps * a.strip_rows - 1) / (kWarps * a.strip_rows)),
-                unsigned(a.G));
+    grid = dim3(unsigned((a.N + kWarps * kStripRows - 1) / (kWarps * kStripRows)), unsigned(a.G));
   }
   return kd::launch_pdl(k, grid, dim3(kWarps * 32), stream, true, a);
 }
@@ -587,12 +477,12 @@ Status launch(GemvArgs a, int P, void* stream) {
 }  // namespace
 
 Status gemv_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0, kStripRows, 0};
+  GemvArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, b.H, 2 * b.I, b.I, ws.gu, b.G, 0};
   return launch(a, b.P, stream);
 }
 
 Status gemv_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
-  GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0, kStripRows, 0};
+  GemvArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, b.I, b.H, b.H, b.y, b.G, 0};
   return launch(a, b.P, stream);
 }
 
