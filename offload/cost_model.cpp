@@ -924,38 +924,99 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
 // ------------------------------------------------------------------------------------------------
 // Rooflines: hardware peaks only.
 
+// The decode step at hardware peaks, under its data dependencies. A sequence's layers are serial
+// (layer l + 1 reads layer l's output), so per MoE layer the CPU's experts overlap only the GPU
+// work of that layer's experts (shared and cached routed ones); the rest of the GPU's work (trunk,
+// attention, router, head) is serial with them; disk reads, prefetched ahead by the router
+// lookahead, overlap the whole step. With B ≥ 2 sequences an engine may instead split the batch
+// into m micro-batches and overlap one's CPU experts with another's GPU work — every resource
+// busy, but each micro-batch reads the trunk and its own experts again. The roofline is the faster
+// of the two schedules (the best m). With several GPUs as pipeline stages and at least as many
+// sequences, the micro-batches are in flight on different GPUs: full overlap.
 Roofline CostModel::decode_roofline(const Placement& p, int batch, int64_t context) const {
   Roofline r;
-  r.assumption =
-      "full overlap: every resource busy all the time at its measured peak (HBM copy, bf16 GEMM, "
-      "host memory read, disk O_DIRECT); no kernel rates";
   const bool gpu = opt_.trunk == TrunkBackend::gpu;
-  const double U = distinct_experts(batch);
-  const double n = U * cfg_.num_moe_layers();
+  const int L = cfg_.num_moe_layers();
   const double eb = double(costs_.bytes_per_routed_expert);
   const double attn_bytes = 2.0 * double(costs_.kda_state_bytes) * batch +
                             double(batch) * double(std::max<int64_t>(1, context)) *
                                 double(costs_.mla_cache_bytes_per_token);
   const double trunk_b = double(trunk_bytes());
-  const double trunk_flops = 2.0 * double(trunk_b / 2) * batch;
-  if (gpu) {
-    const int stages = batch >= gpus_ ? gpus_ : 1;  // GPUs working at once
-    const double gpu_bytes = trunk_b + p.gpu * n * eb + attn_bytes;
-    const double hbm = roofline_peak(hw_.gpu.hbm_copy_gbps, "gpu.hbm_copy_gbps", 1e9, r);
-    const double gemm = roofline_peak(hw_.gpu.bf16_gemm_tflops, "gpu.bf16_gemm_tflops", 1e12, r);
-    if (hbm > 0) r.parts.push_back({"GPU memory (HBM copy peak)", "gpu", gpu_bytes / hbm / stages});
-    if (gemm > 0)
-      r.parts.push_back({"GPU compute (bf16 GEMM peak)", "gpu", trunk_flops / gemm / stages});
-  }
-  const double host_bytes = (gpu ? (p.host + p.disk) * n * eb : n * eb + trunk_b + attn_bytes);
+  const double hbm = gpu ? roofline_peak(hw_.gpu.hbm_copy_gbps, "gpu.hbm_copy_gbps", 1e9, r) : 0;
+  const double gemm =
+      gpu ? roofline_peak(hw_.gpu.bf16_gemm_tflops, "gpu.bf16_gemm_tflops", 1e12, r) : 0;
   const double mem = roofline_peak(hw_.host.mem_read_gbps, "host.mem_read_gbps", 1e9, r);
-  if (mem > 0) r.parts.push_back({"host memory read peak", "cpu", host_bytes / mem / hw_.nodes});
-  if (p.disk > 0) {
-    const double d = roofline_peak(hw_.disk.total_read_gbps(), "disk.read_gbps", 1e9, r);
-    if (d > 0) r.parts.push_back({"disk O_DIRECT peak", "disk", p.disk * n * eb / d / hw_.nodes});
+  const double disk_peak =
+      p.disk > 0 ? roofline_peak(hw_.disk.total_read_gbps(), "disk.read_gbps", 1e9, r) : 0;
+  const auto secs = [](double work, double rate) { return rate > 0 ? work / rate : 0.0; };
+  const double n = distinct_experts(batch) * L;
+  const double disk_s = secs(p.disk * n * eb, disk_peak) / hw_.nodes;
+  if (!gpu) {
+    // The CPU backends: one resource for trunk, attention and experts; disk overlapped.
+    r.assumption =
+        "the CPU does trunk, attention and experts (host memory read peak); disk reads overlap "
+        "the step (O_DIRECT peak); no kernel rates";
+    r.parts.push_back({"host memory read peak", "cpu", secs(n * eb + trunk_b + attn_bytes, mem) /
+                                                           hw_.nodes});
+    if (p.disk > 0) r.parts.push_back({"disk O_DIRECT peak", "disk", disk_s});
+    finish_roofline(r, std::max(r.parts[0].seconds, disk_s), batch);
+    return r;
   }
-  const TimePart* big = largest(r.parts);
-  finish_roofline(r, big ? big->seconds : 0, batch);
+  const int stages = batch >= gpus_ ? gpus_ : 1;  // GPUs working at once
+  const double trunk_flops = 2.0 * double(trunk_b / 2) * batch;
+  const double host_share = p.host + p.disk;
+  // Full overlap of m micro-batches of ⌈B/m⌉ sequences (m = 1: the plain full-overlap bound).
+  const auto overlapped = [&](int m, std::vector<TimePart>& parts) {
+    const double nb = distinct_experts(std::ceil(double(batch) / m)) * L * m;
+    const double g = secs(m * trunk_b + p.gpu * nb * eb + attn_bytes, hbm) / stages;
+    const double f = secs(trunk_flops, gemm) / stages;
+    const double h = secs(host_share * nb * eb, mem) / hw_.nodes;
+    const double d = secs(p.disk * nb * eb, disk_peak) / hw_.nodes;
+    parts = {{"GPU memory (HBM copy peak)", "gpu", g}, {"GPU compute (bf16 GEMM peak)", "gpu", f}};
+    if (host_share > 0) parts.push_back({"host memory read peak", "cpu", h});
+    if (p.disk > 0) parts.push_back({"disk O_DIRECT peak", "disk", d});
+    return std::max({g, f, h, d});
+  };
+  if (stages > 1) {
+    r.assumption =
+        "full overlap (pipeline stages with micro-batches in flight): every resource busy at its "
+        "measured peak (HBM copy, bf16 GEMM, host memory read, disk O_DIRECT); no kernel rates";
+    finish_roofline(r, overlapped(1, r.parts), batch);
+    return r;
+  }
+  // Layer-serial: per MoE layer max(GPU experts, CPU experts); the rest of the GPU serial.
+  const double shared_b = double(component_bytes(costs_, "shared_experts"));
+  const double gpu_moe_b = shared_b + p.gpu * n * eb;
+  const double serial_s =
+      std::max(secs(trunk_b - shared_b + attn_bytes, hbm), secs(trunk_flops, gemm));
+  const double gpu_moe_s = secs(gpu_moe_b, hbm), cpu_moe_s = secs(host_share * n * eb, mem);
+  const double layers_s = serial_s + std::max(gpu_moe_s, cpu_moe_s);
+  double best = std::max(layers_s, disk_s);
+  int best_m = 0;
+  std::vector<TimePart> parts = {
+      {"GPU memory (HBM copy peak)", "gpu", serial_s + gpu_moe_s},
+  };
+  if (host_share > 0)
+    parts.push_back({"GPU trunk (HBM copy peak) + CPU experts (host memory read peak), layer "
+                     "after layer",
+                     "cpu", serial_s + cpu_moe_s});
+  if (p.disk > 0) parts.push_back({"disk O_DIRECT peak", "disk", disk_s});
+  for (int m = 2; m <= batch && host_share > 0; ++m) {
+    std::vector<TimePart> mp;
+    const double t = overlapped(m, mp);
+    if (t < best) best = t, best_m = m, parts = mp;
+  }
+  r.parts = parts;
+  r.assumption =
+      best_m > 0
+          ? fmt("%.0f micro-batches of the %.0f sequences, one's CPU experts under another's GPU "
+                "work, every resource busy at its measured peak (faster than layer after layer "
+                "here); no kernel rates",
+                double(best_m), double(batch))
+          : "the decode step's dependencies at measured peaks (HBM copy, bf16 GEMM, host memory "
+            "read, disk O_DIRECT): layer after layer, each MoE layer's CPU experts under the GPU's "
+            "experts of the same layer, disk reads under the whole step; no kernel rates";
+  finish_roofline(r, best, batch);
   return r;
 }
 

@@ -131,8 +131,12 @@ struct CostAssumptions {
   double cpu_expert_call_us = 20;
   //   the CPU experts of the GPU engine read their weights from the mmapped checkpoint (page
   //   cache, 4 KiB pages; or the host expert cache), not from the bound, huge-page buffers bench
-  //   hw times the CPU expert kernel on: this share of the measured curve's rate;
-  double gpu_engine_cpu_expert_efficiency = 1.0;
+  //   hw times the CPU expert kernel on: this share of the measured curve's rate. Calibrated on
+  //   the H200 (run 10 of 2026-12-02, docs/performance.md "Planner validation"): the engine's
+  //   CPU-expert seconds per step (telemetry) against this model's at 1.0, 8-layer slice, 10 %
+  //   GPU + host and all host, B = 1 and 8: 15.88 / 14.08, 17.61 / 15.53, 68.79 / 58.24,
+  //   74.96 / 64.25 ms = 0.89, 0.88, 0.85, 0.86 of the curve;
+  double gpu_engine_cpu_expert_efficiency = 0.87;
   //   the GPU engine's grouped experts launch 16–64 experts per MoE layer, bench hw's curve 128 per
   //   call: this share of the curve's rate (the 16-expert decode line 3470 GB/s against bench hw's
   //   4177 at M = 1: 0.83; the 4-layer slice's prefill 4096 all cached: 0.86);

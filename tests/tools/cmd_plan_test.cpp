@@ -66,7 +66,7 @@ TEST_CASE("plan: the real K3 config on the reference machines, without weights",
   CHECK(text.find("<path d=\"M") != std::string::npos);
 }
 
-TEST_CASE("plan: Kimi-Linear's bf16 experts as the engine runs them on a GPU (quantized at load)",
+TEST_CASE("plan: Kimi-Linear's bf16 experts on a GPU, as bf16 and quantized at load",
           "[plan][cli]") {
   const fs::path kl = strata::test::shared_dir() / "configs" / "kimi-linear-48b-a3b.config.json";
   strata::test::need_shared(kl);
@@ -74,8 +74,8 @@ TEST_CASE("plan: Kimi-Linear's bf16 experts as the engine runs them on a GPU (qu
   const std::string base = "plan --config " + q(kl) + " --hardware " + q(hw("1xH100-64GB.json"));
   const auto bf16 = run_cli(base + " --json " + q(dir / "bf16.json"));
   CHECK(bf16.status == 0);
-  CHECK(bf16.out.find("note: the GPU engine runs bf16 routed experts only after") !=
-        std::string::npos);
+  CHECK(bf16.out.find("note: the GPU engine") == std::string::npos);  // the engine runs them
+  CHECK(bf16.out.find("top-8 bf16") != std::string::npos);
   const auto mx = run_cli(base + " --experts-quantize mxfp4 --json " + q(dir / "mx.json"));
   CHECK(mx.status == 0);
   CHECK(mx.out.find("note: the GPU engine") == std::string::npos);
