@@ -5,6 +5,7 @@
 #include "engine/expert_executor.h"
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 
@@ -61,14 +62,19 @@ template <class Ffn>
 void run_tasks(std::span<const ExpertTask> tasks, const float* x, float* y, int64_t in_dim,
                Ffn&& ffn) {
   tbb::parallel_for(size_t(0), tasks.size(), [&](size_t i) {
-    const ExpertTask& task = tasks[i];
-    const int64_t n = int64_t(task.tokens.size());
-    std::vector<float> xin(static_cast<size_t>(n * in_dim)), yout(static_cast<size_t>(n * in_dim));
-    for (int64_t r = 0; r < n; ++r)
-      std::copy_n(x + int64_t(task.tokens[size_t(r)]) * in_dim, in_dim, xin.data() + r * in_dim);
-    ffn(task.expert, xin.data(), yout.data(), n);
-    for (int64_t r = 0; r < n; ++r)
-      std::copy_n(yout.data() + r * in_dim, in_dim, y + int64_t(task.slots[size_t(r)]) * in_dim);
+    // Isolated, as the bf16 executor's experts: a thread waiting inside one expert's parallel ops
+    // takes no other expert meanwhile (per-thread buffers stay the waiting expert's).
+    tbb::this_task_arena::isolate([&] {
+      const ExpertTask& task = tasks[i];
+      const int64_t n = int64_t(task.tokens.size());
+      std::vector<float> xin(static_cast<size_t>(n * in_dim)),
+          yout(static_cast<size_t>(n * in_dim));
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(x + int64_t(task.tokens[size_t(r)]) * in_dim, in_dim, xin.data() + r * in_dim);
+      ffn(task.expert, xin.data(), yout.data(), n);
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(yout.data() + r * in_dim, in_dim, y + int64_t(task.slots[size_t(r)]) * in_dim);
+    });
   });
 }
 

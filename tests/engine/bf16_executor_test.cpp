@@ -9,6 +9,7 @@
 // orders of magnitude above it. Thread count: the kernels split output rows over threads and never
 // a sum, so one thread and all threads give the same bits.
 #include <tbb/global_control.h>
+#include <tbb/task_arena.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -28,7 +29,6 @@ using strata::test::rel_l2;
 namespace {
 
 constexpr int64_t kH = 2304, kI = 1024;
-constexpr int kExperts = 4;
 
 struct Fixture {
   std::vector<std::vector<uint16_t>> w;  // per expert: w1, w3, w2 back to back
@@ -39,7 +39,10 @@ struct Fixture {
   std::vector<float> x;
   int64_t T = 0, slots = 0;
 
-  Fixture() {
+  // `experts` experts; expert e gets the first n_e tokens, n_e cycling through 1, 3, 8 (the GEMV's
+  // largest), 20 (oneDNN), 2, 5.
+  explicit Fixture(int experts = 4) {
+    const int kExperts = experts;
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const float ws = 1.0f / std::sqrt(float(kH));
@@ -66,11 +69,11 @@ struct Fixture {
     layer.intermediate = kI;
     // Tokens: expert e gets the first n_e of T = 20 tokens; a slot per (token, expert).
     T = 20;
-    const int n[kExperts] = {1, 3, 8, 20};
+    const int n[6] = {1, 3, 8, 20, 2, 5};
     for (int e = 0; e < kExperts; ++e) {
       ExpertTask t;
       t.expert = e;
-      for (int i = 0; i < n[e]; ++i) {
+      for (int i = 0; i < n[e % 6]; ++i) {
         t.tokens.push_back(i);
         t.slots.push_back(int32_t(slots++));
       }
@@ -134,6 +137,23 @@ TEST_CASE("bf16 experts: the fast executor's bits do not depend on the thread co
     one = f.run(*fast, Precision::bf16);
   }
   CHECK(std::memcmp(all.data(), one.data(), all.size() * 4) == 0);
+  // More experts than threads: a thread waiting inside one expert's row-parallel linear may pick
+  // up another expert meanwhile; its per-thread buffers (the bf16 activations) must not be the
+  // ones the first expert's rows are still reading. 24 experts over 4 threads, repeatedly.
+  const Fixture many(24);
+  std::vector<float> ref;
+  {
+    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, 1);
+    ref = many.run(*fast, Precision::bf16);
+  }
+  tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 4);
+  tbb::task_arena four(4);
+  for (int rep = 0; rep < 12; ++rep) {
+    std::vector<float> got;
+    four.execute([&] { got = many.run(*fast, Precision::bf16); });
+    INFO("repeat " << rep);
+    CHECK(std::memcmp(got.data(), ref.data(), got.size() * 4) == 0);
+  }
 }
 
 TEST_CASE("bf16 experts: the numerics mode refuses MXFP4 experts and names the choices",
