@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "cpu/mixer_kernels.h"
@@ -84,6 +85,7 @@ CpuFastBackend::CpuFastBackend(const Model& model, BackendOptions options, int s
 // Step arena
 
 void CpuFastBackend::begin_step(const StepShape&) {
+  ++steps_;
   // The last step spilled over several blocks: one block of their total from now on, so a step of
   // the same shape fits without allocating.
   if (blocks_.size() > 1) {
@@ -92,6 +94,36 @@ void CpuFastBackend::begin_step(const StepShape&) {
   }
   block_used_ = 0;
   step_floats_ = 0;
+}
+
+std::string CpuFastBackend::telemetry_line() const {
+  if (steps_ == 0) return {};
+  using P = FastBackendProfile;
+  const double n = double(steps_);
+  std::string s = "cpu fast backend: " + std::to_string(steps_) + " steps | ms per step:";
+  char buf[96];
+  for (int k = 0; k < P::kinds; ++k) {
+    std::snprintf(buf, sizeof buf, "%s %s %.3f", k ? "," : "", P::name(P::Kind(k)),
+                  prof_.seconds[size_t(k)] / n * 1e3);
+    s += buf;
+    if ((k == P::gemv || k == P::gemm) && prof_.seconds[size_t(k)] > 0) {
+      std::snprintf(buf, sizeof buf, " (%.1f GB/s of weights)",
+                    prof_.weight_bytes[size_t(k)] / prof_.seconds[size_t(k)] / 1e9);
+      s += buf;
+    }
+  }
+  return s;
+}
+
+std::vector<std::pair<std::string, double>> CpuFastBackend::telemetry_values() const {
+  using P = FastBackendProfile;
+  std::vector<std::pair<std::string, double>> v = {{"steps", double(steps_)}};
+  static const char* keys[P::kinds] = {"gemv_s", "gemm_s", "kda_core_s",
+                                       "mla_core_s", "experts_s", "row_ops_s"};
+  for (int k = 0; k < P::kinds; ++k) v.push_back({keys[k], prof_.seconds[size_t(k)]});
+  v.push_back({"gemv_weight_bytes", prof_.weight_bytes[P::gemv]});
+  v.push_back({"gemm_weight_bytes", prof_.weight_bytes[P::gemm]});
+  return v;
 }
 
 Act CpuFastBackend::alloc(int64_t rows, int64_t cols) {

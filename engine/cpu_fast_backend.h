@@ -66,6 +66,11 @@ class CpuFastBackend final : public CpuHostBackend {
   const FastBackendProfile& profile() const { return prof_; }
   void reset_profile() { prof_ = {}; }
 
+  // The profile per step since the last reset: "cpu fast backend: N steps | ms per step: …".
+  std::string telemetry_line() const override;
+  void reset_telemetry() override { prof_ = {}, steps_ = 0; }
+  std::vector<std::pair<std::string, double>> telemetry_values() const override;
+
  private:
   // y [T, W.rows] = x [T, W.cols] · Wᵀ, rounded to bf16 when `round` (a GEMM output).
   void linear(const float* x, int64_t T, const WeightView& W, float* y, bool round);
@@ -88,6 +93,7 @@ class CpuFastBackend final : public CpuHostBackend {
   std::vector<std::vector<float>> blocks_;
   size_t block_used_ = 0;
   size_t step_floats_ = 0;
+  uint64_t steps_ = 0;  // begin_step calls since the telemetry's reset
 };
 
 // The CPU backend for the options: the fast one for bf16 with contract experts (the default
