@@ -122,10 +122,10 @@ RowKernel row_kernel(GemvIsa isa) {
                                     : gemv_rows_scalar;
 }
 
-// Tokens one pass of each row kernel serves (AVX-512: 4 rows × up to 4 tokens; AVX2: 2; scalar:
-// 1). With more tokens the kernel passes over its rows once per token group.
+// Tokens one pass of each row kernel serves (AVX-512: 4 rows × up to 4 tokens, 2 rows × 5 to 8;
+// AVX2: 2; scalar: 1). With more tokens the kernel passes over its rows once per token group.
 int64_t tokens_per_pass(RowKernel k) {
-  return k == detail::gemv_rows_avx512bf16 ? 4 : k == detail::gemv_rows_avx2 ? 2 : 1;
+  return k == detail::gemv_rows_avx512bf16 ? 8 : k == detail::gemv_rows_avx2 ? 2 : 1;
 }
 
 // kernel(a, r0, r1), in tiles of rows small enough for L2 (≈ 256 KiB of weights, whole groups of

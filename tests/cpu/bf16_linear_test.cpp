@@ -332,3 +332,27 @@ TEST_CASE("bf16 GEMV over several matrices of one x equals one call per matrix",
   CHECK(a0 == b0);
   CHECK(a1 == b1);
 }
+
+TEST_CASE("bf16 GEMV: a token's outputs do not depend on the token groups of its call",
+          "[bf16_linear]") {
+  // Every (row, token) of the multi-token kernels accumulates the same vdpbf16ps sequence whether
+  // the call holds 2, 4, 5 or 8 tokens (4 rows × up to 4 tokens, 2 rows × 5 to 8): a call of T
+  // tokens equals, bit for bit, calls of 2 (and 3) tokens over the same rows. Odd N and K (a masked
+  // tail).
+  const int64_t N = 37, K = 1000;
+  const auto W = bf16_normals(size_t(N * K), 101);
+  for (auto isa : supported_isas()) {
+    for (int64_t T : {4, 5, 6, 7, 8, 12}) {
+      const auto x = widen(bf16_normals(size_t(T * K), uint64_t(110 + T)));
+      std::vector<float> y(size_t(T * N)), pairs(size_t(T * N));
+      cpu::gemv_bf16(x.data(), T, W.data(), N, K, K, y.data(), N, false, isa);
+      for (int64_t t = 0; t < T;) {  // groups of 2, the last of 3 when T is odd
+        const int64_t g = T - t == 3 ? 3 : 2;
+        cpu::gemv_bf16(x.data() + t * K, g, W.data(), N, K, K, pairs.data() + t * N, N, false, isa);
+        t += g;
+      }
+      INFO(cpu::gemv_isa_name(isa) << " T=" << T);
+      CHECK(std::memcmp(y.data(), pairs.data(), y.size() * 4) == 0);
+    }
+  }
+}
