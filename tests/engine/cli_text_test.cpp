@@ -20,6 +20,9 @@ Result run(const std::string& args) {
 std::string text_of(const Result& r) {
   size_t at = r.out.find("strata run: prompt");
   REQUIRE(at != std::string::npos);
+  // The backend's telemetry line (stderr), when it has one, comes before the summary.
+  const size_t tel = r.out.find("\nstrata: ");
+  if (tel != std::string::npos && tel + 1 < at) at = tel + 1;
   // The first line is the start-up config line (stderr), then the text (stdout).
   REQUIRE(r.out.rfind("strata run: ", 0) == 0);
   const size_t begin = r.out.find('\n') + 1;
