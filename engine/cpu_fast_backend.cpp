@@ -118,7 +118,7 @@ std::string CpuFastBackend::telemetry_line() const {
 std::vector<std::pair<std::string, double>> CpuFastBackend::telemetry_values() const {
   using P = FastBackendProfile;
   std::vector<std::pair<std::string, double>> v = {{"steps", double(steps_)}};
-  static const char* keys[P::kinds] = {"gemv_s", "gemm_s", "kda_core_s",
+  static const char* keys[P::kinds] = {"gemv_s",     "gemm_s",    "kda_core_s",
                                        "mla_core_s", "experts_s", "row_ops_s"};
   for (int k = 0; k < P::kinds; ++k) v.push_back({keys[k], prof_.seconds[size_t(k)]});
   v.push_back({"gemv_weight_bytes", prof_.weight_bytes[P::gemv]});
@@ -223,16 +223,11 @@ void CpuFastBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
 }
 
 void CpuFastBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
-  const int64_t D = c_.hidden_size;
-  for (const SeqSpan& q : s.seqs) {
-    Slot& st = slots_[size_t(q.slot)];
-    const float* xs = x.data + q.row0 * D;
-    float* os = out.data + q.row0 * D;
-    if (c_.is_kda(l))
-      kda(l, st, xs, os, q.T);
-    else
-      mla(l, st, q.pos0, xs, os, q.T);
-  }
+  STRATA_ASSERT(x.rows == s.rows);
+  if (c_.is_kda(l))
+    kda(l, s, x.data, out.data);
+  else
+    mla(l, s, x.data, out.data);
 }
 
 void CpuFastBackend::ffn(int l, const StepShape& s, Act x, Act out) {
@@ -246,13 +241,15 @@ void CpuFastBackend::ffn(int l, const StepShape& s, Act x, Act out) {
 // ---------------------------------------------------------------------------------------------
 // KDA (§4.2). x: normed input [T, D]; out: [T, D].
 
-void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t T) {
+void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) {
   const KdaWeights& w = *model_.weights().layers[size_t(l)].kda;
   const auto& k = c_.kda;
   const int64_t H = k.num_heads, d = k.head_dim, P = k.proj_dim(), W = k.conv_kernel;
-  KdaState& st = slot.kda[size_t(l)];
-  const bool chunked =
-      opt_.kda_form == KdaForm::chunked || (opt_.kda_form == KdaForm::automatic && T > 1);
+  const int64_t T = s.rows;
+  // The chunked form (and its rounding of the L2-normed q, k) for a sequence of several rows.
+  const auto chunked_for = [&](int64_t n) {
+    return opt_.kda_form == KdaForm::chunked || (opt_.kda_form == KdaForm::automatic && n > 1);
+  };
 
   // 1–2. q, k, v projections (round: GEMM outputs), short causal conv + SiLU (round once).
   // Every projection of x in one pass (the GEMV path), each output rounded (GEMM outputs).
@@ -271,12 +268,19 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
     proj.push_back({&w.g_a_proj, ga.data(), true});
   }
   linear_multi(x, T, proj);
-  // 1–2. short causal conv (with conv state) + SiLU (round once).
+  // 1–2. short causal conv (with each sequence's conv state) + SiLU (round once).
   {
     Timed t(prof_, FastBackendProfile::kda_core);
-    cpu::short_conv_silu_fast(pq.data(), w.q_conv.data(), st.conv_q.data(), q.data(), T, P, W);
-    cpu::short_conv_silu_fast(pk.data(), w.k_conv.data(), st.conv_k.data(), kk.data(), T, P, W);
-    cpu::short_conv_silu_fast(pv.data(), w.v_conv.data(), st.conv_v.data(), v.data(), T, P, W);
+    for (const SeqSpan& sq : s.seqs) {
+      KdaState& st = slots_[size_t(sq.slot)].kda[size_t(l)];
+      const int64_t o0 = sq.row0 * P;
+      cpu::short_conv_silu_fast(pq.data() + o0, w.q_conv.data(), st.conv_q.data(), q.data() + o0,
+                                sq.T, P, W);
+      cpu::short_conv_silu_fast(pk.data() + o0, w.k_conv.data(), st.conv_k.data(), kk.data() + o0,
+                                sq.T, P, W);
+      cpu::short_conv_silu_fast(pv.data() + o0, w.v_conv.data(), st.conv_v.data(), v.data() + o0,
+                                sq.T, P, W);
+    }
   }
   // 3. decay logits through the rank-R bottleneck (round: GEMM output), then the gate.
   linear(f.data(), T, w.f_b_proj, g.data(), true);
@@ -296,21 +300,29 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
     cpu::kda_gate_fast(gate, g.data(), g.data(), T, H, d);
     // 4. beta.
     ref::kda_beta(beta.data(), beta.data(), T * H);
-    // 5. L2 q, k (round in the chunk path only), the recurrence.
-    cpu::l2_norm_fast(q.data(), q.data(), T * H, d, kL2Eps, chunked);
-    cpu::l2_norm_fast(kk.data(), kk.data(), T * H, d, kL2Eps, chunked);
+    // 5. L2 q, k (round in the chunk path only), the recurrence — per sequence, on its state.
+    for (const SeqSpan& sq : s.seqs) {
+      const bool chunked = chunked_for(sq.T);
+      const int64_t o0 = sq.row0 * P;
+      cpu::l2_norm_fast(q.data() + o0, q.data() + o0, sq.T * H, d, kL2Eps, chunked);
+      cpu::l2_norm_fast(kk.data() + o0, kk.data() + o0, sq.T * H, d, kL2Eps, chunked);
+    }
     dump(l, "kda_q", q.data(), T, {H, d});
     dump(l, "kda_k", kk.data(), T, {H, d});
     dump(l, "kda_v", v.data(), T, {H, d});
     dump(l, "kda_g", g.data(), T, {H, d});
     dump(l, "kda_beta", beta.data(), T, {H});
     const float scale = 1.0f / std::sqrt(float(d));
-    if (chunked)
-      cpu::kda_chunked_fast(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
-                            o.data(), T, H, d, d, scale);
-    else
-      cpu::kda_recurrent_fast(q.data(), kk.data(), v.data(), g.data(), beta.data(), st.S.data(),
-                              o.data(), T, H, d, d, scale);
+    for (const SeqSpan& sq : s.seqs) {
+      float* S = slots_[size_t(sq.slot)].kda[size_t(l)].S.data();
+      const int64_t o0 = sq.row0 * P, b0 = sq.row0 * H;
+      if (chunked_for(sq.T))
+        cpu::kda_chunked_fast(q.data() + o0, kk.data() + o0, v.data() + o0, g.data() + o0,
+                              beta.data() + b0, S, o.data() + o0, sq.T, H, d, d, scale);
+      else
+        cpu::kda_recurrent_fast(q.data() + o0, kk.data() + o0, v.data() + o0, g.data() + o0,
+                                beta.data() + b0, S, o.data() + o0, sq.T, H, d, d, scale);
+    }
     cpu::round_bf16_fast(o.data(), T * P);  // round: o is bf16 before o_norm (§4.9)
     dump(l, "kda_o", o.data(), T, {H, d});
   }
@@ -328,7 +340,8 @@ void CpuFastBackend::kda(int l, Slot& slot, const float* x, float* out, int64_t 
 // ---------------------------------------------------------------------------------------------
 // Gated MLA (§5.2), NoPE, latent cache (§5.3).
 
-void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float* out, int64_t T) {
+void CpuFastBackend::mla(int l, const StepShape& s, const float* x, float* out) {
+  const int64_t T = s.rows;
   const MlaWeights& w = *model_.weights().layers[size_t(l)].mla;
   const auto& m = c_.mla;
   const int64_t H = m.num_heads;
@@ -365,27 +378,34 @@ void CpuFastBackend::mla(int l, Slot& slot, int64_t pos0, const float* x, float*
     }
     linear(cq.data(), T, w.q_b_proj, q.data(), true);
   }
-  // 2–3. latent + shared rope key → normalised cache rows, appended to this layer's cache.
-  MlaCache& cache = slot.mla[size_t(l)];
+  // 2–3. latent + shared rope key → normalised cache rows, appended to each sequence's cache of
+  // this layer; 4–5. causal attention of its new queries over its whole cache.
   std::vector<float> o(size_t(T * H * dims.v));
   {
     Timed t(prof_, FastBackendProfile::mla_core);
-    STRATA_ASSERT(cache.len == pos0);
-    cache.rows.resize(size_t((cache.len + T) * C));
-    float* rows = cache.rows.data() + cache.len * C;
-    ref::mla_latent_rows(ckv.data(), w.kv_a_norm.data(), rows, T, dims, kMlaNormEps, kBf16);
-    cache.len += T;
-    dump(l, "mla_q", q.data(), T, {H, dims.q_dim()});
-    dump(l, "mla_latent", rows, T, {C});
-    // 4–5. causal attention of the T new queries over the whole cache.
-    const bool expanded =
-        opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && T > 1);
-    if (expanded)
-      cpu::mla_attention_expanded_fast(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
-                                       o.data(), T, kBf16, lin_);
-    else
-      cpu::mla_attention_absorbed_fast(q.data(), cache.rows.data(), cache.len, w.kv_b_proj, dims,
-                                       o.data(), T, kBf16);
+    const int64_t qd = H * dims.q_dim(), od = H * dims.v;
+    for (const SeqSpan& sq : s.seqs) {
+      MlaCache& cache = slots_[size_t(sq.slot)].mla[size_t(l)];
+      STRATA_ASSERT(cache.len == sq.pos0);
+      cache.rows.resize(size_t((cache.len + sq.T) * C));
+      float* rows = cache.rows.data() + cache.len * C;
+      ref::mla_latent_rows(ckv.data() + sq.row0 * C, w.kv_a_norm.data(), rows, sq.T, dims,
+                           kMlaNormEps, kBf16);
+      cache.len += sq.T;
+      if (s.single()) {
+        dump(l, "mla_q", q.data(), T, {H, dims.q_dim()});
+        dump(l, "mla_latent", rows, T, {C});
+      }
+      const bool expanded =
+          opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && sq.T > 1);
+      if (expanded)
+        cpu::mla_attention_expanded_fast(q.data() + sq.row0 * qd, cache.rows.data(), cache.len,
+                                         w.kv_b_proj, dims, o.data() + sq.row0 * od, sq.T, kBf16,
+                                         lin_);
+      else
+        cpu::mla_attention_absorbed_fast(q.data() + sq.row0 * qd, cache.rows.data(), cache.len,
+                                         w.kv_b_proj, dims, o.data() + sq.row0 * od, sq.T, kBf16);
+    }
     dump(l, "mla_attn", o.data(), T, {H, dims.v});
   }
   // 6. output gate sigmoid(g_proj x) before o_proj (K3; round: GEMM output, sigmoid, product),

@@ -82,8 +82,11 @@ class CpuFastBackend final : public CpuHostBackend {
   };
   void linear_multi(const float* x, int64_t T, std::span<const Proj> outs);
   void glu_mlp(const float* x, const cpu::ref::GluMlp& m, float* y, int64_t T);
-  void kda(int l, Slot& st, const float* x, float* out, int64_t T);
-  void mla(int l, Slot& st, int64_t pos0, const float* x, float* out, int64_t T);
+  // The token mixers over every sequence of the step: the projections over all s.rows rows at
+  // once (each weight read once per step), the per-sequence core (its slot's state or cache)
+  // sequence by sequence.
+  void kda(int l, const StepShape& s, const float* x, float* out);
+  void mla(int l, const StepShape& s, const float* x, float* out);
   void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);
 
   cpu::Bf16Linear lin_;
