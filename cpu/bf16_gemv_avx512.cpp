@@ -12,6 +12,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "cpu/bf16_linear.h"
 #include "storage/bf16.h"
 
@@ -94,53 +96,33 @@ void row_t1(const GemvArgs& a, int64_t r, int64_t t0) {
   a.y[t0 * a.ldy + r] = finish(s, a.round_out);
 }
 
+// Rows [r0, r1) for C tokens from t0. Several tokens: R rows × C tokens (≤ 16 accumulators)
+// share each loaded weight vector — 4 rows up to 4 tokens, 2 rows for 5 to 8, so 5 to 8 tokens
+// read the rows once instead of once per group of 4. Every (row, token) sees the same vdpbf16ps
+// sequence whatever R, so the same bits. Dev VM (2 threads, `strata bench cpu-trunk --tokens 8`):
+// KDA q|k|v|g T=8 10.57 / 11.02 → 9.55 / 10.84 ms with 2 × 8 against two passes of 4 × 4;
+// vdpbf16ps issue bounds T = 8 there (≈ 0.5 per cycle), not the weight stream.
 template <int C>
 void rows(const GemvArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   if constexpr (C == 1) {
     for (int64_t r = r0; r < r1; ++r) row_t1(a, r, t0);
   } else {
-    // Several tokens: 4 rows × C tokens (≤ 16 accumulators) share each loaded weight vector.
+    constexpr int R = C <= 4 ? 4 : 2;
     int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) block<4, C>(a, r, t0);
+    for (; r + R <= r1; r += R) block<R, C>(a, r, t0);
     for (; r < r1; ++r) block<1, C>(a, r, t0);
   }
 }
 
+using RowsFn = void (*)(const GemvArgs&, int64_t, int64_t, int64_t);
+constexpr RowsFn kRows[9] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>,
+                             rows<5>, rows<6>, rows<7>, rows<8>};
+
 }  // namespace
 
-// 5 to 8 tokens in one pass: 2 rows × C tokens (≤ 16 accumulators), each weight vector feeding
-// C instructions, so the rows are read once instead of once per group of 4 tokens. Every
-// (row, token) sees the same vdpbf16ps sequence as in block<4, C>, so the same bits. Dev VM
-// (2 threads, `strata bench cpu-trunk --tokens 8`): KDA q|k|v|g T=8 10.57 / 11.02 → 9.55 / 10.84
-// ms; vdpbf16ps issue bounds T = 8 there (≈ 0.5 per cycle), not the weight stream.
-template <int C>
-void rows2(const GemvArgs& a, int64_t r0, int64_t r1, int64_t t0) {
-  int64_t r = r0;
-  for (; r + 2 <= r1; r += 2) block<2, C>(a, r, t0);
-  for (; r < r1; ++r) block<1, C>(a, r, t0);
-}
-
+// Groups of up to 8 tokens, each one pass over the rows.
 void gemv_rows_avx512bf16(const GemvArgs& a, int64_t r0, int64_t r1) {
-  int64_t t = 0;
-  for (; t + 8 <= a.T; t += 8) rows2<8>(a, r0, r1, t);
-  switch (a.T - t) {
-    case 7:
-      return rows2<7>(a, r0, r1, t);
-    case 6:
-      return rows2<6>(a, r0, r1, t);
-    case 5:
-      return rows2<5>(a, r0, r1, t);
-    case 4:
-      return rows<4>(a, r0, r1, t);
-    case 3:
-      return rows<3>(a, r0, r1, t);
-    case 2:
-      return rows<2>(a, r0, r1, t);
-    case 1:
-      return rows<1>(a, r0, r1, t);
-    default:
-      break;
-  }
+  for (int64_t t = 0; t < a.T; t += 8) kRows[std::min<int64_t>(8, a.T - t)](a, r0, r1, t);
 }
 
 void to_bf16_avx512bf16(const float* x, uint16_t* out, int64_t n) {
