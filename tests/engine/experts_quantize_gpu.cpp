@@ -22,6 +22,25 @@ using namespace strata;
 using namespace strata::engine;
 using namespace strata::test::cuda_checks;
 
+namespace {
+// Kimi-Linear's real config cut to 5 layers, 16 experts and a 4096-token vocabulary, synthesized
+// (bf16 routed experts) into the scratch directory `name`.
+std::filesystem::path kimi_linear_slice(const char* name) {
+  const std::filesystem::path cfg =
+      test::shared_dir() / "configs" / "kimi-linear-48b-a3b.config.json";
+  test::need_shared(cfg);
+  const std::filesystem::path dir = test::scratch_dir(name);
+  SynthOptions o;
+  o.config_path = cfg;
+  o.layers = 5;
+  o.experts = 16;
+  o.vocab = 4096;
+  o.tokenizer = false;
+  synth_checkpoint(o, dir);
+  return dir;
+}
+}  // namespace
+
 // Tolerances: those of the K3 checks (tests/engine/cuda_backend_gpu.cpp and _e2e_gpu.cpp), whose
 // sources of difference are the same here — bf16 rounding points on both sides, GEMM and KDA/MLA
 // reductions in other orders, the contract's int8 activation levels moving with a one-ulp input
@@ -30,17 +49,7 @@ using namespace strata::test::cuda_checks;
 TEST_CASE("cuda backend: Kimi-Linear slice with experts quantized at load matches the CPU",
           "[gpu][engine][quantize]") {
   test::skip_without_gpu();
-  const std::filesystem::path cfg =
-      test::shared_dir() / "configs" / "kimi-linear-48b-a3b.config.json";
-  test::need_shared(cfg);
-  const std::filesystem::path dir = test::scratch_dir("gpu_kimi_linear_slice");
-  SynthOptions o;
-  o.config_path = cfg;
-  o.layers = 5;
-  o.experts = 16;
-  o.vocab = 4096;
-  o.tokenizer = false;
-  synth_checkpoint(o, dir);
+  const std::filesystem::path dir = kimi_linear_slice("gpu_kimi_linear_slice");
   {
     auto plain = Model::load(dir);
     REQUIRE_FALSE(plain->config().moe.mxfp4);
@@ -70,17 +79,7 @@ TEST_CASE("cuda backend: Kimi-Linear slice with experts quantized at load matche
 TEST_CASE("cuda backend: Kimi-Linear slice with bf16 experts on the GPU matches the CPU",
           "[gpu][engine][bf16experts]") {
   test::skip_without_gpu();
-  const std::filesystem::path cfg =
-      test::shared_dir() / "configs" / "kimi-linear-48b-a3b.config.json";
-  test::need_shared(cfg);
-  const std::filesystem::path dir = test::scratch_dir("gpu_kimi_linear_bf16");
-  SynthOptions o;
-  o.config_path = cfg;
-  o.layers = 5;
-  o.experts = 16;
-  o.vocab = 4096;
-  o.tokenizer = false;
-  synth_checkpoint(o, dir);
+  const std::filesystem::path dir = kimi_linear_slice("gpu_kimi_linear_bf16");
   auto model = Model::load(dir);
   REQUIRE_FALSE(model->config().moe.mxfp4);
   // The reference: CPU, bf16 model, exact experts; routing recorded.
