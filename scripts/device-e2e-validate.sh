@@ -9,17 +9,7 @@ git log --oneline -1 2>/dev/null
 device_build strata test_kernels test_engine
 S=./build-gpu/strata
 ($S synth --preset k3-slice --layers 8 --experts 64 -o /tmp/k3-slice8 -q > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log; $S synth --preset k3-mini -o /tmp/k3-mini -q >> $OUT/synth.log 2>&1; echo "synth mini rc=$?" >> $OUT/synth.log) &
-export STRATA_REQUIRE_GPU=1 STRATA_SHARED_DIR=$PWD/.device/shared
-timeout 200 ctest --test-dir build-gpu -L gpu --output-on-failure -j3 > $OUT/ctest_gpu.log 2>&1; rc=$?
-echo "ctest -L gpu -j3 rc=$rc"
-grep -E "tests passed|tests failed|Total Test" $OUT/ctest_gpu.log; grep -E "\*\*\*Failed|Not Run|Skipped|Timeout|Failed  " $OUT/ctest_gpu.log | head -20
-if [ $rc -ne 0 ]; then
-  timeout 100 ctest --test-dir build-gpu --rerun-failed --output-on-failure -j1 > $OUT/ctest_rerun.log 2>&1
-  echo "rerun failed alone rc=$?"; grep -E "tests passed|tests failed" $OUT/ctest_rerun.log
-  grep -E -A20 "FAILED" $OUT/ctest_rerun.log | head -60
-fi
-unset STRATA_REQUIRE_GPU
-echo "ctest $(( $(date +%s) - t0 )) s"
+device_ctest_gpu 200 100
 wait; cat $OUT/synth.log | grep rc
 timeout 260 $S bench e2e -m /tmp/k3-slice8 --batch 1 8 --prefill 1024 4096 --context 256 --steps 16 --hardware docs/hardware/h200-measured-1202.json --json $OUT/e2e-k3-slice8.json 2>$OUT/e2e_slice.err | tee $OUT/e2e_slice.txt | cut -c1-420
 echo "slice $(( $(date +%s) - t0 )) s"

@@ -19,3 +19,25 @@ device_build() {
   grep -E "warning" "$OUT/build.log" | head -5
   echo "build $(( $(date +%s) - t0 )) s"
 }
+
+# device_ctest_gpu LIMIT RERUN_LIMIT: ctest -L gpu on build-gpu with STRATA_REQUIRE_GPU=1 (skips
+# fail) and -j3 within LIMIT seconds, log $OUT/ctest_gpu.log; failures re-run alone within
+# RERUN_LIMIT, log $OUT/ctest_rerun.log. Prints the summaries and the time; returns ctest's status.
+device_ctest_gpu() {
+  local rc
+  STRATA_REQUIRE_GPU=1 STRATA_SHARED_DIR=$PWD/.device/shared timeout "$1" \
+    ctest --test-dir build-gpu -L gpu --output-on-failure -j3 > "$OUT/ctest_gpu.log" 2>&1
+  rc=$?
+  echo "ctest -L gpu -j3 rc=$rc"
+  grep -E "tests passed|tests failed|Total Test" "$OUT/ctest_gpu.log"
+  grep -E "\*\*\*Failed|Not Run|Skipped|Timeout|Failed  " "$OUT/ctest_gpu.log" | head -20
+  if [ $rc -ne 0 ]; then
+    STRATA_REQUIRE_GPU=1 STRATA_SHARED_DIR=$PWD/.device/shared timeout "$2" \
+      ctest --test-dir build-gpu --rerun-failed --output-on-failure -j1 > "$OUT/ctest_rerun.log" 2>&1
+    echo "rerun failed alone rc=$?"
+    grep -E "tests passed|tests failed" "$OUT/ctest_rerun.log"
+    grep -E -A20 "FAILED" "$OUT/ctest_rerun.log" | head -60
+  fi
+  echo "ctest $(( $(date +%s) - t0 )) s"
+  return $rc
+}
