@@ -150,6 +150,23 @@ struct DenseShape {
   int64_t N, K;
 };
 
+// A GEMV-path line over disjoint routed sets of `experts` experts each, one set per repeat in
+// turn (weights cold), against the copy peak: `repeats` timed calls after 3 warm-ups.
+BenchLine rotating_gemv_line(std::vector<Routed>& sets, int experts, int repeats, double copy_gbps,
+                             std::string name, std::string shape, std::string note) {
+  size_t k = 0;
+  BenchLine l;
+  l.name = std::move(name);
+  l.shape = std::move(shape);
+  l.time = to_stats(kernels::gpu_time([&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); },
+                                      nullptr, repeats, 3));
+  l.bytes = experts * ExpertPool::expert_bytes();
+  l.peak_name = "D2D copy (measured)";
+  l.peak = copy_gbps;
+  l.note = std::move(note);
+  return l;
+}
+
 }  // namespace
 
 // Batched decode: 128 experts with M tokens each (8 sequences over the 8-layer slice's 64 experts
@@ -162,17 +179,9 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
     std::vector<Routed> bs;
     for (int s = 0; s < kExperts / 128; s++) bs.emplace_back(pool, 8 * M, rng, s * 128, 8);
     kernels::device_sync("bench setup");
-    size_t j = 0;
-    BenchLine m;
-    m.name = "moe/mxfp4-batch M=" + std::to_string(M);
-    m.shape = "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584";
-    m.time = to_stats(kernels::gpu_time([&] { bs[j++ % bs.size()].run(moe::ExpertPath::gemv); },
-                                        nullptr, 14, 3));
-    m.bytes = 128 * ExpertPool::expert_bytes();
-    m.peak_name = "D2D copy (measured)";
-    m.peak = copy_gbps;
-    m.note = "GEMV path, weight bytes, cold (rotating 128 of 896 experts)";
-    r.add(m);
+    r.add(rotating_gemv_line(bs, 128, 14, copy_gbps, "moe/mxfp4-batch M=" + std::to_string(M),
+                             "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
+                             "GEMV path, weight bytes, cold (rotating 128 of 896 experts)"));
   }
 }
 
@@ -184,17 +193,9 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     std::vector<Routed> sets;
     for (int s = 0; s < kExperts / kTopk; s++) sets.emplace_back(pool, 1, rng, s * kTopk);
     kernels::device_sync("bench setup");
-    size_t k = 0;
-    BenchLine l;
-    l.name = "moe/mxfp4-gemv T=1";
-    l.shape = "16 experts 3584->3072->3584";
-    l.time = to_stats(kernels::gpu_time([&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); },
-                                        nullptr, 20, 3));
-    l.bytes = kTopk * ExpertPool::expert_bytes();
-    l.peak_name = "D2D copy (measured)";
-    l.peak = copy_gbps;
-    l.note = "weight bytes, cold (rotating 16 of 896 experts)";
-    r.add(l);
+    r.add(rotating_gemv_line(sets, kTopk, 20, copy_gbps, "moe/mxfp4-gemv T=1",
+                             "16 experts 3584->3072->3584",
+                             "weight bytes, cold (rotating 16 of 896 experts)"));
 
     // 2. Grouped experts at prefill scale, every path, each line against its own roofline.
     const auto path_name = [](moe::ExpertPath p) {
