@@ -956,8 +956,8 @@ Roofline CostModel::decode_roofline(const Placement& p, int batch, int64_t conte
     r.assumption =
         "the CPU does trunk, attention and experts (host memory read peak); disk reads overlap "
         "the step (O_DIRECT peak); no kernel rates";
-    r.parts.push_back({"host memory read peak", "cpu", secs(n * eb + trunk_b + attn_bytes, mem) /
-                                                           hw_.nodes});
+    r.parts.push_back(
+        {"host memory read peak", "cpu", secs(n * eb + trunk_b + attn_bytes, mem) / hw_.nodes});
     if (p.disk > 0) r.parts.push_back({"disk O_DIRECT peak", "disk", disk_s});
     finish_roofline(r, std::max(r.parts[0].seconds, disk_s), batch);
     return r;
@@ -997,9 +997,10 @@ Roofline CostModel::decode_roofline(const Placement& p, int batch, int64_t conte
       {"GPU memory (HBM copy peak)", "gpu", serial_s + gpu_moe_s},
   };
   if (host_share > 0)
-    parts.push_back({"GPU trunk (HBM copy peak) + CPU experts (host memory read peak), layer "
-                     "after layer",
-                     "cpu", serial_s + cpu_moe_s});
+    parts.push_back(
+        {"GPU trunk (HBM copy peak) + CPU experts (host memory read peak), layer "
+         "after layer",
+         "cpu", serial_s + cpu_moe_s});
   if (p.disk > 0) parts.push_back({"disk O_DIRECT peak", "disk", disk_s});
   for (int m = 2; m <= batch && host_share > 0; ++m) {
     std::vector<TimePart> mp;
