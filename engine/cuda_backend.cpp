@@ -62,6 +62,16 @@ size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
 
+// MLA decode's capacity for a step whose longest sequence holds n positions: the next power of two
+// ≥ max(n, 256), at most max_context. mla::decode_device plans its splits for it, so the steps of
+// one bucket replay one CUDA graph, and the bits depend on the lengths and the bucket, eager or
+// replayed alike. A length in (cap/2, cap] keeps at least half of the splits busy.
+int64_t mla_decode_cap(int64_t n, int64_t max_context) {
+  int64_t cap = 256;
+  while (cap < n) cap *= 2;
+  return std::min(cap, max_context);
+}
+
 void check(kernels::Status s, const char* what) {
   if (!s.ok()) throw Error(std::string("CUDA backend: ") + what + ": " + s.message);
 }
@@ -197,6 +207,14 @@ struct CudaBackend::Impl {
   // pinned word after it holds kFiniteClean, the value a step starts from.
   uint64_t* finite_dev = nullptr;
   uint64_t* finite_pin = nullptr;
+  // Each slot's decode position for MLA (mla::write_latent_decode, decode_device read it when their
+  // kernels run, so a decode step's MLA layers belong to its CUDA graph): written to pos_pin at the
+  // start of a step and copied to pos_dev before its first segment; pos_copied follows the copy.
+  int32_t* pos_pin = nullptr;
+  int32_t* pos_dev = nullptr;
+  void* pos_copied = nullptr;
+  bool pos_pending = false;  // pos_copied recorded and not yet waited for
+  int64_t mla_cap = 0;       // this step's MLA decode capacity (mla_decode_cap)
   std::unique_ptr<ExpertExecutor> cpu_executor;
   // Prefill staging: device slots in two halves (a round copies into one half while the other's
   // experts compute), two pinned expert buffers (host copy of one while the other is DMA'd).
@@ -251,9 +269,11 @@ struct CudaBackend::Impl {
       promo_thread.join();
     }
     if (promote_stream) rt::stream_sync(promote_stream);  // its DMA reads promo_pin
+    if (pos_pending) rt::event_sync(pos_copied);          // its copy reads pos_pin
     for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done, promo_after,
-                    promo_done})
+                    promo_done, pos_copied})
       rt::event_destroy(e);
+    rt::pinned_free(pos_pin);
     rt::pinned_free(promo_pin);
     if (promote_stream) rt::stream_destroy(promote_stream);
     rt::pinned_free(stage_pin);
@@ -813,6 +833,12 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   im.finite_pin = reinterpret_cast<uint64_t*>(im.pinned + ((pinned - kAlign) & ~uint64_t(7)));
   im.finite_pin[0] = im.finite_pin[1] = kops::kFiniteClean;
   im.finite_dev = static_cast<uint64_t*>(up.device(kAlign, "non-finite record"));
+  if (c_.num_mla_layers() > 0) {
+    im.pos_pin = static_cast<int32_t*>(rt::pinned_alloc(size_t(cuda_.slots) * 4, &why));
+    if (!im.pos_pin) throw Error("CUDA backend: cannot allocate pinned positions: " + why);
+    im.pos_dev = static_cast<int32_t*>(up.device(size_t(cuda_.slots) * 4, "MLA positions"));
+    if (!(im.pos_copied = rt::event_create())) throw Error("CUDA backend: cannot create an event");
+  }
   // CPU executor for the experts that miss the GPU cache.
   im.cpu_executor =
       make_expert_executor(mo.mxfp4 ? ExpertNumerics::contract : ExpertNumerics::bf16, c_);
@@ -979,7 +1005,21 @@ void CudaBackend::begin_step(const StepShape& s) {
   finite_downloaded_ = 0;
   check(rt::copy_async(impl_->finite_dev, impl_->finite_pin + 1, 8, impl_->stream),
         "non-finite record");
-  // Decode steps run from CUDA graphs, one set per step shape.
+  Impl& im = *impl_;
+  if (im.pos_pin) {  // MLA: each slot's position and the step's decode capacity
+    if (im.pos_pending) check(rt::event_sync(im.pos_copied), "MLA positions");  // pos_pin is free
+    int64_t longest = 1;
+    for (const SeqSpan& q : s.seqs) {
+      im.pos_pin[q.slot] = int32_t(q.pos0);
+      longest = std::max(longest, q.pos0 + q.T);
+    }
+    im.mla_cap = mla_decode_cap(longest, cuda_.max_context);
+    check(rt::copy_async(im.pos_dev, im.pos_pin, size_t(cuda_.slots) * 4, im.stream),
+          "MLA positions");
+    check(rt::event_record(im.pos_copied, im.stream), "MLA positions");
+    im.pos_pending = true;
+  }
+  // Decode steps run from CUDA graphs, one set per step shape (and MLA decode capacity).
   Graphs& g = *graphs_;
   g.entry = nullptr;
   g.replaying = g.in_segment = false;
@@ -989,6 +1029,7 @@ void CudaBackend::begin_step(const StepShape& s) {
   if (!decode) return;
   std::string key = std::to_string(s.rows);
   for (const SeqSpan& q : s.seqs) key += "," + std::to_string(q.slot);
+  if (im.pos_pin) key += ",L" + std::to_string(im.mla_cap);
   auto it = g.by_shape.find(key);
   if (it != g.by_shape.end() && !it->second.complete) {  // an earlier capture did not finish
     for (void* x : it->second.segments) rt::graph_destroy(x);
@@ -1377,9 +1418,13 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
 
 void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
   ProfScope prof_scope(*this, c_.is_kda(l) ? Profile::kda : Profile::mla);
-  // KDA has no position-dependent host arguments: a graph segment. MLA's cache positions and
-  // lengths are host arguments of its launchers: eager.
-  if (c_.is_kda(l)) {
+  // KDA has no position-dependent host arguments, nor has MLA when every row decodes (the
+  // positions come from the device): a graph segment. MLA prefill takes its positions and lengths
+  // as host arguments: eager.
+  bool all_decode = true;
+  for (const SeqSpan& q : s.seqs) all_decode = all_decode && q.T == 1;
+  const bool absorbed = opt_.mla_form != MlaForm::expanded;
+  if (c_.is_kda(l) || (all_decode && absorbed)) {
     if (!graphable()) return;
   } else {
     eager_point();
@@ -1476,31 +1521,45 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
     gemm_bf16(im, xb, w.kv_a, ckv, T);
     auto* o = sc.take<uint16_t>(T * H * kernels::mla::kV, "mla o");
     const int64_t stride = cuda_.max_context * kernels::mla::kCacheDim;
-    for (const SeqSpan& sq : s.seqs)
-      check(kernels::mla::write_latent(ckv + sq.row0 * kernels::mla::kCacheDim, w.kv_a_norm.p,
-                                       kMlaNormEps, d.mla_cache + sq.slot * stride, sq.pos0, sq.T,
-                                       im.stream),
-            "mla write_latent");
+    // Runs of decode rows in consecutive slots (and rows) share one write_latent_decode and one
+    // decode_device, both reading the positions from the device; [i, run_end(i)).
+    auto run_end = [&](size_t i) {
+      size_t j = i + 1;
+      while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
+             s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
+        ++j;
+      return j;
+    };
+    for (size_t i = 0; i < s.seqs.size();) {
+      const SeqSpan& sq = s.seqs[i];
+      const size_t j = sq.T == 1 ? run_end(i) : i + 1;
+      if (sq.T == 1)
+        check(kernels::mla::write_latent_decode(ckv + sq.row0 * kernels::mla::kCacheDim,
+                                                w.kv_a_norm.p, kMlaNormEps,
+                                                d.mla_cache + sq.slot * stride, stride,
+                                                im.pos_dev + sq.slot, int(j - i), im.stream),
+              "mla write_latent");
+      else
+        check(kernels::mla::write_latent(ckv + sq.row0 * kernels::mla::kCacheDim, w.kv_a_norm.p,
+                                         kMlaNormEps, d.mla_cache + sq.slot * stride, sq.pos0, sq.T,
+                                         im.stream),
+              "mla write_latent");
+      i = j;
+    }
     for (size_t i = 0; i < s.seqs.size();) {
       const SeqSpan& sq = s.seqs[i];
       const bool expanded =
           opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && sq.T > 1);
       if (!expanded && sq.T == 1) {
-        size_t j = i + 1;
-        while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
-               s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
-          ++j;
-        std::vector<int32_t> lens;
-        for (size_t b = i; b < j; ++b) lens.push_back(int32_t(s.seqs[b].pos0 + 1));
-        const size_t wsb =
-            kernels::mla::decode_workspace_bytes(int(H), int(j - i), cuda_.max_context);
+        const size_t j = run_end(i);
+        const size_t wsb = kernels::mla::decode_workspace_bytes(int(H), int(j - i), im.mla_cap);
         Scratch ws(im.arena);
         void* wsp = ws.take<uint8_t>(int64_t(wsb), "mla decode workspace");
-        check(
-            kernels::mla::decode(int(H), q + sq.row0 * H * kernels::mla::kQDim,
-                                 d.mla_cache + sq.slot * stride, stride, lens.data(), int(j - i),
-                                 w.kv_b.p, o + sq.row0 * H * kernels::mla::kV, wsp, wsb, im.stream),
-            "mla decode");
+        check(kernels::mla::decode_device(int(H), q + sq.row0 * H * kernels::mla::kQDim,
+                                          d.mla_cache + sq.slot * stride, stride,
+                                          im.pos_dev + sq.slot, int(j - i), im.mla_cap, w.kv_b.p,
+                                          o + sq.row0 * H * kernels::mla::kV, wsp, wsb, im.stream),
+              "mla decode");
         i = j;
       } else {
         const int64_t S = sq.pos0 + sq.T;

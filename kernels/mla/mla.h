@@ -30,6 +30,12 @@ constexpr int kMaxSeqs = 256;               // sequences per decode call
 Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
                     int64_t pos0, int64_t T, void* stream);
 
+// write_latent for decode steps under CUDA graphs: one new row for each of B sequences whose
+// caches start cache_stride elements apart, sequence b's row at its position pos_dev[b] (device
+// memory, read when the kernel runs: a replayed graph writes where the step's positions say).
+Status write_latent_decode(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
+                           int64_t cache_stride, const int32_t* pos_dev, int B, void* stream);
+
 // Workspace of prefill() in one pass: the expanded keys/values of all S positions ([S, H, 256]
 // bf16, 49 KB per position at H = 96) plus the GEMM's scratch. Grows with S: 51 GB at 1M.
 size_t prefill_workspace_bytes(int H, int64_t S);
@@ -70,6 +76,18 @@ size_t decode_workspace_bytes(int H, int B, int64_t max_len);
 Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
               const int32_t* lens_host, int B, const uint16_t* kv_b, uint16_t* out, void* workspace,
               size_t workspace_bytes, void* stream);
+
+// decode() for CUDA graphs: sequence b's new token is at position pos_dev[b] (device memory, read
+// when the kernels run), so it attends to cache rows 0 .. pos_dev[b]; the split plan and the grids
+// are sized for a capacity of max_len positions (every length must be ≤ max_len; a longer one is
+// cut to max_len, a negative position taken as 0 — never a read outside the cache). Splits past a
+// sequence's length are empty (m = −inf, l = 0) and merged with weight 0. The result depends on
+// (H, B, max_len) and the lengths, not on how the positions reached the device: callers that
+// always pass the same capacity for the same lengths get the same bits eagerly and from a graph.
+// Workspace: decode_workspace_bytes(H, B, max_len).
+Status decode_device(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
+                     const int32_t* pos_dev, int B, int64_t max_len, const uint16_t* kv_b,
+                     uint16_t* out, void* workspace, size_t workspace_bytes, void* stream);
 
 // FLOPs of causal prefill attention (QKᵀ and PV, 2 per multiply-add) for T queries over S
 // positions; the kv expansion adds 2·S·512·H·256.

@@ -158,8 +158,9 @@ __global__ void __launch_bounds__(256)
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    attn_split(int H, const uint16_t* cache, int64_t cache_stride, const Lens lens, int64_t chunk,
-               int splits, float qscale, Ws ws) {
+    attn_split(int H, const uint16_t* cache, int64_t cache_stride, const Lens lens,
+               const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale,
+               Ws ws) {
   const int split = blockIdx.x, hb = blockIdx.y * HC, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp / QW, qw = warp % QW;
@@ -170,7 +171,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint16_t*>(smem + kStages * kTileBytes + kPartBytes);  // [MT][16][PSTR]
   float* St =
       reinterpret_cast<float*>(smem + kStages * kTileBytes + kPartBytes + kPBytes);  // [MT][QW][16]
-  const int len = lens.len[b];
+  // Host lengths, or (decode_device) the new token's position + 1 from device memory, kept within
+  // [1, max_len] so a bad position never reads outside the cache.
+  const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
   const int ntiles = se > sb ? int((se - sb + BK - 1) / BK) : 0;
   const uint16_t* cb = cache + int64_t(b) * cache_stride;
@@ -446,22 +449,14 @@ size_t decode_workspace_bytes(int H, int B, int64_t max_len) {
   return ws_bytes(H, B, p.splits);
 }
 
-Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
-              const int32_t* lens_host, int B, const uint16_t* kv_b, uint16_t* out, void* workspace,
-              size_t workspace_bytes, void* stream) {
-  if (!q || !cache || !lens_host || !kv_b || !out || !workspace)
-    return invalid("mla decode: null pointer");
-  if (H < 1 || H > 65535) return invalid("mla decode: H must be 1 .. 65535");
-  if (B < 1 || B > kMaxSeqs) return invalid("mla decode: B must be 1 .. 256");
-  if (cache_stride % 8 != 0 || (B > 1 && cache_stride < kCacheDim))
-    return invalid("mla decode: cache_stride must be a multiple of 8 and >= 576 elements");
-  Lens lens{};
-  int64_t max_len = 0;
-  for (int b = 0; b < B; b++) {
-    if (lens_host[b] < 1) return invalid("mla decode: every sequence needs >= 1 cached position");
-    lens.len[b] = lens_host[b];
-    max_len = std::max<int64_t>(max_len, lens_host[b]);
-  }
+namespace {
+
+// The launches of decode() and decode_device(): lengths from `lens` (host) or pos_dev (device),
+// the plan and grids for max_len positions.
+Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
+                     const Lens& lens, const int32_t* pos_dev, int B, int64_t max_len,
+                     const uint16_t* kv_b, uint16_t* out, void* workspace, size_t workspace_bytes,
+                     void* stream) {
   const Plan plan = plan_splits(H, B, max_len);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
@@ -475,10 +470,53 @@ Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_str
   absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   attn_split<<<dim3(plan.splits, (H + HC - 1) / HC, B), kThreads, kSplitSmem, s>>>(
-      H, cache, cache_stride, lens, plan.chunk, plan.splits, qscale, ws);
+      H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);
   merge_ctx<<<dim3(H, B, kLatent / 128), 128, 0, s>>>(H, plan.splits, ws);
   out_uv<<<dim3(H, kV / 32), 256, 0, s>>>(H, B, kv_b, ws.ctx, out);
   return launch_status();
+}
+
+Status check_decode_args(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
+                         const void* lens, int B, const uint16_t* kv_b, uint16_t* out,
+                         void* workspace) {
+  if (!q || !cache || !lens || !kv_b || !out || !workspace)
+    return invalid("mla decode: null pointer");
+  if (H < 1 || H > 65535) return invalid("mla decode: H must be 1 .. 65535");
+  if (B < 1 || B > kMaxSeqs) return invalid("mla decode: B must be 1 .. 256");
+  if (cache_stride % 8 != 0 || (B > 1 && cache_stride < kCacheDim))
+    return invalid("mla decode: cache_stride must be a multiple of 8 and >= 576 elements");
+  return Status{};
+}
+
+}  // namespace
+
+Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
+              const int32_t* lens_host, int B, const uint16_t* kv_b, uint16_t* out, void* workspace,
+              size_t workspace_bytes, void* stream) {
+  if (Status st = check_decode_args(H, q, cache, cache_stride, lens_host, B, kv_b, out, workspace);
+      !st.ok())
+    return st;
+  Lens lens{};
+  int64_t max_len = 0;
+  for (int b = 0; b < B; b++) {
+    if (lens_host[b] < 1) return invalid("mla decode: every sequence needs >= 1 cached position");
+    lens.len[b] = lens_host[b];
+    max_len = std::max<int64_t>(max_len, lens_host[b]);
+  }
+  return launch_decode(H, q, cache, cache_stride, lens, nullptr, B, max_len, kv_b, out, workspace,
+                       workspace_bytes, stream);
+}
+
+Status decode_device(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
+                     const int32_t* pos_dev, int B, int64_t max_len, const uint16_t* kv_b,
+                     uint16_t* out, void* workspace, size_t workspace_bytes, void* stream) {
+  if (Status st = check_decode_args(H, q, cache, cache_stride, pos_dev, B, kv_b, out, workspace);
+      !st.ok())
+    return st;
+  if (max_len < 1 || max_len > INT32_MAX)
+    return invalid("mla decode: max_len must be 1 .. 2^31 - 1 positions");
+  return launch_decode(H, q, cache, cache_stride, Lens{}, pos_dev, B, max_len, kv_b, out, workspace,
+                       workspace_bytes, stream);
 }
 
 }  // namespace strata::kernels::mla

@@ -39,13 +39,16 @@ using namespace strata::kernels::detail;
 constexpr int kKv = kNope + kV;  // 256 expanded values per head and position
 constexpr size_t kGemmScratch = size_t(32) << 20;
 
+// Row t goes to position pos0 + t of one cache, or (pos_dev set: decode) to position pos_dev[t] of
+// cache t, cache_stride elements after cache t − 1.
 __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint16_t* cache,
-                            int64_t pos0, int64_t T) {
+                            int64_t pos0, int64_t T, const int32_t* pos_dev, int64_t cache_stride) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= T) return;
   const int lane = threadIdx.x % 32;
   const uint16_t* x = ckv + t * kCacheDim;
-  uint16_t* o = cache + (pos0 + t) * kCacheDim;
+  uint16_t* o = pos_dev ? cache + t * cache_stride + int64_t(pos_dev[t]) * kCacheDim
+                        : cache + (pos0 + t) * kCacheDim;
   float c[kLatent / 32], ss = 0.f;
 #pragma unroll
   for (int i = 0; i < kLatent / 32; i++) {
@@ -615,7 +618,18 @@ Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_
   if (!ckv || !norm_w || !cache) return invalid("mla write_latent: null pointer");
   if (T <= 0) return Status{};
   latent_rows<<<unsigned((T + 7) / 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      ckv, norm_w, eps, cache, pos0, T);
+      ckv, norm_w, eps, cache, pos0, T, nullptr, 0);
+  return launch_status();
+}
+
+Status write_latent_decode(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
+                           int64_t cache_stride, const int32_t* pos_dev, int B, void* stream) {
+  if (!ckv || !norm_w || !cache || !pos_dev) return invalid("mla write_latent: null pointer");
+  if (B > 1 && cache_stride < kCacheDim)
+    return invalid("mla write_latent: cache_stride must be >= 576 elements");
+  if (B <= 0) return Status{};
+  latent_rows<<<unsigned((B + 7) / 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      ckv, norm_w, eps, cache, 0, B, pos_dev, cache_stride);
   return launch_status();
 }
 

@@ -239,14 +239,18 @@ inline void check_placements(const Model& model, const std::string& what, const 
 inline void check_graphs(const Model& model, const std::string& what, const Reference& ref,
                          double gpu_share) {
   std::vector<std::vector<float>> runs[2];
-  uint64_t launches[2] = {0, 0};
+  uint64_t launches[2] = {0, 0}, captures[2] = {0, 0};
+  // A decode step's segments: one per MoE layer's host round trip and the head, at most.
+  const uint64_t segments_per_step_bound = uint64_t(model.config().num_layers) + 2;
   for (int graphs = 0; graphs < 2; ++graphs) {
     CudaBackendOptions co = quiet(gpu_share, 2);
     co.cuda_graphs = graphs == 1;
     CudaBackend gb(model, bf16_contract(), co);
     Schedule sched(gb, model.config());
-    std::vector<SeqChunk> pre = {{0, ref.ids, true, false}, {1, ref.ids, true, false}};
-    runs[graphs].push_back(sched.step(pre)[0]);
+    for (int seq = 0; seq < 2; ++seq) {  // a step each: prompts up to max_step_rows
+      SeqChunk pre{seq, ref.ids, true, false};
+      runs[graphs].push_back(sched.step(std::span(&pre, 1))[0]);
+    }
     for (size_t i = 0; i < ref.tokens.size(); ++i) {
       SeqChunk one{0, std::span(&ref.tokens[i], 1), true, false};
       runs[graphs].push_back(sched.step(std::span(&one, 1))[0]);
@@ -255,8 +259,15 @@ inline void check_graphs(const Model& model, const std::string& what, const Refe
       for (auto& l : sched.step(two)) runs[graphs].push_back(l);
     }
     launches[graphs] = gb.telemetry().graph_launches;
+    captures[graphs] = gb.telemetry().graph_captures;
   }
   INFO(what << ": CUDA graphs against eager launches");
+  CHECK(captures[0] == 0);
+  // Each step shape is captured once per MLA decode bucket it reaches (mla_decode_cap: 256, 512,
+  // …), then replayed.
+  const size_t longest = ref.ids.size() + ref.tokens.size();
+  const uint64_t buckets = longest > 256 && model.config().num_mla_layers() > 0 ? 2 : 1;
+  CHECK(captures[1] <= 2 * buckets * segments_per_step_bound);
   CHECK(launches[0] == 0);
   CHECK(launches[1] > 2 * ref.tokens.size());  // segments of every decode step were replayed
   REQUIRE(runs[0].size() == runs[1].size());
@@ -264,9 +275,10 @@ inline void check_graphs(const Model& model, const std::string& what, const Refe
   for (size_t i = 0; i < runs[0].size(); ++i) same += runs[0][i] == runs[1][i] ? 1 : 0;
   CHECK(same == runs[0].size());
   std::printf(
-      "[cuda backend %s] CUDA graphs: %llu segment launches, %zu of %zu logits rows "
-      "bitwise equal to eager\n",
-      what.c_str(), (unsigned long long)launches[1], same, runs[0].size());
+      "[cuda backend %s] CUDA graphs: %llu captures, %llu segment launches (%.1f per decode "
+      "step), %zu of %zu logits rows bitwise equal to eager\n",
+      what.c_str(), (unsigned long long)captures[1], (unsigned long long)launches[1],
+      double(launches[1]) / double(2 * ref.tokens.size()), same, runs[0].size());
 }
 
 }  // namespace strata::test::cuda_checks

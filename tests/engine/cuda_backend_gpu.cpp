@@ -60,6 +60,20 @@ TEST_CASE("cuda backend: end to end with replayed routing, and placement invaria
   check_graphs(*model, "k3-mini, 10% GPU", ref, 0.1);
 }
 
+// MLA decode plans its splits for a capacity bucket (256, 512, … positions) with the positions on
+// the device, so its layers are inside the decode graphs; crossing a bucket captures anew, and the
+// logits stay bitwise those of eager launches on both sides of the boundary.
+TEST_CASE("cuda backend: CUDA graphs across an MLA decode bucket (positions 250 to 265)",
+          "[gpu][engine]") {
+  test::skip_without_gpu();
+  auto model = Model::load(mini("e2e"));
+  const int V = model->config().vocab_size;
+  Reference ref;
+  ref.ids = prompt(250, V);
+  ref.tokens = prompt(16, V);
+  check_graphs(*model, "k3-mini, across the 256-position bucket", ref, 1.0);
+}
+
 TEST_CASE("cuda backend: several sequences per step give each sequence its own logits",
           "[gpu][engine]") {
   test::skip_without_gpu();

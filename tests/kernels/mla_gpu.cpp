@@ -125,7 +125,11 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
   check_out(got, out_ref, tile > 0 ? "tiled prefill out" : "prefill out");
 }
 
-void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed) {
+// cap > 0: decode_device, the positions (lens − 1, or `pos` when given) in device memory and the
+// plan for cap positions; with cap equal to the longest length the result must also be bitwise
+// the host-length decode's (the same plan).
+void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int64_t cap = 0,
+                     std::vector<int32_t> pos = {}) {
   skip_without_gpu();
   std::mt19937 rng(seed);
   const int B = int(lens.size());
@@ -144,11 +148,34 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed) {
   const size_t wsb = km::decode_workspace_bytes(H, B, Lmax);
   DevBuf<uint8_t> ws(wsb);
   ws.fill_bytes(0xff);
-  auto s =
-      km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb, nullptr);
-  INFO(s.message);
-  REQUIRE(s.ok());
-  CUDA_REQUIRE(cudaDeviceSynchronize());
+  kernels::Status s;
+  if (cap > 0) {
+    if (pos.empty())
+      for (int32_t L : lens) pos.push_back(L - 1);
+    DevBuf<int32_t> d_pos(pos);
+    const size_t wsd = km::decode_workspace_bytes(H, B, cap);
+    DevBuf<uint8_t> wsc(wsd);
+    wsc.fill_bytes(0xff);
+    s = km::decode_device(H, d_q.p, d_cache.p, stride, d_pos.p, B, cap, d_kvb.p, d_out.p, wsc.p,
+                          wsd, nullptr);
+    INFO(s.message);
+    REQUIRE(s.ok());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    if (cap == Lmax) {
+      DevBuf<uint16_t> d_host(int64_t(B) * H * km::kV);
+      s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_host.p, ws.p, wsb,
+                     nullptr);
+      REQUIRE(s.ok());
+      CUDA_REQUIRE(cudaDeviceSynchronize());
+      CHECK(d_host.download() == d_out.download());  // bit for bit
+    }
+  } else {
+    s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb,
+                   nullptr);
+    INFO(s.message);
+    REQUIRE(s.ok());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+  }
   const auto d = dims(H);
   std::vector<float> out_ref(int64_t(B) * H * km::kV);
   const auto kv_view = ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent);
@@ -230,6 +257,52 @@ TEST_CASE("mla gpu decode: long caches (256K with 8 heads, 1M with 2 heads)", "[
   run_decode_case(2, {1048576}, 34);
 }
 
+TEST_CASE("mla gpu decode, device positions: the plan of the longest is the host form's bits",
+          "[gpu][mla]") {
+  run_decode_case(96, {1, 63, 64, 65, 7001}, 37, 7001);
+}
+
+TEST_CASE("mla gpu decode, device positions: K3 shape, capacity far above the lengths",
+          "[gpu][mla]") {
+  // The engine's buckets: the plan for 8192 or 131072 positions, most splits empty.
+  run_decode_case(96, {257, 4000, 1, 8000}, 38, 8192);
+  run_decode_case(96, {300, 129}, 39, 131072);
+}
+
+TEST_CASE("mla gpu decode, device positions: a position past the capacity reads only the capacity",
+          "[gpu][mla]") {
+  // Positions 5000 and −7 are cut to the capacity (100) and to one row: never past the cache
+  // (its rows past 100 are NaN, which would poison the output).
+  run_decode_case(8, {100, 1}, 40, 100, {5000, -7});
+}
+
+TEST_CASE("mla gpu write_latent_decode: one row per sequence at its device position",
+          "[gpu][mla]") {
+  skip_without_gpu();
+  std::mt19937 rng(41);
+  const int B = 3;
+  const int64_t stride = 50 * R;
+  const std::vector<int32_t> pos = {0, 17, 49};
+  auto ckv = random_bf16(B * R, rng, 1.f);
+  auto nw = random_uniform(km::kLatent, rng, 0.8f, 1.2f);
+  DevBuf<uint16_t> d_ckv(ckv.bits), d_a(B * stride), d_b(B * stride);
+  DevBuf<float> d_nw(nw);
+  DevBuf<int32_t> d_pos(pos);
+  d_a.fill_bytes(0xff);
+  d_b.fill_bytes(0xff);
+  REQUIRE(km::write_latent_decode(d_ckv.p, d_nw.p, 1e-6f, d_a.p, stride, d_pos.p, B, nullptr).ok());
+  for (int b = 0; b < B; b++)  // the host-position form, one sequence at a time
+    REQUIRE(km::write_latent(d_ckv.p + b * R, d_nw.p, 1e-6f, d_b.p + b * stride, pos[size_t(b)], 1,
+                             nullptr)
+                .ok());
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  const auto a = d_a.download(), want = d_b.download();
+  CHECK(a == want);
+  size_t written = 0;  // exactly B rows changed
+  for (uint16_t v : a) written += v != 0xffff;
+  CHECK(written >= size_t(B) * (R - 8));
+}
+
 TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
   const int32_t lens[1] = {0};
   uint16_t dummy = 0;
@@ -243,4 +316,13 @@ TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
   s = km::prefill(4, &dummy, &dummy, 100000, &dummy, &dummy, 8, &dummy, least - 1, nullptr);
   REQUIRE_FALSE(s.ok());
   REQUIRE(std::string(s.message).find("prefill_workspace_bytes_bounded") != std::string::npos);
+  // decode_device: no positions, or no capacity.
+  s = km::decode_device(4, &dummy, &dummy, 576, nullptr, 1, 64, &dummy, &dummy, &dummy, 1 << 20,
+                        nullptr);
+  REQUIRE_FALSE(s.ok());
+  REQUIRE(std::string(s.message).find("null pointer") != std::string::npos);
+  s = km::decode_device(4, &dummy, &dummy, 576, lens, 1, 0, &dummy, &dummy, &dummy, 1 << 20,
+                        nullptr);
+  REQUIRE_FALSE(s.ok());
+  REQUIRE(std::string(s.message).find("max_len") != std::string::npos);
 }
