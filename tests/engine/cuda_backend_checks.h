@@ -269,7 +269,10 @@ inline void check_graphs(const Model& model, const std::string& what, const Refe
   const uint64_t buckets = longest > 256 && model.config().num_mla_layers() > 0 ? 2 : 1;
   CHECK(captures[1] <= 2 * buckets * segments_per_step_bound);
   CHECK(launches[0] == 0);
-  CHECK(launches[1] > 2 * ref.tokens.size());  // segments of every decode step were replayed
+  CHECK(launches[1] >= 2 * ref.tokens.size());  // every decode step ran from graph segments
+  // Every expert in the GPU cache: no host round trip inside a step (routing grouped on the
+  // device, MLA's positions read from the device), so a decode step is one graph.
+  if (gpu_share >= 1.0) CHECK(launches[1] == 2 * ref.tokens.size());
   REQUIRE(runs[0].size() == runs[1].size());
   size_t same = 0;
   for (size_t i = 0; i < runs[0].size(); ++i) same += runs[0][i] == runs[1][i] ? 1 : 0;
