@@ -314,9 +314,41 @@ double CostModel::kda_decode_seconds(int batch) const {
     case TrunkBackend::cpu_reference:
       return bytes / (hw_.kernels.cpu_kda_ref_state_gbps.value() * 1e9);
     case TrunkBackend::cpu_bf16:
-      return bytes / (hw_.host.mem_read_gbps.value() * 1e9);
+      return bytes /
+             (hw_.kernels.cpu_kda_fast_state_gbps.value_or(hw_.host.mem_read_gbps.value()) * 1e9);
   }
   return kInf;
+}
+
+int CostModel::fast_linear_calls(bool decode) const {
+  // engine/cpu_fast_backend.cpp: linear_multi fuses a layer's projections of one input into one
+  // GEMV pass in decode and makes one oneDNN call per matrix in prefill.
+  const ModelConfig& c = cfg_;
+  int n = 1;  // the logits
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_kda(l))  // q, k, v, f_a, b, g (or g_a) | f_b | g_b | o
+      n += (decode ? 1 : 6) + 1 + (c.kda.full_rank_output_gate ? 0 : 1) + 1;
+    else  // q (or q_a), kv_a, gate | q_b | o
+      n += (decode ? 1 : 2 + (c.mla.output_gate ? 1 : 0)) + (c.mla.q_lora_rank > 0 ? 1 : 0) + 1;
+    if (!c.is_moe(l)) {
+      n += (decode ? 1 : 2) + 1;  // gate, up | down
+    } else {
+      const bool lat = c.moe.latent_size > 0, sh = c.moe.num_shared_experts > 0;
+      // router, latent down, shared gate, up | latent up | shared down
+      n += (decode ? 1 : 1 + (lat ? 1 : 0) + (sh ? 2 : 0)) + (lat ? 1 : 0) + (sh ? 1 : 0);
+    }
+  }
+  return n;
+}
+
+double CostModel::fast_fixed_seconds(int64_t tokens, bool decode) const {
+  if (opt_.trunk != TrunkBackend::cpu_bf16) return 0;
+  const CostAssumptions& a = opt_.assumptions;
+  double t = fast_linear_calls(decode) * hw_.kernels.cpu_linear_call_us.value_or(0) * 1e-6;
+  t += double(cfg_.num_layers) * double(tokens) * (double(cfg_.hidden_size) / 1024.0) *
+       hw_.kernels.cpu_row_ops_ns.value_or(0) * 1e-9;
+  t += cfg_.num_moe_layers() * a.cpu_expert_call_us * 1e-6;
+  return t;
 }
 
 int CostModel::ref_linear_calls() const {
@@ -357,7 +389,9 @@ double CostModel::kda_prefill_seconds(int64_t tokens) const {
     case TrunkBackend::cpu_reference:
       return flops / cpu_ref_flops();
     case TrunkBackend::cpu_bf16:
-      return flops / cpu_bf16_flops();
+      return flops / (hw_.kernels.cpu_kda_fast_prefill_gflops.known()
+                          ? hw_.kernels.cpu_kda_fast_prefill_gflops.value() * 1e9
+                          : cpu_bf16_flops());
   }
   return kInf;
 }
@@ -380,6 +414,8 @@ double CostModel::mla_decode_seconds(int batch, int64_t context) const {
     case TrunkBackend::cpu_reference:
       return flops / (hw_.kernels.cpu_mla_ref_gflops.value() * 1e9);
     case TrunkBackend::cpu_bf16:
+      if (hw_.kernels.cpu_mla_fast_gflops.known())
+        return flops / (hw_.kernels.cpu_mla_fast_gflops.value() * 1e9);
       return std::max(bytes / (hw_.host.mem_read_gbps.value() * 1e9), flops / cpu_bf16_flops());
   }
   return kInf;
@@ -394,12 +430,15 @@ double CostModel::mla_prefill_flops(int64_t tokens, int64_t context) const {
 
 double CostModel::mla_prefill_seconds(int64_t tokens, int64_t context) const {
   const double flops = mla_prefill_flops(tokens, context);
-  if (opt_.trunk == TrunkBackend::cpu_reference && hw_.kernels.cpu_mla_ref_prefill_gflops.known()) {
-    // The reference's expanded form also expands every cached position through kv_b.
+  const Rate& cpu_rate = opt_.trunk == TrunkBackend::cpu_reference
+                             ? hw_.kernels.cpu_mla_ref_prefill_gflops
+                             : hw_.kernels.cpu_mla_fast_prefill_gflops;
+  if (opt_.trunk != TrunkBackend::gpu && cpu_rate.known()) {
+    // The CPU's expanded form also expands every cached position through kv_b.
     const MlaConfig& m = cfg_.mla;
     const double expand = 2.0 * double(context + tokens) * m.kv_lora_rank * m.num_heads *
                           double(m.qk_nope_head_dim + m.v_head_dim) * cfg_.num_mla_layers();
-    return (flops + expand) / (hw_.kernels.cpu_mla_ref_prefill_gflops.value() * 1e9);
+    return (flops + expand) / (cpu_rate.value() * 1e9);
   }
   switch (opt_.trunk) {
     case TrunkBackend::gpu: {
@@ -758,14 +797,18 @@ DecodeEstimate CostModel::decode_latency(const Placement& p, int batch, int64_t 
     if (opt_.trunk == TrunkBackend::cpu_reference)
       over += ref_linear_calls() * opt_.assumptions.cpu_ref_linear_call_us * 1e-6 +
               moe_layers * opt_.assumptions.cpu_expert_call_us * 1e-6;
+    over += fast_fixed_seconds(batch, true);
     e.parts.push_back({"dense trunk (bf16 weights, incl. shared experts)", "cpu", trunk});
     e.parts.push_back({"KDA state", "cpu", kda});
     e.parts.push_back({"MLA attention", "cpu", mla});
     e.parts.push_back({"routed experts on the CPU (host memory)", "cpu", cpu_exp});
     if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
     if (over > 0)
-      e.parts.push_back({fmt("fixed costs: %.0f linear calls, %.0f CPU expert jobs",
-                             ref_linear_calls(), moe_layers),
+      e.parts.push_back({opt_.trunk == TrunkBackend::cpu_bf16
+                             ? fmt("fixed costs: %.0f linear calls, %.0f CPU expert jobs, row ops",
+                                   fast_linear_calls(true), moe_layers)
+                             : fmt("fixed costs: %.0f linear calls, %.0f CPU expert jobs",
+                                   ref_linear_calls(), moe_layers),
                          "cpu", over});
     const double compute = sum_parts(e.parts) - disk;
     step = opt_.overlap == Overlap::serial ? compute + disk : std::max(compute, disk);
@@ -874,7 +917,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
     if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
   } else {
     // The CPU backends: everything on the CPU, one chunk after the other; disk reads overlap.
-    double t_trunk = 0, t_kda = 0, t_mla = 0, t_cexp = 0, t_disk = 0;
+    double t_trunk = 0, t_kda = 0, t_mla = 0, t_cexp = 0, t_disk = 0, t_fixed = 0;
     auto expert_s = [&](int64_t C, double* on_cpu, double* touched) {
       double t = 0;
       for (auto [m, n] : tokens_per_expert(C)) {
@@ -890,15 +933,21 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
       const double kda = kda_prefill_seconds(C), mla = mla_prefill_seconds(C, i * chunk);
       const double cexp = expert_s(C, &on_cpu, &touched) * moe_layers;
       const double disk = p.disk > 0 ? touched * p.disk * disk_read_seconds() * moe_layers : 0;
+      const double fixed = fast_fixed_seconds(C, false);
       t_trunk += trunk, t_kda += kda, t_mla += mla, t_cexp += cexp, t_disk += disk;
+      t_fixed += fixed;
       e.cpu_experts_per_chunk += on_cpu * moe_layers / double(e.chunks);
-      const double t = trunk + kda + mla + cexp;
+      const double t = trunk + kda + mla + cexp + fixed;
       total += opt_.overlap == Overlap::serial ? t + disk : std::max(t, disk);
     }
     e.parts.push_back({"dense trunk (bf16 GEMMs)", "cpu", t_trunk});
     e.parts.push_back({"KDA (chunked)", "cpu", t_kda});
     e.parts.push_back({"MLA attention (causal)", "cpu", t_mla});
     e.parts.push_back({"routed experts on the CPU", "cpu", t_cexp});
+    if (t_fixed > 0)
+      e.parts.push_back({fmt("fixed costs: %.0f linear calls per chunk, CPU expert jobs, row ops",
+                             fast_linear_calls(false)),
+                         "cpu", t_fixed});
     if (t_disk > 0) e.parts.push_back({"routed experts read from disk", "disk", t_disk});
   }
   // Pipeline over G GPUs: chunks flow through the stages; with many chunks each GPU's share of

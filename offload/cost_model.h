@@ -255,6 +255,12 @@ class CostModel {
   double trunk_prefill_seconds(int64_t tokens) const;
   double shared_expert_seconds(int64_t tokens) const;  // the shared experts' part of the trunk
   // KDA over all KDA layers: a decode step of `batch` sequences, or a prefill chunk of `tokens`.
+  // Linear calls of one step of the fast CPU backend: decode (the projections of one input fused
+  // into one GEMV pass) or prefill (one oneDNN call per matrix).
+  int fast_linear_calls(bool decode) const;
+  // The fast CPU backend's per-step costs beyond bytes and FLOPs (bench hw's linear call and row
+  // ops; the routed experts' jobs): 0 for the other backends.
+  double fast_fixed_seconds(int64_t tokens, bool decode) const;
   double kda_decode_seconds(int batch) const;
   double kda_prefill_seconds(int64_t tokens) const;
   // MLA over all MLA layers: a decode step of `batch` sequences with `context` cached positions

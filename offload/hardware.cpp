@@ -280,6 +280,12 @@ json to_json(const HardwareProfile& hw) {
   put(k, "cpu_mla_ref_gflops", hw.kernels.cpu_mla_ref_gflops);
   put(k, "cpu_kda_ref_prefill_gflops", hw.kernels.cpu_kda_ref_prefill_gflops);
   put(k, "cpu_mla_ref_prefill_gflops", hw.kernels.cpu_mla_ref_prefill_gflops);
+  put(k, "cpu_linear_call_us", hw.kernels.cpu_linear_call_us);
+  put(k, "cpu_kda_fast_state_gbps", hw.kernels.cpu_kda_fast_state_gbps);
+  put(k, "cpu_mla_fast_gflops", hw.kernels.cpu_mla_fast_gflops);
+  put(k, "cpu_kda_fast_prefill_gflops", hw.kernels.cpu_kda_fast_prefill_gflops);
+  put(k, "cpu_mla_fast_prefill_gflops", hw.kernels.cpu_mla_fast_prefill_gflops);
+  put(k, "cpu_row_ops_ns", hw.kernels.cpu_row_ops_ns);
   put(k, "gpu_kernel_us", hw.kernels.gpu_kernel_us);
   put(k, "gpu_sync_us", hw.kernels.gpu_sync_us);
   put(k, "stage_copy_gbps", hw.kernels.stage_copy_gbps);
@@ -358,10 +364,27 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
   if (j.contains("kernels")) {
     const json& k = j.at("kernels");
     rd.only(k, "kernels",
-            {"cpu_expert", "gpu_expert", "gpu_trunk", "cpu_trunk_ref", "cpu_trunk_bf16",
-             "gpu_kda_prefill_tflops", "gpu_mla_prefill_tflops", "gpu_mla_decode_tflops",
-             "cpu_kda_ref_state_gbps", "cpu_mla_ref_gflops", "cpu_kda_ref_prefill_gflops",
-             "cpu_mla_ref_prefill_gflops", "gpu_kernel_us", "gpu_sync_us", "stage_copy_gbps",
+            {"cpu_expert",
+             "gpu_expert",
+             "gpu_trunk",
+             "cpu_trunk_ref",
+             "cpu_trunk_bf16",
+             "gpu_kda_prefill_tflops",
+             "gpu_mla_prefill_tflops",
+             "gpu_mla_decode_tflops",
+             "cpu_kda_ref_state_gbps",
+             "cpu_mla_ref_gflops",
+             "cpu_kda_ref_prefill_gflops",
+             "cpu_mla_ref_prefill_gflops",
+             "gpu_kernel_us",
+             "gpu_sync_us",
+             "stage_copy_gbps",
+             "cpu_linear_call_us",
+             "cpu_kda_fast_state_gbps",
+             "cpu_mla_fast_gflops",
+             "cpu_kda_fast_prefill_gflops",
+             "cpu_mla_fast_prefill_gflops",
+             "cpu_row_ops_ns",
              "comment"});
     hw.kernels.cpu_expert = rd.curve(k, "kernels", "cpu_expert");
     hw.kernels.gpu_expert = rd.curve(k, "kernels", "gpu_expert");
@@ -375,6 +398,12 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     hw.kernels.cpu_mla_ref_gflops = rd.rate(k, "kernels", "cpu_mla_ref_gflops");
     hw.kernels.cpu_kda_ref_prefill_gflops = rd.rate(k, "kernels", "cpu_kda_ref_prefill_gflops");
     hw.kernels.cpu_mla_ref_prefill_gflops = rd.rate(k, "kernels", "cpu_mla_ref_prefill_gflops");
+    hw.kernels.cpu_linear_call_us = rd.rate(k, "kernels", "cpu_linear_call_us");
+    hw.kernels.cpu_kda_fast_state_gbps = rd.rate(k, "kernels", "cpu_kda_fast_state_gbps");
+    hw.kernels.cpu_mla_fast_gflops = rd.rate(k, "kernels", "cpu_mla_fast_gflops");
+    hw.kernels.cpu_kda_fast_prefill_gflops = rd.rate(k, "kernels", "cpu_kda_fast_prefill_gflops");
+    hw.kernels.cpu_mla_fast_prefill_gflops = rd.rate(k, "kernels", "cpu_mla_fast_prefill_gflops");
+    hw.kernels.cpu_row_ops_ns = rd.rate(k, "kernels", "cpu_row_ops_ns");
     hw.kernels.gpu_kernel_us = rd.rate(k, "kernels", "gpu_kernel_us");
     hw.kernels.gpu_sync_us = rd.rate(k, "kernels", "gpu_sync_us");
     hw.kernels.stage_copy_gbps = rd.rate(k, "kernels", "stage_copy_gbps");
@@ -531,6 +560,12 @@ HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra)
   r(m.kernels.cpu_mla_ref_gflops, extra.kernels.cpu_mla_ref_gflops);
   r(m.kernels.cpu_kda_ref_prefill_gflops, extra.kernels.cpu_kda_ref_prefill_gflops);
   r(m.kernels.cpu_mla_ref_prefill_gflops, extra.kernels.cpu_mla_ref_prefill_gflops);
+  r(m.kernels.cpu_linear_call_us, extra.kernels.cpu_linear_call_us);
+  r(m.kernels.cpu_kda_fast_state_gbps, extra.kernels.cpu_kda_fast_state_gbps);
+  r(m.kernels.cpu_mla_fast_gflops, extra.kernels.cpu_mla_fast_gflops);
+  r(m.kernels.cpu_kda_fast_prefill_gflops, extra.kernels.cpu_kda_fast_prefill_gflops);
+  r(m.kernels.cpu_mla_fast_prefill_gflops, extra.kernels.cpu_mla_fast_prefill_gflops);
+  r(m.kernels.cpu_row_ops_ns, extra.kernels.cpu_row_ops_ns);
   r(m.kernels.gpu_kernel_us, extra.kernels.gpu_kernel_us);
   r(m.kernels.gpu_sync_us, extra.kernels.gpu_sync_us);
   r(m.kernels.stage_copy_gbps, extra.kernels.stage_copy_gbps);
@@ -589,9 +624,15 @@ std::string describe(const HardwareProfile& hw) {
     << curve_text(hw.kernels.cpu_trunk_ref) << "\n    cpu trunk (bf16 backend) "
     << curve_text(hw.kernels.cpu_trunk_bf16) << "\n    cpu KDA reference "
     << rate_text(hw.kernels.cpu_kda_ref_state_gbps, "GB/s of state") << "\n    cpu MLA reference "
-    << rate_text(hw.kernels.cpu_mla_ref_gflops, "GFLOP/s") << "\n    gpu engine: small kernel "
-    << rate_text(hw.kernels.gpu_kernel_us, "us") << ", host sync "
-    << rate_text(hw.kernels.gpu_sync_us, "us") << ", staging host copy "
+    << rate_text(hw.kernels.cpu_mla_ref_gflops, "GFLOP/s") << "\n    cpu fast backend: linear call "
+    << rate_text(hw.kernels.cpu_linear_call_us, "us") << ", KDA decode "
+    << rate_text(hw.kernels.cpu_kda_fast_state_gbps, "GB/s of state") << ", MLA decode "
+    << rate_text(hw.kernels.cpu_mla_fast_gflops, "GFLOP/s") << ", KDA prefill "
+    << rate_text(hw.kernels.cpu_kda_fast_prefill_gflops, "GFLOP/s") << ", MLA prefill "
+    << rate_text(hw.kernels.cpu_mla_fast_prefill_gflops, "GFLOP/s") << ", row ops "
+    << rate_text(hw.kernels.cpu_row_ops_ns, "ns per token, layer and 1024 wide")
+    << "\n    gpu engine: small kernel " << rate_text(hw.kernels.gpu_kernel_us, "us")
+    << ", host sync " << rate_text(hw.kernels.gpu_sync_us, "us") << ", staging host copy "
     << rate_text(hw.kernels.stage_copy_gbps, "GB/s") << "\n";
   for (auto& n : hw.not_measured) o << "  not measured: " << n << "\n";
   return o.str();

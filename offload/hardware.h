@@ -112,6 +112,20 @@ struct KernelRates {
   // mla_attention_expanded counting the causal pairs and the per-position kv_b expansion.
   Rate cpu_kda_ref_prefill_gflops;
   Rate cpu_mla_ref_prefill_gflops;
+  // The fast CPU backend (engine/cpu_fast_backend.cpp, `--device cpu`), measured by `strata bench
+  // hw` with its kernels: one bf16 linear call's fixed cost beyond its bytes (a TBB fork/join
+  // over all threads and the activation conversion: cpu::gemv_bf16 on a 64×1024 weight), µs;
+  Rate cpu_linear_call_us;
+  // the fast mixers (cpu/mixer_kernels.h) at the reference probes' shapes: KDA decode state bytes
+  // (read + write) per second, MLA absorbed decode FLOPs, chunked KDA and expanded MLA prefill
+  // FLOPs (counted as for the reference);
+  Rate cpu_kda_fast_state_gbps;
+  Rate cpu_mla_fast_gflops;
+  Rate cpu_kda_fast_prefill_gflops;
+  Rate cpu_mla_fast_prefill_gflops;
+  // the row ops of one layer for one token (two KimiRMSNorms, two AttnRes mixes over 4 sources, a
+  // residual add, a GLU over 3 hidden widths) per 1024 of hidden width, ns.
+  Rate cpu_row_ops_ns;
   // The GPU engine's fixed costs (engine/cuda_backend.cpp), measured by `strata bench hw`:
   Rate gpu_kernel_us;    // one small kernel in a CUDA graph of many (launch gap included), µs
   Rate gpu_sync_us;      // host round trip: a tiny kernel + 4-byte D2H copy + stream sync, µs

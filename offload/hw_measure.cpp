@@ -19,8 +19,11 @@
 #include <cstring>
 #include <random>
 
+#include "cpu/bf16_linear.h"
 #include "cpu/expert_kernels_impl.h"
+#include "cpu/mixer_kernels.h"
 #include "cpu/ref/ops.h"
+#include "cpu/row_ops.h"
 #include "cpu/topology.h"
 #include "storage/error.h"
 #include "storage/expert_reader.h"
@@ -612,6 +615,196 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       MeasuredLine l = make_line("hw/cpu reference MLA prefill", shape, s, "no peak (reference op)",
                                  0, "causal pairs + kv_b expansion counted");
       l.flops = flops;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
+
+    // The fast CPU backend's kernels (`--device cpu`), in an unpinned arena as the engine runs.
+    progress("fast CPU backend (bf16 linear, mixers, row ops)");
+    {
+      // Its linear (cpu::Bf16Linear: GEMV up to 8 tokens, oneDNN above) on 64 MiB bf16 weights,
+      // a different one each call (8 of them: 512 MiB, ≫ the last-level cache, as a model's
+      // weights; one matrix alone stayed in a large L3 and read at 1.5–1.9× the memory peak).
+      cpu::Bf16Linear lin;
+      const int64_t N = 16384, K = 2048, nmat = o.quick ? 4 : 8;
+      std::vector<uint16_t> w(size_t(N * K * nmat));
+      for (size_t i = 0; i < w.size(); ++i)
+        w[i] = uint16_t(0x3C00 | ((i * 2654435761u >> 24) & 0xFF));
+      int64_t turn = 0;
+      auto next_w = [&] {
+        return cpu::ref::WeightView::bf16(w.data() + size_t(N * K * (turn++ % nmat)), N, K);
+      };
+      RateCurve t;
+      for (int M :
+           o.quick ? std::vector<int>{1, 8, 64} : std::vector<int>{1, 2, 4, 8, 16, 64, 256}) {
+        std::vector<float> x(size_t(M * K), 0.01f), y(size_t(M * N));
+        RateSample sm = eff(time_repeats(
+            [&] {
+              const cpu::ref::WeightView W = next_w();
+              plain.execute([&] { lin(x.data(), M, W, y.data(), true); });
+            },
+            M >= 64 ? std::max(1, reps / 2) : reps, 1));
+        sm.bytes = double(N * K * 2);
+        t.points.push_back({M, sm.gbps()});
+        MeasuredLine l = make_line(
+            "hw/cpu fast trunk M=" + std::to_string(M), "bf16 [16384, 2048] x8, " + thr, sm,
+            "host memory read", mem_gbps, M <= cpu::kGemvMaxTokens ? "gemv_bf16" : "oneDNN matmul");
+        l.flops = 2.0 * double(N * K) * M;
+        emit(l);
+      }
+      t.source = "measured: cpu::Bf16Linear, bf16 [16384, 2048] (8 in turn), " + thr + basis +
+                 " (the fast CPU backend's linear)";
+      hw.kernels.cpu_trunk_bf16 = t;
+      // One call's fixed cost: the same linear on a 64×1024 weight (128 KiB, cache resident).
+      const cpu::ref::WeightView Ws = cpu::ref::WeightView::bf16(w.data(), 64, 1024);
+      std::vector<float> x(1024, 0.01f), y(64);
+      RateSample sc = eff(time_repeats(
+          [&] {
+            plain.execute([&] {
+              for (int i = 0; i < 100; ++i) lin(x.data(), 1, Ws, y.data(), true);
+            });
+          },
+          reps, 1));
+      const double us = sc.median_s / 100 * 1e6;
+      hw.kernels.cpu_linear_call_us =
+          Rate(us, "measured: cpu::Bf16Linear on bf16 [64, 1024], M = 1, " + thr + basis);
+      MeasuredLine l = make_line("hw/cpu fast linear call", "bf16 [64, 1024] x100, " + thr, sc,
+                                 "no peak (fixed cost)", 0, fmt("%.2f us per call", us));
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
+    {
+      const int64_t H = 8, K = 128, V = 128;
+      const int states = 64;
+      std::vector<float> q(size_t(H * K), 0.01f), k(q), g(q.size(), -0.01f),
+          v(size_t(H * V), 0.02f), beta(size_t(H), 0.5f), out(v.size());
+      std::vector<std::vector<float>> S(states, std::vector<float>(size_t(H * V * K), 0.0f));
+      int next = 0;
+      RateSample sm = eff(time_repeats(
+          [&] {
+            plain.execute([&] {
+              for (int i = 0; i < states; ++i)
+                cpu::kda_recurrent_fast(q.data(), k.data(), v.data(), g.data(), beta.data(),
+                                        S[size_t((next + i) % states)].data(), out.data(), 1, H, K,
+                                        V, 0.088f);
+            });
+            next++;
+          },
+          reps, 1));
+      sm.bytes = 2.0 * double(H * V * K * 4) * states;
+      const std::string shape = "T=1, 8 x 128 x 128, 64 states, " + thr;
+      hw.kernels.cpu_kda_fast_state_gbps =
+          Rate(sm.gbps(), "measured: cpu::kda_recurrent_fast, " + shape + basis);
+      emit(make_line("hw/cpu fast KDA decode", shape, sm, "host memory read", mem_gbps,
+                     "state bytes read + written"));
+    }
+    {
+      const MlaRefProbe mp;
+      const cpu::ref::MlaDims& d = mp.d;
+      const int64_t S = o.quick ? 2048 : 4096;
+      std::vector<float> q(size_t(d.H * d.q_dim()), 0.01f), cache(size_t(S * d.cache_dim()), 0.02f),
+          out(size_t(d.H * d.v));
+      RateSample sm = eff(time_repeats(
+          [&] {
+            plain.execute([&] {
+              cpu::mla_attention_absorbed_fast(q.data(), cache.data(), S, mp.kv_b, d, out.data(), 1,
+                                               cpu::ref::Precision::bf16);
+            });
+          },
+          reps, 1));
+      const double flops =
+          2.0 * double(d.H) *
+          (double(S) * double(2 * d.kv_lora + d.rope) + double(d.kv_lora) * double(d.nope + d.v));
+      const std::string shape = "T=1, 8 heads, 512+64, context " + std::to_string(S) + ", " + thr;
+      hw.kernels.cpu_mla_fast_gflops =
+          Rate(flops / sm.median_s / 1e9,
+               "measured: cpu::mla_attention_absorbed_fast, " + shape + basis);
+      sm.bytes = double(S * d.cache_dim() * 4);
+      MeasuredLine l = make_line("hw/cpu fast MLA decode", shape, sm, "host memory read", mem_gbps,
+                                 "fp32 latent cache");
+      l.flops = flops;
+      emit(l);
+    }
+    {
+      const int64_t T = o.quick ? 128 : 256, H = 8, K = 128, V = 128;
+      std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
+          v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size()),
+          S(size_t(H * V * K));
+      RateSample sm = eff(time_repeats(
+          [&] {
+            plain.execute([&] {
+              std::fill(S.begin(), S.end(), 0.0f);
+              cpu::kda_chunked_fast(q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(),
+                                    out.data(), T, H, K, V, 0.088f);
+            });
+          },
+          reps, 1));
+      const double flops = double(T) * double(H) * (10.0 * 64 * K + 6.0 * K * K);
+      const std::string shape = "T=" + std::to_string(T) + ", 8 x 128 x 128, chunk 64, " + thr;
+      hw.kernels.cpu_kda_fast_prefill_gflops =
+          Rate(flops / sm.median_s / 1e9, "measured: cpu::kda_chunked_fast, " + shape + basis);
+      MeasuredLine l =
+          make_line("hw/cpu fast KDA prefill", shape, sm, "no peak (mixer core)", 0, "");
+      l.flops = flops;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
+    {
+      const MlaRefProbe mp;
+      const cpu::ref::MlaDims& d = mp.d;
+      const int64_t T = o.quick ? 128 : 256;
+      cpu::Bf16Linear lin;
+      std::vector<float> q(size_t(T * d.H * d.q_dim()), 0.01f),
+          cache(size_t(T * d.cache_dim()), 0.02f), out(size_t(T * d.H * d.v));
+      RateSample sm = eff(time_repeats(
+          [&] {
+            plain.execute([&] {
+              cpu::mla_attention_expanded_fast(q.data(), cache.data(), T, mp.kv_b, d, out.data(), T,
+                                               cpu::ref::Precision::bf16, lin);
+            });
+          },
+          reps, 1));
+      const double pairs = double(T) * double(T + 1) / 2;
+      const double flops = 2.0 * double(d.H) * double(d.q_dim() + d.v) * pairs +
+                           2.0 * double(T) * double(d.kv_lora) * double(d.H * (d.nope + d.v));
+      const std::string shape = "T=S=" + std::to_string(T) + ", 8 heads, 512+64, " + thr;
+      hw.kernels.cpu_mla_fast_prefill_gflops =
+          Rate(flops / sm.median_s / 1e9,
+               "measured: cpu::mla_attention_expanded_fast, " + shape + basis);
+      MeasuredLine l = make_line("hw/cpu fast MLA prefill", shape, sm, "no peak (mixer core)", 0,
+                                 "causal pairs + kv_b expansion counted");
+      l.flops = flops;
+      l.peak_is_bandwidth = false;
+      emit(l);
+    }
+    {
+      // One layer's row ops for T tokens at width D (hw/cpu fast row ops): two KimiRMSNorms, two
+      // AttnRes mixes over 4 sources, a residual add and a GLU over 3·D — per token and 1024 wide.
+      const int64_t T = 64, D = 2048;
+      std::vector<float> a(size_t(T * D), 0.5f), b(a), c(a), e(a), out(a), nw(size_t(D), 1.0f),
+          pw(size_t(D), 0.01f), gg(size_t(3 * T * D), 0.25f), gu(gg);
+      const float* src[4] = {a.data(), b.data(), c.data(), e.data()};
+      const cpu::ref::Glu glu{};
+      RateSample sm = eff(time_repeats(
+          [&] {
+            plain.execute([&] {
+              for (int i = 0; i < 2; ++i) {
+                cpu::attn_res_mix_fast(src, 4, nw.data(), pw.data(), out.data(), T, D, 1e-6f);
+                cpu::kimi_rms_norm_fast(out.data(), nw.data(), out.data(), T, D, 1e-6f);
+              }
+              cpu::add_round_fast(out.data(), a.data(), T * D);
+              cpu::glu_fast(glu, gg.data(), gu.data(), gg.data(), 3 * T * D);
+            });
+          },
+          reps, 1));
+      const double ns = sm.median_s * 1e9 / double(T) / (double(D) / 1024.0);
+      const std::string shape = "T=64, D=2048, " + thr;
+      hw.kernels.cpu_row_ops_ns = Rate(ns,
+                                       "measured: cpu row ops of one layer (2 KimiRMSNorm, 2 "
+                                       "AttnRes mixes of 4 sources, add, GLU of 3·D), " +
+                                           shape + basis);
+      MeasuredLine l = make_line("hw/cpu fast row ops", shape, sm, "no peak (row ops)", 0,
+                                 fmt("%.0f ns per token, layer and 1024 wide", ns));
       l.peak_is_bandwidth = false;
       emit(l);
     }

@@ -124,6 +124,50 @@ TEST_CASE("the prefill staging threshold is the first M where copy + GPU beats t
   CHECK(c.prefill_stage_threshold() == CostModel::kNever);
 }
 
+TEST_CASE("a fast CPU backend step counts bench hw's linear calls, row ops and mixer rates",
+          "[cost]") {
+  const ModelConfig cfg = k3_mini();  // 6 KDA + 3 MLA layers, 1 dense + 8 MoE, latent + shared
+  HardwareProfile hw;
+  hw.host.cores = 16;
+  hw.host.mem_read_gbps = Rate(100);
+  hw.kernels.cpu_trunk_bf16 = curve({{1, 50}, {8, 25}, {256, 10}});
+  hw.kernels.cpu_expert = curve({{1, 40}});
+  CostOptions co;
+  co.trunk = TrunkBackend::cpu_bf16;
+  const Placement host{0, 1, 0};
+  const double d0 = CostModel(hw, cfg, co).decode_step(host, 1, 100).step_s;
+  const double p0 = CostModel(hw, cfg, co).prefill(host, 256, 256).total_s;
+  // Decode fuses one input's projections: per KDA layer q..g | f_b | g_b | o = 4 calls, per MLA
+  // layer 3 (q_lora) or 2, the dense MLP 2, a MoE layer 3 (router..shared gate/up | latent up |
+  // shared down), the logits 1. Prefill makes one call per matrix.
+  const CostModel m0(hw, cfg, co);
+  const int kda = cfg.kda.full_rank_output_gate ? 3 : 4, mla = cfg.mla.q_lora_rank > 0 ? 3 : 2;
+  CHECK(m0.fast_linear_calls(true) ==
+        1 + 6 * kda + 3 * mla + 2 +
+            8 * (1 + (cfg.moe.latent_size > 0) + (cfg.moe.num_shared_experts > 0)));
+  CHECK(m0.fast_linear_calls(false) > m0.fast_linear_calls(true));
+  hw.kernels.cpu_linear_call_us = Rate(10);
+  hw.kernels.cpu_row_ops_ns = Rate(1000);
+  const CostModel m(hw, cfg, co);
+  const double per_token_rows = cfg.num_layers * (cfg.hidden_size / 1024.0) * 1000e-9;
+  const double d1 = m.decode_step(host, 1, 100).step_s;
+  CHECK(d1 - d0 == Approx(m.fast_linear_calls(true) * 10e-6 + per_token_rows));
+  const double p1 = m.prefill(host, 256, 256).total_s;
+  CHECK(p1 - p0 == Approx(m.fast_linear_calls(false) * 10e-6 + 256 * per_token_rows));
+  // The fast mixers' measured rates replace the host peaks: KDA state at 1 GB/s, MLA at 1 GFLOP/s.
+  hw.kernels.cpu_kda_fast_state_gbps = Rate(1);
+  hw.kernels.cpu_mla_fast_gflops = Rate(1);
+  const CostModel mm(hw, cfg, co);
+  CHECK(mm.kda_decode_seconds(2) == Approx(2.0 * 2.0 * double(mm.costs().kda_state_bytes) / 1e9));
+  CHECK(mm.mla_decode_seconds(1, 100) ==
+        Approx(2.0 * cfg.mla.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) *
+               100.0 * cfg.num_mla_layers() / 1e9));
+  const DecodeEstimate d = mm.decode_step(host, 1, 100);
+  bool fixed_part = false;
+  for (const auto& t : d.parts) fixed_part |= t.name.find("row ops") != std::string::npos;
+  CHECK(fixed_part);
+}
+
 TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   const ModelConfig cfg = k3_mini();
   HardwareProfile hw;
