@@ -86,6 +86,7 @@ CpuFastBackend::CpuFastBackend(const Model& model, BackendOptions options, int s
 
 void CpuFastBackend::begin_step(const StepShape&) {
   ++steps_;
+  step_t0_ = std::chrono::steady_clock::now();
   // The last step spilled over several blocks: one block of their total from now on, so a step of
   // the same shape fits without allocating.
   if (blocks_.size() > 1) {
@@ -94,6 +95,12 @@ void CpuFastBackend::begin_step(const StepShape&) {
   }
   block_used_ = 0;
   step_floats_ = 0;
+}
+
+void CpuFastBackend::commit_step(const StepShape& s) {
+  CpuHostBackend::commit_step(s);
+  prof_.step_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
 }
 
 std::string CpuFastBackend::telemetry_line() const {
@@ -112,6 +119,11 @@ std::string CpuFastBackend::telemetry_line() const {
       s += buf;
     }
   }
+  double timed = 0;
+  for (double t : prof_.seconds) timed += t;
+  std::snprintf(buf, sizeof buf, ", other %.3f of a %.3f ms step",
+                std::max(0.0, prof_.step_seconds - timed) / n * 1e3, prof_.step_seconds / n * 1e3);
+  s += buf;
   return s;
 }
 
@@ -121,6 +133,7 @@ std::vector<std::pair<std::string, double>> CpuFastBackend::telemetry_values() c
   static const char* keys[P::kinds] = {"gemv_s",     "gemm_s",    "kda_core_s",
                                        "mla_core_s", "experts_s", "row_ops_s"};
   for (int k = 0; k < P::kinds; ++k) v.push_back({keys[k], prof_.seconds[size_t(k)]});
+  v.push_back({"step_s", prof_.step_seconds});
   v.push_back({"gemv_weight_bytes", prof_.weight_bytes[P::gemv]});
   v.push_back({"gemm_weight_bytes", prof_.weight_bytes[P::gemm]});
   return v;

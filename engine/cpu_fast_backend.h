@@ -17,6 +17,7 @@
 // the sublayers (engine/schedule.h), placement of experts (offload/).
 #pragma once
 #include <array>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ struct FastBackendProfile {
   std::array<double, kinds> seconds{};
   std::array<double, kinds> weight_bytes{};  // gemv/gemm: bf16 weight bytes read
   std::array<double, kinds> flops{};         // gemv/gemm: 2·T·N·K
+  double step_seconds =
+      0;  // begin_step to commit_step: the kinds above and what none of them times
   static const char* name(Kind k);
 };
 
@@ -53,6 +56,7 @@ class CpuFastBackend final : public CpuHostBackend {
                  cpu::GemvIsa isa = cpu::GemvIsa::automatic);
 
   void begin_step(const StepShape& s) override;
+  void commit_step(const StepShape& s) override;
   Act alloc(int64_t rows, int64_t cols) override;
 
   void embed(std::span<const int32_t> ids, Act out) override;
@@ -97,6 +101,7 @@ class CpuFastBackend final : public CpuHostBackend {
   size_t block_used_ = 0;
   size_t step_floats_ = 0;
   uint64_t steps_ = 0;  // begin_step calls since the telemetry's reset
+  std::chrono::steady_clock::time_point step_t0_;
 };
 
 // The CPU backend for the options: the fast one for bf16 with contract experts (the default
