@@ -3,6 +3,7 @@
 // (primitive cache, column/row slices per TBB thread, one OpenMP thread inside each slice).
 #include "cpu/bf16_linear.h"
 
+#include <cpuid.h>
 #include <dlfcn.h>
 #include <tbb/blocked_range.h>
 #include <tbb/enumerable_thread_specific.h>
@@ -16,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/expert_kernels_impl.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
 
@@ -34,14 +36,18 @@ const char* gemv_isa_name(GemvIsa isa) {
       return "avx2";
     case GemvIsa::avx512bf16:
       return "avx512bf16";
+    case GemvIsa::amx:
+      return "amx";
   }
   return "?";
 }
 
 GemvIsa parse_gemv_isa(const std::string& s, const std::string& what) {
-  for (GemvIsa i : {GemvIsa::automatic, GemvIsa::scalar, GemvIsa::avx2, GemvIsa::avx512bf16})
+  for (GemvIsa i :
+       {GemvIsa::automatic, GemvIsa::scalar, GemvIsa::avx2, GemvIsa::avx512bf16, GemvIsa::amx})
     if (s == gemv_isa_name(i)) return i;
-  throw Error(what + ": unknown GEMV ISA '" + s + "', expected auto, scalar, avx2 or avx512bf16");
+  throw Error(what + ": unknown GEMV ISA '" + s +
+              "', expected auto, scalar, avx2, avx512bf16 or amx");
 }
 
 bool gemv_isa_supported(GemvIsa isa) {
@@ -54,13 +60,23 @@ bool gemv_isa_supported(GemvIsa isa) {
     case GemvIsa::avx512bf16:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    case GemvIsa::amx: {
+      // AMX-BF16 (CPUID.7.0:EDX[22]) and tile data granted to this process (detail::amx_ready).
+      // Once: a CPUID in a virtual machine exits to the hypervisor (≈ 30 µs on the dev VM).
+      static const bool ok = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) &&
+               gemv_isa_supported(GemvIsa::avx512bf16) && detail::amx_ready();
+      }();
+      return ok;
+    }
   }
   return false;
 }
 
 GemvIsa best_gemv_isa() {
   static const GemvIsa best = [] {
-    for (GemvIsa i : {GemvIsa::avx512bf16, GemvIsa::avx2})
+    for (GemvIsa i : {GemvIsa::amx, GemvIsa::avx512bf16, GemvIsa::avx2})
       if (gemv_isa_supported(i)) return i;
     return GemvIsa::scalar;
   }();
@@ -80,7 +96,8 @@ GemvIsa resolve_gemv_isa(GemvIsa isa) {
 // Conversion and the GEMV
 
 void to_bf16(const float* x, uint16_t* out, int64_t n) {
-  if (best_gemv_isa() == GemvIsa::avx512bf16) return detail::to_bf16_avx512bf16(x, out, n);
+  static const bool vec = gemv_isa_supported(GemvIsa::avx512bf16);
+  if (vec) return detail::to_bf16_avx512bf16(x, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
 }
 
@@ -116,16 +133,35 @@ const uint16_t* bf16_activations(const float* x, int64_t T, int64_t K, int64_t* 
 
 namespace {
 using RowKernel = void (*)(const detail::GemvArgs&, int64_t, int64_t);
-RowKernel row_kernel(GemvIsa isa) {
-  return isa == GemvIsa::avx512bf16 ? detail::gemv_rows_avx512bf16
-         : isa == GemvIsa::avx2     ? detail::gemv_rows_avx2
-                                    : gemv_rows_scalar;
+// The AMX kernel for calls of at least kAmxMinTokens tokens; fewer take the AVX-512 kernel, which
+// reads W at memory speed there (one sequential stream per thread; AMX's 16-row tile loads were
+// 10–30 % slower at one token on k3-mini's 2 KiB rows) and is compute-bound only from about 5.
+constexpr int64_t kAmxMinTokens = 5;
+RowKernel row_kernel(GemvIsa isa, int64_t T) {
+  if (isa == GemvIsa::amx && T < kAmxMinTokens) isa = GemvIsa::avx512bf16;
+  return isa == GemvIsa::amx          ? detail::gemv_rows_amx
+         : isa == GemvIsa::avx512bf16 ? detail::gemv_rows_avx512bf16
+         : isa == GemvIsa::avx2       ? detail::gemv_rows_avx2
+                                      : gemv_rows_scalar;
 }
 
 // Tokens one pass of each row kernel serves (AVX-512: 4 rows × up to 4 tokens, 2 rows × 5 to 8;
 // AVX2: 2; scalar: 1). With more tokens the kernel passes over its rows once per token group.
 int64_t tokens_per_pass(RowKernel k) {
-  return k == detail::gemv_rows_avx512bf16 ? 8 : k == detail::gemv_rows_avx2 ? 2 : 1;
+  return k == detail::gemv_rows_amx          ? 16
+         : k == detail::gemv_rows_avx512bf16 ? 8
+         : k == detail::gemv_rows_avx2       ? 2
+                                             : 1;
+}
+
+// AMX: x as B tiles, once per call, in a grow-only buffer of the calling thread (the row tasks
+// read it from the other threads).
+const uint16_t* amx_activations(RowKernel k, const uint16_t* xb, int64_t ldx, int64_t T,
+                                int64_t K) {
+  if (k != detail::gemv_rows_amx) return nullptr;
+  thread_local std::vector<uint16_t> buf;
+  detail::pack_amx_activations(xb, ldx, T, K, buf);
+  return buf.data();
 }
 
 // kernel(a, r0, r1), in tiles of rows small enough for L2 (≈ 256 KiB of weights, whole groups of
@@ -158,9 +194,10 @@ void gemv_bf16(const float* x, int64_t T, const uint16_t* W, int64_t N, int64_t 
                float* y, int64_t ldy, bool round_out, GemvIsa isa) {
   STRATA_ASSERT(T >= 0 && N >= 0 && K > 0 && ldw >= K && ldy >= N);
   if (T == 0 || N == 0) return;
-  const RowKernel kernel = row_kernel(resolve_gemv_isa(isa));
+  const RowKernel kernel = row_kernel(resolve_gemv_isa(isa), T);
   detail::GemvArgs a;
   a.xb = bf16_activations(x, T, K, &a.ldx);
+  a.xp = amx_activations(kernel, a.xb, a.ldx, T, K);
   a.T = T;
   a.K = K;
   a.W = W;
@@ -176,9 +213,10 @@ void gemv_bf16_multi(const float* x, int64_t T, int64_t K, std::span<const GemvO
                      GemvIsa isa) {
   STRATA_ASSERT(T >= 0 && K > 0);
   if (T == 0 || outs.empty()) return;
-  const RowKernel kernel = row_kernel(resolve_gemv_isa(isa));
+  const RowKernel kernel = row_kernel(resolve_gemv_isa(isa), T);
   int64_t ldx = 0;
   const uint16_t* xb = bf16_activations(x, T, K, &ldx);
+  const uint16_t* xp = amx_activations(kernel, xb, ldx, T, K);
   // Group offsets of each output in the joint index space.
   std::vector<int64_t> first(outs.size() + 1, 0);
   for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].N + 7) / 8;
@@ -190,6 +228,7 @@ void gemv_bf16_multi(const float* x, int64_t T, int64_t K, std::span<const GemvO
       detail::GemvArgs a;
       a.xb = xb;
       a.ldx = ldx;
+      a.xp = xp;
       a.T = T;
       a.K = K;
       a.W = o.W;

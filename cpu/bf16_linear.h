@@ -4,10 +4,12 @@
 // output rounding point of spec/model.md §12.2, fused into the kernels' stores).
 //
 // Two kernels, chosen by the number of tokens T:
-// * gemv_bf16 (T ≤ kGemvMaxTokens; decode): streams the weight rows once at memory speed. AVX-512
-//   BF16 (vdpbf16ps: 32 bf16 products per instruction into 16 fp32 lanes), AVX2 (bf16 widened by a
-//   shift, FMA), or scalar, dispatched by CPUID. Up to 4 tokens share each loaded weight vector;
-//   TBB threads split the output rows.
+// * gemv_bf16 (T ≤ kGemvMaxTokens; decode): streams the weight rows once at memory speed. AMX-BF16
+//   (TDPBF16PS: 16 rows × 16 tokens × 32 columns per instruction, W's rows loaded in place as the
+//   A tile), AVX-512 BF16 (vdpbf16ps: 32 bf16 products per instruction into 16 fp32 lanes), AVX2
+//   (bf16 widened by a shift, FMA), or scalar, dispatched by CPUID (AMX where the OS grants it,
+//   for calls of 5 tokens or more; fewer take the AVX-512 kernel, memory-bound there). Up
+//   to 4 tokens share each loaded weight vector; TBB threads split the output rows.
 // * OnednnBf16Gemm (larger T; prefill): oneDNN 2.6 matmul primitives (AMX-BF16 / AVX-512 BF16
 //   brgemm), created once per shape and cached. The columns of y are split into one slice per
 //   TBB thread and each slice runs a single-threaded primitive on its rows of W (weights [K, n]
@@ -29,15 +31,16 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "cpu/ref/ops.h"
 
 namespace strata::cpu {
 
-enum class GemvIsa { automatic, scalar, avx2, avx512bf16 };
+enum class GemvIsa { automatic, scalar, avx2, avx512bf16, amx };
 
 const char* gemv_isa_name(GemvIsa isa);
-// "auto", "scalar", "avx2", "avx512bf16"; throws strata::Error naming `what` otherwise.
+// "auto", "scalar", "avx2", "avx512bf16", "amx"; throws strata::Error naming `what` otherwise.
 GemvIsa parse_gemv_isa(const std::string& s, const std::string& what = "--gemv-isa");
 bool gemv_isa_supported(GemvIsa isa);  // automatic and scalar: always
 GemvIsa best_gemv_isa();               // detected once
@@ -130,8 +133,14 @@ struct GemvArgs {
   float* y = nullptr;
   int64_t ldy = 0;
   bool round_out = false;
+  const uint16_t* xp = nullptr;  // AMX: x packed by pack_amx_activations
 };
 void gemv_rows_avx512bf16(const GemvArgs& a, int64_t r0, int64_t r1);
+// AMX-BF16 (cpu/bf16_gemv_amx.cpp): a.xp holds x as B tiles — per group of 16 tokens and step of
+// 32 columns, 16 column pairs × 16 tokens × 2 (zeros past T and K).
+void gemv_rows_amx(const GemvArgs& a, int64_t r0, int64_t r1);
+void pack_amx_activations(const uint16_t* xb, int64_t ldx, int64_t T, int64_t K,
+                          std::vector<uint16_t>& out);
 void gemv_rows_avx2(const GemvArgs& a, int64_t r0, int64_t r1);
 void to_bf16_avx512bf16(const float* x, uint16_t* out, int64_t n);
 }  // namespace detail

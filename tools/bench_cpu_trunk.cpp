@@ -43,6 +43,7 @@ struct Options {
   int decode = 16;
   bool no_kernels = false;
   std::string json;
+  std::string gemv_isa = "auto";
 };
 
 std::string fmt(double v, int prec = 3) {
@@ -76,7 +77,7 @@ void kernel_lines(const Options& o, cpu::PinnedArena& arena, const cpu::Topology
   const int64_t Tmax =
       std::max<int64_t>(o.gemm_tokens, *std::max_element(o.tokens.begin(), o.tokens.end()));
   std::vector<float> x(size_t(Tmax * largest.K), 0.25f), y(size_t(Tmax * largest.N));
-  const cpu::GemvIsa isa = cpu::best_gemv_isa();
+  const cpu::GemvIsa isa = cpu::resolve_gemv_isa(cpu::parse_gemv_isa(o.gemv_isa, "--gemv-isa"));
 
   auto bandwidth_line = [&](const std::string& name, const Shape& s, int64_t T,
                             const std::function<void()>& fn, const std::string& note) {
@@ -182,7 +183,8 @@ void model_lines(const Options& o, cpu::PinnedArena& arena, const BoundBuffer& r
   bo.precision = engine::Precision::bf16;
   bo.experts = engine::ExpertNumerics::contract;
   std::unique_ptr<engine::CpuFastBackend> be;
-  arena.arena().execute([&] { be = std::make_unique<engine::CpuFastBackend>(*model, bo, 1); });
+  const cpu::GemvIsa isa = cpu::parse_gemv_isa(o.gemv_isa, "--gemv-isa");
+  arena.arena().execute([&] { be = std::make_unique<engine::CpuFastBackend>(*model, bo, 1, isa); });
   engine::Session s(*model, *be, 0);
   rep.note("model " + o.model + ": backend " + be->name());
 
@@ -333,7 +335,10 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--decode", o->decode, "decode steps with -m (default 16)");
   app.add_flag("--no-kernels", o->no_kernels, "skip the kernel lines at K3's shapes");
   app.add_option("--json", o->json, "also write the lines as JSON to FILE");
+  app.add_option("--gemv-isa", o->gemv_isa,
+                 "GEMV kernels (kernel lines and -m): auto, scalar, avx2, avx512bf16 or amx");
   return [o] {
+    cpu::resolve_gemv_isa(cpu::parse_gemv_isa(o->gemv_isa, "--gemv-isa"));  // before any work
     if (o->prompt < 1 || o->decode < 1 || o->repeats < 1 || o->gemm_tokens < 1)
       throw Error("bench cpu-trunk: --prompt, --decode, --repeats and --gemm-tokens must be ≥ 1");
     for (int t : o->tokens)

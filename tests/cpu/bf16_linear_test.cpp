@@ -19,6 +19,7 @@
 
 #include "cpu/bf16_linear.h"
 #include "cpu/ref/ops.h"
+#include "skip.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
 #include "test_data.h"
@@ -30,7 +31,8 @@ namespace {
 
 std::vector<cpu::GemvIsa> supported_isas() {
   std::vector<cpu::GemvIsa> v;
-  for (auto i : {cpu::GemvIsa::scalar, cpu::GemvIsa::avx2, cpu::GemvIsa::avx512bf16})
+  for (auto i :
+       {cpu::GemvIsa::scalar, cpu::GemvIsa::avx2, cpu::GemvIsa::avx512bf16, cpu::GemvIsa::amx})
     if (cpu::gemv_isa_supported(i)) v.push_back(i);
   return v;
 }
@@ -133,7 +135,7 @@ struct Out {
 
 TEST_CASE("bf16 linear: ISA names parse, and the best ISA is supported", "[bf16_linear]") {
   for (auto i : {cpu::GemvIsa::automatic, cpu::GemvIsa::scalar, cpu::GemvIsa::avx2,
-                 cpu::GemvIsa::avx512bf16})
+                 cpu::GemvIsa::avx512bf16, cpu::GemvIsa::amx})
     CHECK(cpu::parse_gemv_isa(cpu::gemv_isa_name(i)) == i);
   CHECK_THROWS_AS(cpu::parse_gemv_isa("avx9"), strata::Error);
   CHECK(cpu::gemv_isa_supported(cpu::best_gemv_isa()));
@@ -342,6 +344,7 @@ TEST_CASE("bf16 GEMV: a token's outputs do not depend on the token groups of its
   const int64_t N = 37, K = 1000;
   const auto W = bf16_normals(size_t(N * K), 101);
   for (auto isa : supported_isas()) {
+    if (isa == cpu::GemvIsa::amx) continue;  // below: its groups of ≥ 5 tokens
     for (int64_t T : {4, 5, 6, 7, 8, 12}) {
       const auto x = widen(bf16_normals(size_t(T * K), uint64_t(110 + T)));
       std::vector<float> y(size_t(T * N)), pairs(size_t(T * N));
@@ -354,5 +357,35 @@ TEST_CASE("bf16 GEMV: a token's outputs do not depend on the token groups of its
       INFO(cpu::gemv_isa_name(isa) << " T=" << T);
       CHECK(std::memcmp(y.data(), pairs.data(), y.size() * 4) == 0);
     }
+  }
+}
+
+TEST_CASE("bf16 GEMV, AMX: a token's outputs do not depend on the other tokens of its call",
+          "[bf16_linear]") {
+  // The AMX kernel serves calls of 5 tokens or more: each output element of its 16 × 16 tile
+  // depends only on its row of W and its token, in 32-column steps in increasing order — so a
+  // call of T tokens equals calls of groups of ≥ 5 over the same rows, bit for bit, across the
+  // 16-token tile boundary too. Fewer than 5 tokens take the AVX-512 kernel: equal to it. Odd N,
+  // a K tail, a row stride.
+  if (!cpu::gemv_isa_supported(cpu::GemvIsa::amx)) STRATA_SKIP("no AMX-BF16 here");
+  const int64_t N = 45, K = 1000, ldw = 1016;
+  const auto W = bf16_normals(size_t(N * ldw), 103);
+  for (int64_t T : {1, 3, 4, 10, 16, 21, 37}) {
+    const auto x = widen(bf16_normals(size_t(T * K), uint64_t(120 + T)));
+    std::vector<float> y(size_t(T * N)), parts(size_t(T * N));
+    cpu::gemv_bf16(x.data(), T, W.data(), N, K, ldw, y.data(), N, false, cpu::GemvIsa::amx);
+    if (T < 5) {
+      cpu::gemv_bf16(x.data(), T, W.data(), N, K, ldw, parts.data(), N, false,
+                     cpu::GemvIsa::avx512bf16);
+    } else {
+      for (int64_t t = 0; t < T;) {  // groups of 5, the last of 5 to 9
+        const int64_t g = T - t < 10 ? T - t : 5;
+        cpu::gemv_bf16(x.data() + t * K, g, W.data(), N, K, ldw, parts.data() + t * N, N, false,
+                       cpu::GemvIsa::amx);
+        t += g;
+      }
+    }
+    INFO("T=" << T);
+    CHECK(std::memcmp(y.data(), parts.data(), y.size() * 4) == 0);
   }
 }
