@@ -45,8 +45,9 @@ struct CudaBackendOptions {
   // the same (offload/cost_model.h, one model).
   int stage_slots = offload::kStageSlotsPerRound;
   // Decode steps (every sequence one token) run from CUDA graphs: the launches between host
-  // decisions (MLA's positions, a MoE layer's routing on the host, the logits) are captured once
-  // per step shape (rows and slots) and replayed afterwards.
+  // decisions (a MoE layer's routing on the host, the logits) are captured once per step shape
+  // (rows, slots and MLA's length bucket; MLA reads its positions from the device) and replayed
+  // afterwards. With every expert in the GPU cache a step is one graph.
   bool cuda_graphs = true;
   // MoE layers whose routed experts are all in the GPU cache build their expert groups on the
   // device (no host round trip); false forces the host path (tests compare the two bitwise).
