@@ -511,10 +511,13 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       hw.kernels.cpu_trunk_ref = t;
     }
 
-    // Reference KDA recurrent step: state [H, V, K] fp32 read and written per token; 64 distinct
-    // states (32 MiB), as a model's layers touch different states.
-    progress("fp32 reference KDA and MLA decode");
-    {
+    // The token mixers' probes, the same for the fp32 reference ops and the fast CPU backend's
+    // kernels: `who` names the lines, `fn` the function in the rate's source, `ar` the arena that
+    // runs it (the reference pinned, the fast kernels unpinned as the engine runs them).
+    // Decode KDA: the state [H, V, K] fp32 read and written per token, 64 distinct states (32
+    // MiB), as a model's layers touch different states.
+    auto kda_decode_rate = [&](tbb::task_arena& ar, const std::string& who, const std::string& fn,
+                               auto&& kernel) {
       const int64_t H = 8, K = 128, V = 128, T = 1;
       std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
           v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size());
@@ -523,101 +526,107 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       int next = 0;
       RateSample s = eff(time_repeats(
           [&] {
-            arena.arena().execute([&] {
+            ar.execute([&] {
               for (int i = 0; i < states; ++i)
-                cpu::ref::kda_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                        S[size_t((next + i) % states)].data(), out.data(), T, H, K,
-                                        V, 0.088f);
+                kernel(q.data(), k.data(), v.data(), g.data(), beta.data(),
+                       S[size_t((next + i) % states)].data(), out.data(), T, H, K, V, 0.088f);
             });
             next++;
           },
           reps, 1));
       s.bytes = 2.0 * double(H * V * K * 4) * states;
       const std::string shape = "T=1, 8 x 128 x 128, 64 states, " + thr;
-      hw.kernels.cpu_kda_ref_state_gbps =
-          Rate(s.gbps(), "measured: cpu::ref::kda_recurrent, " + shape + basis);
-      emit(make_line("hw/cpu reference KDA decode", shape, s, "host memory read", mem_gbps,
+      emit(make_line("hw/cpu " + who + " KDA decode", shape, s, "host memory read", mem_gbps,
                      "state bytes read + written"));
-    }
-    {
+      return Rate(s.gbps(), "measured: " + fn + ", " + shape + basis);
+    };
+    // Absorbed MLA decode of one token over a 4096-position fp32 latent cache, FLOPs per second.
+    auto mla_decode_rate = [&](tbb::task_arena& ar, const std::string& who, const std::string& fn,
+                               auto&& kernel) {
       const MlaRefProbe mp;
       const cpu::ref::MlaDims& d = mp.d;
-      const cpu::ref::WeightView& kv_b = mp.kv_b;
       const int64_t S = o.quick ? 2048 : 4096;
       std::vector<float> q(size_t(d.H * d.q_dim()), 0.01f), cache(size_t(S * d.cache_dim()), 0.02f),
           out(size_t(d.H * d.v));
       RateSample s = eff(time_repeats(
-          [&] {
-            arena.arena().execute([&] {
-              cpu::ref::mla_attention_absorbed(q.data(), cache.data(), S, kv_b, d, out.data(), 1,
-                                               cpu::ref::Precision::fp32);
-            });
-          },
+          [&] { ar.execute([&] { kernel(q.data(), cache.data(), S, mp.kv_b, d, out.data()); }); },
           reps, 1));
       s.bytes = double(S * d.cache_dim() * 4);
       const double flops =
           2.0 * double(d.H) *
           (double(S) * double(2 * d.kv_lora + d.rope) + double(d.kv_lora) * double(d.nope + d.v));
       const std::string shape = "T=1, 8 heads, 512+64, context " + std::to_string(S) + ", " + thr;
-      hw.kernels.cpu_mla_ref_gflops = Rate(
-          flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_absorbed, " + shape + basis);
-      MeasuredLine l = make_line("hw/cpu reference MLA decode", shape, s, "host memory read",
+      MeasuredLine l = make_line("hw/cpu " + who + " MLA decode", shape, s, "host memory read",
                                  mem_gbps, "fp32 latent cache");
       l.flops = flops;
       emit(l);
-    }
-    // The prefill forms: chunked KDA and expanded MLA over a fresh prompt of T tokens.
-    {
+      return Rate(flops / s.median_s / 1e9, "measured: " + fn + ", " + shape + basis);
+    };
+    // The prefill forms: chunked KDA and expanded MLA over a fresh prompt of T tokens (no peak
+    // beside them: `peak` says why).
+    auto kda_prefill_rate = [&](tbb::task_arena& ar, const std::string& who, const std::string& fn,
+                                const std::string& peak, auto&& kernel) {
       const int64_t T = o.quick ? 128 : 256, H = 8, K = 128, V = 128;
       std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
           v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size()),
           S(size_t(H * V * K));
       RateSample s = eff(time_repeats(
           [&] {
-            arena.arena().execute([&] {
+            ar.execute([&] {
               std::fill(S.begin(), S.end(), 0.0f);
-              cpu::ref::kda_chunked(q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(),
-                                    out.data(), T, H, K, V, 0.088f, 64);
+              kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(), out.data(), T,
+                     H, K, V, 0.088f);
             });
           },
           reps, 1));
       const double flops = double(T) * double(H) * (10.0 * 64 * K + 6.0 * K * K);
       const std::string shape = "T=" + std::to_string(T) + ", 8 x 128 x 128, chunk 64, " + thr;
-      hw.kernels.cpu_kda_ref_prefill_gflops =
-          Rate(flops / s.median_s / 1e9, "measured: cpu::ref::kda_chunked, " + shape + basis);
-      MeasuredLine l =
-          make_line("hw/cpu reference KDA prefill", shape, s, "no peak (reference op)", 0, "");
+      MeasuredLine l = make_line("hw/cpu " + who + " KDA prefill", shape, s, peak, 0, "");
       l.flops = flops;
       l.peak_is_bandwidth = false;
       emit(l);
-    }
-    {
+      return Rate(flops / s.median_s / 1e9, "measured: " + fn + ", " + shape + basis);
+    };
+    auto mla_prefill_rate = [&](tbb::task_arena& ar, const std::string& who, const std::string& fn,
+                                const std::string& peak, auto&& kernel) {
       const MlaRefProbe mp;
       const cpu::ref::MlaDims& d = mp.d;
-      const cpu::ref::WeightView& kv_b = mp.kv_b;
       const int64_t T = o.quick ? 128 : 256;
       std::vector<float> q(size_t(T * d.H * d.q_dim()), 0.01f),
           cache(size_t(T * d.cache_dim()), 0.02f), out(size_t(T * d.H * d.v));
       RateSample s = eff(time_repeats(
-          [&] {
-            arena.arena().execute([&] {
-              cpu::ref::mla_attention_expanded(q.data(), cache.data(), T, kv_b, d, out.data(), T,
-                                               cpu::ref::Precision::fp32);
-            });
-          },
+          [&] { ar.execute([&] { kernel(q.data(), cache.data(), T, mp.kv_b, d, out.data()); }); },
           reps, 1));
       const double pairs = double(T) * double(T + 1) / 2;
       const double flops = 2.0 * double(d.H) * double(d.q_dim() + d.v) * pairs +
                            2.0 * double(T) * double(d.kv_lora) * double(d.H * (d.nope + d.v));
       const std::string shape = "T=S=" + std::to_string(T) + ", 8 heads, 512+64, " + thr;
-      hw.kernels.cpu_mla_ref_prefill_gflops = Rate(
-          flops / s.median_s / 1e9, "measured: cpu::ref::mla_attention_expanded, " + shape + basis);
-      MeasuredLine l = make_line("hw/cpu reference MLA prefill", shape, s, "no peak (reference op)",
-                                 0, "causal pairs + kv_b expansion counted");
+      MeasuredLine l = make_line("hw/cpu " + who + " MLA prefill", shape, s, peak, 0,
+                                 "causal pairs + kv_b expansion counted");
       l.flops = flops;
       l.peak_is_bandwidth = false;
       emit(l);
-    }
+      return Rate(flops / s.median_s / 1e9, "measured: " + fn + ", " + shape + basis);
+    };
+    using cpu::ref::MlaDims;
+    using cpu::ref::WeightView;
+    constexpr auto kFp32 = cpu::ref::Precision::fp32, kBf16 = cpu::ref::Precision::bf16;
+
+    progress("fp32 reference KDA and MLA decode");
+    hw.kernels.cpu_kda_ref_state_gbps =
+        kda_decode_rate(arena.arena(), "reference", "cpu::ref::kda_recurrent",
+                        [](auto... a) { cpu::ref::kda_recurrent(a...); });
+    hw.kernels.cpu_mla_ref_gflops = mla_decode_rate(
+        arena.arena(), "reference", "cpu::ref::mla_attention_absorbed",
+        [](const float* q, const float* c, int64_t S, const WeightView& kv_b, const MlaDims& d,
+           float* out) { cpu::ref::mla_attention_absorbed(q, c, S, kv_b, d, out, 1, kFp32); });
+    hw.kernels.cpu_kda_ref_prefill_gflops = kda_prefill_rate(
+        arena.arena(), "reference", "cpu::ref::kda_chunked", "no peak (reference op)",
+        [](auto... a) { cpu::ref::kda_chunked(a..., 64); });
+    hw.kernels.cpu_mla_ref_prefill_gflops = mla_prefill_rate(
+        arena.arena(), "reference", "cpu::ref::mla_attention_expanded", "no peak (reference op)",
+        [](const float* q, const float* c, int64_t T, const WeightView& kv_b, const MlaDims& d,
+           float* out) { cpu::ref::mla_attention_expanded(q, c, T, kv_b, d, out, T, kFp32); });
 
     // The fast CPU backend's kernels (`--device cpu`), in an unpinned arena as the engine runs.
     progress("fast CPU backend (bf16 linear, mixers, row ops)");
@@ -673,109 +682,23 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       l.peak_is_bandwidth = false;
       emit(l);
     }
+    hw.kernels.cpu_kda_fast_state_gbps = kda_decode_rate(
+        plain, "fast", "cpu::kda_recurrent_fast", [](auto... a) { cpu::kda_recurrent_fast(a...); });
+    hw.kernels.cpu_mla_fast_gflops = mla_decode_rate(
+        plain, "fast", "cpu::mla_attention_absorbed_fast",
+        [](const float* q, const float* c, int64_t S, const WeightView& kv_b, const MlaDims& d,
+           float* out) { cpu::mla_attention_absorbed_fast(q, c, S, kv_b, d, out, 1, kBf16); });
+    hw.kernels.cpu_kda_fast_prefill_gflops =
+        kda_prefill_rate(plain, "fast", "cpu::kda_chunked_fast", "no peak (mixer core)",
+                         [](auto... a) { cpu::kda_chunked_fast(a...); });
     {
-      const int64_t H = 8, K = 128, V = 128;
-      const int states = 64;
-      std::vector<float> q(size_t(H * K), 0.01f), k(q), g(q.size(), -0.01f),
-          v(size_t(H * V), 0.02f), beta(size_t(H), 0.5f), out(v.size());
-      std::vector<std::vector<float>> S(states, std::vector<float>(size_t(H * V * K), 0.0f));
-      int next = 0;
-      RateSample sm = eff(time_repeats(
-          [&] {
-            plain.execute([&] {
-              for (int i = 0; i < states; ++i)
-                cpu::kda_recurrent_fast(q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                        S[size_t((next + i) % states)].data(), out.data(), 1, H, K,
-                                        V, 0.088f);
-            });
-            next++;
-          },
-          reps, 1));
-      sm.bytes = 2.0 * double(H * V * K * 4) * states;
-      const std::string shape = "T=1, 8 x 128 x 128, 64 states, " + thr;
-      hw.kernels.cpu_kda_fast_state_gbps =
-          Rate(sm.gbps(), "measured: cpu::kda_recurrent_fast, " + shape + basis);
-      emit(make_line("hw/cpu fast KDA decode", shape, sm, "host memory read", mem_gbps,
-                     "state bytes read + written"));
-    }
-    {
-      const MlaRefProbe mp;
-      const cpu::ref::MlaDims& d = mp.d;
-      const int64_t S = o.quick ? 2048 : 4096;
-      std::vector<float> q(size_t(d.H * d.q_dim()), 0.01f), cache(size_t(S * d.cache_dim()), 0.02f),
-          out(size_t(d.H * d.v));
-      RateSample sm = eff(time_repeats(
-          [&] {
-            plain.execute([&] {
-              cpu::mla_attention_absorbed_fast(q.data(), cache.data(), S, mp.kv_b, d, out.data(), 1,
-                                               cpu::ref::Precision::bf16);
-            });
-          },
-          reps, 1));
-      const double flops =
-          2.0 * double(d.H) *
-          (double(S) * double(2 * d.kv_lora + d.rope) + double(d.kv_lora) * double(d.nope + d.v));
-      const std::string shape = "T=1, 8 heads, 512+64, context " + std::to_string(S) + ", " + thr;
-      hw.kernels.cpu_mla_fast_gflops =
-          Rate(flops / sm.median_s / 1e9,
-               "measured: cpu::mla_attention_absorbed_fast, " + shape + basis);
-      sm.bytes = double(S * d.cache_dim() * 4);
-      MeasuredLine l = make_line("hw/cpu fast MLA decode", shape, sm, "host memory read", mem_gbps,
-                                 "fp32 latent cache");
-      l.flops = flops;
-      emit(l);
-    }
-    {
-      const int64_t T = o.quick ? 128 : 256, H = 8, K = 128, V = 128;
-      std::vector<float> q(size_t(T * H * K), 0.01f), k(q), g(q.size(), -0.01f),
-          v(size_t(T * H * V), 0.02f), beta(size_t(T * H), 0.5f), out(v.size()),
-          S(size_t(H * V * K));
-      RateSample sm = eff(time_repeats(
-          [&] {
-            plain.execute([&] {
-              std::fill(S.begin(), S.end(), 0.0f);
-              cpu::kda_chunked_fast(q.data(), k.data(), v.data(), g.data(), beta.data(), S.data(),
-                                    out.data(), T, H, K, V, 0.088f);
-            });
-          },
-          reps, 1));
-      const double flops = double(T) * double(H) * (10.0 * 64 * K + 6.0 * K * K);
-      const std::string shape = "T=" + std::to_string(T) + ", 8 x 128 x 128, chunk 64, " + thr;
-      hw.kernels.cpu_kda_fast_prefill_gflops =
-          Rate(flops / sm.median_s / 1e9, "measured: cpu::kda_chunked_fast, " + shape + basis);
-      MeasuredLine l =
-          make_line("hw/cpu fast KDA prefill", shape, sm, "no peak (mixer core)", 0, "");
-      l.flops = flops;
-      l.peak_is_bandwidth = false;
-      emit(l);
-    }
-    {
-      const MlaRefProbe mp;
-      const cpu::ref::MlaDims& d = mp.d;
-      const int64_t T = o.quick ? 128 : 256;
       cpu::Bf16Linear lin;
-      std::vector<float> q(size_t(T * d.H * d.q_dim()), 0.01f),
-          cache(size_t(T * d.cache_dim()), 0.02f), out(size_t(T * d.H * d.v));
-      RateSample sm = eff(time_repeats(
-          [&] {
-            plain.execute([&] {
-              cpu::mla_attention_expanded_fast(q.data(), cache.data(), T, mp.kv_b, d, out.data(), T,
-                                               cpu::ref::Precision::bf16, lin);
-            });
-          },
-          reps, 1));
-      const double pairs = double(T) * double(T + 1) / 2;
-      const double flops = 2.0 * double(d.H) * double(d.q_dim() + d.v) * pairs +
-                           2.0 * double(T) * double(d.kv_lora) * double(d.H * (d.nope + d.v));
-      const std::string shape = "T=S=" + std::to_string(T) + ", 8 heads, 512+64, " + thr;
-      hw.kernels.cpu_mla_fast_prefill_gflops =
-          Rate(flops / sm.median_s / 1e9,
-               "measured: cpu::mla_attention_expanded_fast, " + shape + basis);
-      MeasuredLine l = make_line("hw/cpu fast MLA prefill", shape, sm, "no peak (mixer core)", 0,
-                                 "causal pairs + kv_b expansion counted");
-      l.flops = flops;
-      l.peak_is_bandwidth = false;
-      emit(l);
+      hw.kernels.cpu_mla_fast_prefill_gflops = mla_prefill_rate(
+          plain, "fast", "cpu::mla_attention_expanded_fast", "no peak (mixer core)",
+          [&](const float* q, const float* c, int64_t T, const WeightView& kv_b, const MlaDims& d,
+              float* out) {
+            cpu::mla_attention_expanded_fast(q, c, T, kv_b, d, out, T, kBf16, lin);
+          });
     }
     {
       // One layer's row ops for T tokens at width D (hw/cpu fast row ops): two KimiRMSNorms, two
