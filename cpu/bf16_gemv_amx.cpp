@@ -16,20 +16,13 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/bf16_linear.h"
 #include "storage/bf16.h"
 
 namespace strata::cpu::detail {
 
 namespace {
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 0;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 struct Scratch {
   alignas(64) uint16_t a[16 * 32];  // a zero-padded A tile (edges)

@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/expert_kernels_impl.h"
+#include "cpu/amx.h"
 #include "storage/bf16.h"
 #include "storage/error.h"
 

@@ -31,14 +31,6 @@ namespace strata::cpu::detail {
 
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 0;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 struct AmxScratch {
   std::vector<uint8_t> buf;
 };

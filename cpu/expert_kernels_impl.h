@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "storage/expert_contract.h"
 
 namespace strata::cpu::detail {
@@ -62,9 +63,6 @@ inline constexpr int kAmxMinTokens = 8;
 void amx_pack_tokens(const int8_t* const* q, const double* const* px, int n, int nb,
                      std::vector<int8_t>& tb, std::vector<double>& tpx);
 
-// Whether the CPU has AMX-INT8 and the OS lets this process use tile data (Linux: granted by
-// arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) on the first call).
-bool amx_ready();
 // AMX-INT8 kernel (needs tb, tpx, span; n < kAmxMinTokens or missing inputs: project_avx512).
 void project_amx(const ProjArgs& a);
 // The same code with the tile instructions replaced by scalar code of the same semantics (tests
