@@ -12,6 +12,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/model.h"
 #include "storage/synth.h"
+#include "test_backend_options.h"
 #include "test_util.h"
 
 using namespace strata;
@@ -252,9 +253,7 @@ TEST_CASE(
   }
   SchedulerOptions o;
   o.prefill_chunk = 5;
-  BackendOptions bo;
-  bo.precision = Precision::bf16;
-  bo.experts = ExpertNumerics::contract;
+  const BackendOptions bo = test::bf16_contract();
   CpuRefBackend alone(*model, bo, 1);
   auto r1 = make_schedule_runner(alone, c);
   const RunResult a = run_all(*r1, reqs, o);

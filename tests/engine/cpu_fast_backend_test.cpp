@@ -28,6 +28,7 @@
 #include "storage/bf16.h"
 #include "storage/error.h"
 #include "storage/synth.h"
+#include "test_backend_options.h"
 #include "test_util.h"
 
 using namespace strata;
@@ -154,9 +155,7 @@ TEST_CASE("fast CPU backend: layer by layer within the bf16 noise of the referen
 TEST_CASE("fast CPU backend: chosen for bf16 with contract or bf16 experts, refuses fp32",
           "[engine][cpu_fast]") {
   auto model = Model::load(synth_model("k3-tiny", "choice"));
-  BackendOptions o;
-  o.precision = Precision::bf16;
-  o.experts = ExpertNumerics::contract;
+  BackendOptions o = test::bf16_contract();
   CHECK(dynamic_cast<CpuFastBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
   o.experts = ExpertNumerics::exact;
   CHECK(dynamic_cast<CpuRefBackend*>(make_cpu_backend(*model, o).get()) != nullptr);
@@ -174,9 +173,7 @@ TEST_CASE("fast CPU backend: chosen for bf16 with contract or bf16 experts, refu
 TEST_CASE("fast CPU backend: decoding is deterministic and state follows the slot",
           "[engine][cpu_fast]") {
   auto model = Model::load(synth_model("k3-tiny", "slots"));
-  BackendOptions o;
-  o.precision = Precision::bf16;
-  o.experts = ExpertNumerics::contract;
+  BackendOptions o = test::bf16_contract();
   CpuFastBackend be(*model, o, 2);
   Session a(*model, be, 0), b(*model, be, 1);
   const std::vector<int32_t> prompt = {5, 17, 300, 2, 999, 41, 7, 8, 9, 10, 11};
@@ -201,9 +198,7 @@ TEST_CASE("fast CPU backend: several sequences in one step, each on its own stat
   // with a 2-row chunk beside single rows) slots 0 and 1 must give the same bits — a wrong row
   // offset or a crossed state breaks that — and slot 2 must not.
   auto model = Model::load(synth_model("k3-tiny", "multi"));
-  BackendOptions o;
-  o.precision = Precision::bf16;
-  o.experts = ExpertNumerics::contract;
+  BackendOptions o = test::bf16_contract();
   CpuFastBackend be(*model, o, 4);
   Schedule sched(be, model->config());
   const std::vector<int32_t> p = {5, 17, 300, 2, 999, 41, 7}, p2 = {9, 8, 7, 6, 5, 4, 3, 2};

@@ -21,17 +21,13 @@
 #include "engine/schedule.h"
 #include "engine/session.h"
 #include "kernels/runtime.h"
+#include "test_backend_options.h"
 
 namespace strata::test::cuda_checks {
 
 using namespace strata::engine;
 
-inline BackendOptions bf16_contract() {
-  BackendOptions b;
-  b.precision = Precision::bf16;
-  b.experts = ExpertNumerics::contract;
-  return b;
-}
+using test::bf16_contract;
 
 inline SessionOptions bf16_session() {
   SessionOptions so;
