@@ -44,6 +44,7 @@ struct Options {
   bool no_kernels = false;
   std::string json;
   std::string gemv_isa = "auto";
+  cpu::GemvIsa isa = cpu::GemvIsa::automatic;  // gemv_isa, parsed and resolved before any work
 };
 
 std::string fmt(double v, int prec = 3) {
@@ -77,7 +78,7 @@ void kernel_lines(const Options& o, cpu::PinnedArena& arena, const cpu::Topology
   const int64_t Tmax =
       std::max<int64_t>(o.gemm_tokens, *std::max_element(o.tokens.begin(), o.tokens.end()));
   std::vector<float> x(size_t(Tmax * largest.K), 0.25f), y(size_t(Tmax * largest.N));
-  const cpu::GemvIsa isa = cpu::resolve_gemv_isa(cpu::parse_gemv_isa(o.gemv_isa, "--gemv-isa"));
+  const cpu::GemvIsa isa = o.isa;
 
   auto bandwidth_line = [&](const std::string& name, const Shape& s, int64_t T,
                             const std::function<void()>& fn, const std::string& note) {
@@ -183,8 +184,8 @@ void model_lines(const Options& o, cpu::PinnedArena& arena, const BoundBuffer& r
   bo.precision = engine::Precision::bf16;
   bo.experts = engine::ExpertNumerics::contract;
   std::unique_ptr<engine::CpuFastBackend> be;
-  const cpu::GemvIsa isa = cpu::parse_gemv_isa(o.gemv_isa, "--gemv-isa");
-  arena.arena().execute([&] { be = std::make_unique<engine::CpuFastBackend>(*model, bo, 1, isa); });
+  arena.arena().execute(
+      [&] { be = std::make_unique<engine::CpuFastBackend>(*model, bo, 1, o.isa); });
   engine::Session s(*model, *be, 0);
   rep.note("model " + o.model + ": backend " + be->name());
 
@@ -338,7 +339,7 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--gemv-isa", o->gemv_isa,
                  "GEMV kernels (kernel lines and -m): auto, scalar, avx2, avx512bf16 or amx");
   return [o] {
-    cpu::resolve_gemv_isa(cpu::parse_gemv_isa(o->gemv_isa, "--gemv-isa"));  // before any work
+    o->isa = cpu::resolve_gemv_isa(cpu::parse_gemv_isa(o->gemv_isa, "--gemv-isa"));
     if (o->prompt < 1 || o->decode < 1 || o->repeats < 1 || o->gemm_tokens < 1)
       throw Error("bench cpu-trunk: --prompt, --decode, --repeats and --gemm-tokens must be ≥ 1");
     for (int t : o->tokens)
