@@ -63,11 +63,12 @@ void gemv_rows_amx(const GemvArgs& a, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r += 16) {
       const int64_t rows = std::min<int64_t>(16, r1 - r);
       const uint16_t* W = a.W + r * a.ldw;
-      // GCC's tile intrinsics declare no memory operands: keep the stores to the scratch tile
-      // before the loads and the product tile's store before the reads below.
+      // The next row group's weights, [next, pf_end), prefetched during this one (below).
       const uint16_t* next = r + 16 < r1 ? W + 16 * a.ldw : nullptr;
       const uint16_t* pf_end =
           next ? next + std::min<int64_t>(16, r1 - r - 16) * a.ldw - (a.ldw - a.K) : nullptr;
+      // GCC's tile intrinsics declare no memory operands: the compiler barriers keep the stores
+      // to the scratch tile before its load and the product tile's store before the reads below.
       _tile_zero(2);
       for (int64_t s = 0; s < ks; ++s) {
         if (rows == 16 && s < full_steps) {

@@ -8,8 +8,9 @@
 //   (TDPBF16PS: 16 rows × 16 tokens × 32 columns per instruction, W's rows loaded in place as the
 //   A tile), AVX-512 BF16 (vdpbf16ps: 32 bf16 products per instruction into 16 fp32 lanes), AVX2
 //   (bf16 widened by a shift, FMA), or scalar, dispatched by CPUID (AMX where the OS grants it,
-//   for calls of 5 tokens or more; fewer take the AVX-512 kernel, memory-bound there). Up
-//   to 4 tokens share each loaded weight vector; TBB threads split the output rows.
+//   for calls of 5 tokens or more; fewer take the AVX-512 kernel, memory-bound there). The
+//   tokens of a call share each loaded weight vector (AVX-512: up to 8 per pass); TBB threads
+//   split the output rows.
 // * OnednnBf16Gemm (larger T; prefill): oneDNN 2.6 matmul primitives (AMX-BF16 / AVX-512 BF16
 //   brgemm), created once per shape and cached. The columns of y are split into one slice per
 //   TBB thread and each slice runs a single-threaded primitive on its rows of W (weights [K, n]

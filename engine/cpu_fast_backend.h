@@ -43,8 +43,8 @@ struct FastBackendProfile {
   std::array<double, kinds> seconds{};
   std::array<double, kinds> weight_bytes{};  // gemv/gemm: bf16 weight bytes read
   std::array<double, kinds> flops{};         // gemv/gemm: 2·T·N·K
-  double step_seconds =
-      0;  // begin_step to commit_step: the kinds above and what none of them times
+  // begin_step to commit_step: the kinds above and what none of them times.
+  double step_seconds = 0;
   static const char* name(Kind k);
 };
 
