@@ -45,7 +45,8 @@ std::vector<KernelBenchCase>& kernel_bench_cases() {
 
 #ifdef STRATA_HAVE_CUDA
 // CUDA kernels II (tools/bench_kernels_moe.cpp) reports through this function.
-void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops);
+void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
+                       const std::vector<int>& tokens);
 void bench_kernels_moe_batch(BenchReport& r, double copy_gbps);
 #endif
 
@@ -445,7 +446,7 @@ STRATA_KERNEL_BENCH("kda", bench_kda);
 STRATA_KERNEL_BENCH("mla", bench_mla);
 STRATA_KERNEL_BENCH("ops", bench_ops);
 STRATA_KERNEL_BENCH("moe", [](const KernelBenchContext& ctx, BenchReport& r) {
-  bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops);
+  bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops, ctx.moe_tokens);
 });
 STRATA_KERNEL_BENCH("moe-batch", [](const KernelBenchContext& ctx, BenchReport& r) {
   bench_kernels_moe_batch(r, ctx.copy_gbps);
@@ -458,12 +459,17 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
   auto filter = std::make_shared<std::string>();
   auto repeats = std::make_shared<int>(10);
   auto quick = std::make_shared<bool>(false);
+  auto tokens = std::make_shared<std::vector<int>>();
   app.add_option("--json", *json, "also write the lines as JSON to this file");
   app.add_option("--filter", *filter,
                  "run only the cases whose name contains this (kda, mla, moe, ops)");
   app.add_option("--repeats", *repeats, "timed repeats per line (default 10)")
       ->check(CLI::Range(1, 1000));
   app.add_flag("--quick", *quick, "small shapes (a smoke run)");
+  app.add_option("--tokens", *tokens,
+                 "the grouped MoE lines only at these tokens per layer (default 64 256 1024 4096; "
+                 "the strict-rows line runs when 1024 is among them)")
+      ->check(CLI::Range(1, 65536));
   return [=]() -> int {
     check_json_output(*json);
 #ifndef STRATA_HAVE_CUDA
@@ -476,6 +482,7 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
     KernelBenchContext ctx;
     ctx.repeats = *repeats;
     ctx.quick = *quick;
+    ctx.moe_tokens = *tokens;
     const auto copy = kernels::measure_copy_bandwidth();
     ok(copy.status, "copy peak");
     const auto gemm = kernels::measure_bf16_gemm();

@@ -185,7 +185,8 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
   }
 }
 
-void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
+void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
+                       const std::vector<int>& tokens) {
   std::mt19937_64 rng(1234);
   {
     ExpertPool pool;
@@ -239,7 +240,8 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
       }
       r.add(g);
     };
-    for (int T : {64, 256, 1024, 4096}) {
+    const std::vector<int> Ts = tokens.empty() ? std::vector<int>{64, 256, 1024, 4096} : tokens;
+    for (int T : Ts) {
       Routed batch(pool, T, rng);
       for (auto path : {moe::ExpertPath::wgmma, moe::ExpertPath::gemm, moe::ExpertPath::imma,
                         moe::ExpertPath::gemv})
@@ -247,7 +249,7 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops) {
     }
     // The GEMM path when nearly every weight row is outside its window (strict fallback per row).
     pool.refill_scales(117, 121);
-    {
+    if (std::find(Ts.begin(), Ts.end(), 1024) != Ts.end()) {
       Routed batch(pool, 1024, rng);
       grouped_line(batch, 1024, moe::ExpertPath::wgmma, " (codes 117..121: strict rows)", 3);
       grouped_line(batch, 1024, moe::ExpertPath::gemm, " (codes 117..121: strict rows)", 3);
