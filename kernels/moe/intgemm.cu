@@ -123,6 +123,25 @@ __device__ __forceinline__ uint32_t decode4_shifted(uint32_t codes, const is::Sh
   return __byte_perm(pos, neg, 0x3210u | ((codes & 0x8888u) >> 1));
 }
 
+// The tables of w2 · 2^sw for sw = 0 … kMaxWeightShift in shared memory: gemm_kernel's main loop
+// reads a row's tables for a block with one 16-byte load at the offset 16·sw that its window scan
+// wrote over the row's scale code.
+__shared__ __align__(16) is::ShiftedTables s_tab[is::kMaxWeightShift + 1];
+static_assert(sizeof(is::ShiftedTables) == 16, "one 16-byte load per table set");
+
+__device__ __forceinline__ is::ShiftedTables shift_table(uint8_t offset) {
+  const uint4 v = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(s_tab) + offset);
+  return {v.x, v.y, v.z, v.w};
+}
+
+// ldmatrix.x4 of b16 8×8 matrices: lane l gives the row address of matrix l / 8 and receives in
+// r[i] the 4 bytes 4·(l mod 4) … of row l / 4 of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint8_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(unsigned(__cvta_generic_to_shared(p))));
+}
+
 // Packed weights and scale codes of output row o (clamped to the last row: rows past N are read,
 // never stored).
 __device__ __forceinline__ void row_source(const GemmArgs& a, const Mxfp4ExpertView& v, int o,
@@ -167,6 +186,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
   const int g = blockIdx.y, row0 = blockIdx.x * kBM;
   const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
   if (p1 <= p0 || row0 >= a.N) return;
+  if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);  // read after a barrier
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
 
@@ -262,6 +282,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int r = 0; r < 4; r++) acc_hi[f][r] = 0, acc_lo[f][r] = 0;
     const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+    // This lane's ldmatrix row address: matrix lane / 8 is rows 16·warp + 8·(lane / 8 mod 2) … of
+    // block kb + lane / 16.
+    const int a_lds = (warp * 16 + (lane & 15)) * kAStride + (lane >> 4) * 16;
 
     for (int kt = 0; kt < nkt; kt++) {
       cp_wait<kStages - 2>();
@@ -283,6 +306,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
           s_smin[r] = mn;
           s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;  // past N: never used
         }
+        // The codes become byte offsets of their shift's tables in s_tab (clamped: rows outside
+        // their window are replaced by the strict path).
+        for (int b = b0; b < b1; b++) {
+          uint8_t& sv = sS[r * nb + b];
+          sv = uint8_t(16 * min(int(sv) - mn, is::kMaxWeightShift));
+        }
         __syncwarp();
       }
       if (kt + kStages - 1 < nkt) {
@@ -293,20 +322,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
       const int st = kt % kStages;
       const uint8_t* A = sA + st * kAStage;
       const uint8_t* B = sB + st * kBStage;
-      const int smin_lo = s_smin[r_lo], smin_hi = s_smin[r_hi];
+      uint32_t w4[4];  // ldmatrix.x4 of two blocks: (rows lo, kb), (rows hi, kb), kb + 1 likewise
 #pragma unroll
       for (int kb = 0; kb < kKB; kb++) {
         const int b = kt * kKB + kb;
         if (b >= nb) break;
-        // Rows outside their window get a clamped shift; their results are replaced (strict).
-        const is::ShiftedTables tl =
-            is::shifted_tables(min(int(sS[r_lo * nb + b]) - smin_lo, is::kMaxWeightShift));
-        const is::ShiftedTables th =
-            is::shifted_tables(min(int(sS[r_hi * nb + b]) - smin_hi, is::kMaxWeightShift));
-        const uint32_t wl =
-            *reinterpret_cast<const uint32_t*>(A + r_lo * kAStride + kb * 16 + tig * 4);
-        const uint32_t wh =
-            *reinterpret_cast<const uint32_t*>(A + r_hi * kAStride + kb * 16 + tig * 4);
+        if (kb % 2 == 0) ldmatrix_x4(w4, A + a_lds + kb * 16);  // past nb: stale, unused
+        const is::ShiftedTables tl = shift_table(sS[r_lo * nb + b]);
+        const is::ShiftedTables th = shift_table(sS[r_hi * nb + b]);
+        const uint32_t wl = w4[2 * (kb % 2)], wh = w4[2 * (kb % 2) + 1];
         const uint32_t a0 = decode4_shifted(wl, tl), a2 = decode4_shifted(wl >> 16, tl);
         const uint32_t a1 = decode4_shifted(wh, th), a3 = decode4_shifted(wh >> 16, th);
 #pragma unroll
