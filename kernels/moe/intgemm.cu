@@ -24,13 +24,14 @@
 // host counts — fine for prefill, which the engine does not capture in CUDA graphs) and walks the
 // group's tokens in tiles of BN; per token tile it streams the rows' packed weights and the
 // tokens' two planes through a cp.async pipeline of 128-column stages. BN and the depth are picked
-// from the mean tokens per expert: 16 tokens × 6 stages, 32 × 4 or 64 × 3 (two CTAs per SM each).
-// Warp w computes rows 16w..16w+15 against the whole token tile: per 32-column block one A
-// fragment (decoded once), two mma.m16n8k32 (hi, lo planes) per 8 tokens, skipping the 8-token
-// fragments past the tile's count. The k-slot permutation of the IMMA path (lane t: elements
-// 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which leaves
-// each dot product unchanged. The scale codes of the CTA's rows are copied once into shared
-// memory, with each row's window.
+// from the mean tokens per expert: 16 tokens × 4 stages or 32 × 3 at three CTAs per SM, 64 × 3 at
+// two. Warp w computes rows 16w..16w+15 against the whole token tile: per 32-column block one A
+// fragment (two blocks' worth per ldmatrix.x4, decoded once), two mma.m16n8k32 (hi, lo planes) per
+// 8 tokens, skipping the 8-token fragments past the tile's count. The k-slot permutation of the
+// IMMA path (lane t: elements 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to
+// A and B alike, which leaves each dot product unchanged. The scale codes of the CTA's rows are
+// copied once into shared memory; each warp scans its rows' windows and rewrites the codes as
+// offsets of the decode tables for their shift (s_tab: one 16-byte load per row and block).
 //
 // A second form of the same kernel, wgmma_kernel (ExpertPath::wgmma; see its own comment below),
 // replaces the main loop's mma.sync by Hopper's warpgroup MMA with the planes read from shared
@@ -58,22 +59,40 @@ constexpr int kWarps = kBM / 16;         // one 16-row mma fragment per warp
 constexpr int kThreads = kWarps * 32;    // 256
 constexpr int kAStride = kBK / 2 + 16;   // bytes per weight row in shared memory (padded: the
                                          // 8 rows a fragment load touches hit distinct banks)
-constexpr int kBStride = kBK + 32;       // bytes per token row per plane (padded likewise)
 constexpr int kAStage = kBM * kAStride;  // 10,240 bytes
 
 static_assert(kBM * kKB == 2 * kThreads, "A stage: 2 chunks (one block of one row) per thread");
 
-// Token-tile variants (BN tokens per tile, STAGES pipeline stages), all at two CTAs per SM
-// (≈ 104 KB of shared memory each with K3's 112 scale bytes per row): small tiles leave room for
-// deeper pipelines, which the weight-streaming (memory-bound) regime of few tokens per expert
-// needs; large tiles read each expert's weights fewer times when groups are large.
-template <int BN, int STAGES>
+// gemm_kernel's stages in shared memory, 16-byte chunks placed so that the 8 rows of an ldmatrix
+// and the tokens of a B fragment load (served per half-warp: 4 tokens × 32 bytes) hit distinct
+// banks, in one of two layouts:
+//   padded (two CTAs per SM): A rows of 80 bytes (blocks 0–3 of the stage, then 16 unused), B
+//     token rows of 160 bytes per plane;
+//   swizzled (three CTAs per SM: 20 % less shared memory per stage): A rows of 64 bytes, block j
+//     at chunk j ^ ((r / 2) mod 4); B token rows of 128 bytes, chunk j at j ^ (2·(t mod 4)).
+template <bool SW>
+struct Layout {
+  static constexpr int kARow = SW ? kBK / 2 : kBK / 2 + 16, kBRow = SW ? kBK : kBK + 32;
+  static constexpr int kAStage = kBM * kARow;
+  // Offsets of block j of weight row r, and of chunk j of token row t of a plane; b(t + 8f, j) =
+  // b(t, j) + 8f·kBRow.
+  __device__ static int a(int r, int j) { return r * kARow + 16 * (SW ? j ^ ((r >> 1) & 3) : j); }
+  __device__ static int b(int t, int j) { return t * kBRow + 16 * (SW ? j ^ (2 * (t & 3)) : j); }
+};
+
+// Token-tile variants (BN tokens per tile, STAGES pipeline stages, MINB CTAs per SM; K3's 112
+// scale bytes per row take 14 KB more): small tiles leave room for deeper pipelines, which the
+// weight-streaming (memory-bound) regime of few tokens per expert needs; large tiles read each
+// expert's weights fewer times when groups are large. Three CTAs per SM (80 registers per thread)
+// take the swizzled layout.
+template <int BN, int STAGES, int MINB>
 struct Tile {
+  using L = Layout<(MINB >= 3)>;
   static constexpr int kFrags = BN / 8;                            // 8-token mma fragments per tile
-  static constexpr int kBStage = 2 * BN * kBStride;                // hi and lo planes
+  static constexpr int kBStage = 2 * BN * L::kBRow;                // hi and lo planes
   static constexpr int kBChunks = 2 * BN * (kBK / 16) / kThreads;  // 16-byte copies per thread
   static_assert(kBChunks * kThreads == 2 * BN * (kBK / 16), "B stage: whole chunks per thread");
-  static size_t smem(int nb) { return size_t(STAGES) * (kAStage + kBStage) + size_t(kBM) * nb; }
+  static size_t smem(int nb) { return size_t(STAGES) * (L::kAStage + kBStage) + size_t(kBM) * nb; }
 };
 
 struct GemmArgs {
@@ -153,6 +172,40 @@ __device__ __forceinline__ void row_source(const GemmArgs& a, const Mxfp4ExpertV
   sc = (down ? v.w2_scale : second ? v.w3_scale : v.w1_scale) + size_t(r) * size_t(a.K / c::kBlock);
 }
 
+// The scale codes of the CTA's rows row0 … row0 + kBM − 1 into sS [kBM, nb] by cp.async (16-byte
+// copies where rows allow — K3's 112 and 96 codes per row in the released layout — else 4-byte,
+// else plain loads), committed with the caller's first group.
+__device__ __forceinline__ void load_scale_codes(const GemmArgs& a, const Mxfp4ExpertView& v,
+                                                 int row0, int nb, uint8_t* sS, int tid) {
+  const bool down = a.split == a.N;
+  const auto aligned = [&](uintptr_t m) {
+    const auto al = [m](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & m) == 0u; };
+    return down ? al(v.w2_scale) : al(v.w1_scale) && al(v.w3_scale);
+  };
+  if (nb % 16 == 0 && aligned(15u)) {
+    for (int i = tid; i < kBM * (nb / 16); i += kThreads) {
+      const int r = i / (nb / 16), j = i - r * (nb / 16);
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      cp16(sS + r * nb + 16 * j, sc + 16 * j);
+    }
+  } else if (nb % 4 == 0 && aligned(3u)) {
+    for (int i = tid; i < kBM * (nb / 4); i += kThreads) {
+      const int r = i / (nb / 4), j = i - r * (nb / 4);
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      cp4(sS + r * nb + 4 * j, sc + 4 * j);
+    }
+  } else {
+    for (int i = tid; i < kBM * nb; i += kThreads) {
+      const int r = i / nb, j = i - r * nb;
+      const uint8_t *pk, *sc;
+      row_source(a, v, row0 + r, pk, sc);
+      sS[i] = __ldg(sc + j);
+    }
+  }
+}
+
 // The strict contract (numerics.md §3) for one output, by one warp: lane j sums the exact terms of
 // blocks j, j+32, … in increasing order from +0.0, then the butterfly (off 16 … 1). Lane 0 holds
 // the result.
@@ -170,13 +223,15 @@ __device__ float strict_element(const uint8_t* pk, const uint8_t* sc, const int8
   return float(L);
 }
 
-template <int BN, int STAGES>
-__global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
-  using Tl = Tile<BN, STAGES>;
+template <int BN, int STAGES, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
+  using Tl = Tile<BN, STAGES, MINB>;
+  using L = typename Tl::L;
   constexpr int kBN = BN, kStages = STAGES, kFrags = Tl::kFrags, kBStage = Tl::kBStage;
+  constexpr int kAStg = L::kAStage;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* const sA = smem;
-  uint8_t* const sB = smem + kStages * kAStage;
+  uint8_t* const sB = smem + kStages * kAStg;
   uint8_t* const sS = sB + kStages * kBStage;  // [kBM, nb] scale codes
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
   __shared__ int32_t s_tokrow[kBN], s_tokemin[kBN], s_tokst[kBN], s_bad[kBN];
@@ -190,27 +245,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
 
-  // The rows' scale codes into shared memory, issued ahead of the first weight stages (4-byte
-  // cp.async when rows start 4-byte aligned — every real shape and slot layout — else plain
-  // loads); each warp derives its own rows' windows once they have landed (first K step of the
-  // first tile).
-  const bool down = a.split == a.N;
-  const auto a4 = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0u; };
-  if (nb % 4 == 0 && (down ? a4(v.w2_scale) : a4(v.w1_scale) && a4(v.w3_scale))) {
-    for (int i = tid; i < kBM * (nb / 4); i += kThreads) {
-      const int r = i / (nb / 4), j = i - r * (nb / 4);
-      const uint8_t *pk, *sc;
-      row_source(a, v, row0 + r, pk, sc);
-      cp4(sS + r * nb + 4 * j, sc + 4 * j);
-    }
-  } else {
-    for (int i = tid; i < kBM * nb; i += kThreads) {
-      const int r = i / nb, j = i - r * nb;
-      const uint8_t *pk, *sc;
-      row_source(a, v, row0 + r, pk, sc);
-      sS[i] = __ldg(sc + j);
-    }
-  }
+  // The rows' scale codes into shared memory, issued ahead of the first weight stages; each warp
+  // derives its own rows' windows once they have landed (first K step of the first tile).
+  load_scale_codes(a, v, row0, nb, sS, tid);
   bool windows_done = false;
 
   // This thread's A copies: rows tid/4 and tid/4 + 64, block tid%4 of the stage.
@@ -228,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
     if (b < nb) {
 #pragma unroll
       for (int h = 0; h < 2; h++)
-        cp16(sA + st * kAStage + (ar + 64 * h) * kAStride + ablk * 16, apk[h] + size_t(b) * 16);
+        cp16(sA + st * kAStg + L::a(ar + 64 * h, ablk), apk[h] + size_t(b) * 16);
     }
   };
 
@@ -260,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
       const int ch = tid + kThreads * i, pl = ch / (8 * kBN), t = (ch >> 3) % kBN;
       const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
       bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
-      bdst[i] = (pl * kBN + t) * kBStride + bpart * 16;
+      bdst[i] = L::b(pl * kBN + t, bpart);
     }
     auto load_b = [&](int st, int kt) {
       if (kt * kKB + (bpart >> 1) < nb) {
@@ -282,9 +319,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int r = 0; r < 4; r++) acc_hi[f][r] = 0, acc_lo[f][r] = 0;
     const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
-    // This lane's ldmatrix row address: matrix lane / 8 is rows 16·warp + 8·(lane / 8 mod 2) … of
-    // block kb + lane / 16.
-    const int a_lds = (warp * 16 + (lane & 15)) * kAStride + (lane >> 4) * 16;
+    // This lane's ldmatrix row addresses: matrix lane / 8 is rows 16·warp + 8·(lane / 8 mod 2) …
+    // of block kb + lane / 16, for kb = 0 and 2.
+    const int a_lds0 = L::a(warp * 16 + (lane & 15), lane >> 4);
+    const int a_lds2 = L::a(warp * 16 + (lane & 15), 2 + (lane >> 4));
 
     for (int kt = 0; kt < nkt; kt++) {
       cp_wait<kStages - 2>();
@@ -295,22 +333,39 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
         windows_done = true;
         const int r = warp * 16 + (lane & 15), half = (nb + 1) / 2;
         const int b0 = lane < 16 ? 0 : half, b1 = lane < 16 ? half : nb;
+        // Halves of whole 4-code words when nb % 8 == 0 (K3), read and rewritten word by word.
+        uint32_t* const wds = reinterpret_cast<uint32_t*>(sS + r * nb + b0);
+        const bool words = nb % 8 == 0;
         int mn = 255, mx = 0;
-        for (int b = b0; b < b1; b++) {
-          const int sv = sS[r * nb + b];
-          mn = min(mn, sv), mx = max(mx, sv);
+        if (words) {
+          uint32_t vmn = 0xFFFFFFFFu, vmx = 0u;
+          for (int i = 0; i < (b1 - b0) / 4; i++)
+            vmn = __vminu4(vmn, wds[i]), vmx = __vmaxu4(vmx, wds[i]);
+          mn = int(min(min(vmn & 255u, (vmn >> 8) & 255u), min((vmn >> 16) & 255u, vmn >> 24)));
+          mx = int(max(max(vmx & 255u, (vmx >> 8) & 255u), max((vmx >> 16) & 255u, vmx >> 24)));
+        } else {
+          for (int b = b0; b < b1; b++) {
+            const int sv = sS[r * nb + b];
+            mn = min(mn, sv), mx = max(mx, sv);
+          }
         }
         mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 16));
         mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const bool in_window = mx - mn <= is::kMaxWeightShift;
         if (lane < 16) {
           s_smin[r] = mn;
-          s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;  // past N: never used
+          s_rowok[r] = row0 + r >= a.N || in_window;  // past N: never used
         }
-        // The codes become byte offsets of their shift's tables in s_tab (clamped: rows outside
-        // their window are replaced by the strict path).
-        for (int b = b0; b < b1; b++) {
-          uint8_t& sv = sS[r * nb + b];
-          sv = uint8_t(16 * min(int(sv) - mn, is::kMaxWeightShift));
+        // The codes become byte offsets 16·(code − s_min) of their shift's tables in s_tab (0 for
+        // rows outside their window: their outputs are replaced by the strict path).
+        if (words) {
+          const uint32_t sub = uint32_t(mn) * 0x01010101u;  // no borrow: every code ≥ mn
+          for (int i = 0; i < (b1 - b0) / 4; i++) wds[i] = in_window ? (wds[i] - sub) << 4 : 0u;
+        } else {
+          for (int b = b0; b < b1; b++) {
+            uint8_t& sv = sS[r * nb + b];
+            sv = in_window ? uint8_t(16 * (int(sv) - mn)) : uint8_t(0);
+          }
         }
         __syncwarp();
       }
@@ -320,14 +375,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
       }
       cp_commit();
       const int st = kt % kStages;
-      const uint8_t* A = sA + st * kAStage;
+      const uint8_t* A = sA + st * kAStg;
       const uint8_t* B = sB + st * kBStage;
       uint32_t w4[4];  // ldmatrix.x4 of two blocks: (rows lo, kb), (rows hi, kb), kb + 1 likewise
 #pragma unroll
       for (int kb = 0; kb < kKB; kb++) {
         const int b = kt * kKB + kb;
         if (b >= nb) break;
-        if (kb % 2 == 0) ldmatrix_x4(w4, A + a_lds + kb * 16);  // past nb: stale, unused
+        if (kb % 2 == 0) ldmatrix_x4(w4, A + (kb == 0 ? a_lds0 : a_lds2));  // past nb: stale
         const is::ShiftedTables tl = shift_table(sS[r_lo * nb + b]);
         const is::ShiftedTables th = shift_table(sS[r_hi * nb + b]);
         const uint32_t wl = w4[2 * (kb % 2)], wh = w4[2 * (kb % 2) + 1];
@@ -336,9 +391,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs a) {
 #pragma unroll
         for (int f = 0; f < kFrags; f++) {
           if (f < nfrag) {
-            const uint8_t* bp = B + (f * 8 + gid) * kBStride + kb * 32 + tig * 8;
+            // Token 8f + gid, k-bytes 32·kb + 8·tig … + 7 (chunk 2·kb + tig / 2).
+            const uint8_t* bp =
+                B + f * 8 * L::kBRow + L::b(gid, 2 * kb + (tig >> 1)) + 8 * (tig & 1);
             const uint2 bh = *reinterpret_cast<const uint2*>(bp);
-            const uint2 bl = *reinterpret_cast<const uint2*>(bp + kBN * kBStride);
+            const uint2 bl = *reinterpret_cast<const uint2*>(bp + kBN * L::kBRow);
             mma_s8(acc_hi[f], a0, a1, a2, a3, bh.x, bh.y);
             mma_s8(acc_lo[f], a0, a1, a2, a3, bl.x, bl.y);
           }
@@ -625,32 +682,8 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(Gemm
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
 
-  // Scale codes, as gemm_kernel, in 16-byte copies where rows allow (K3: 112 and 96 codes).
-  const bool down = a.split == a.N;
-  const auto a4 = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0u; };
-  const auto a16 = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0u; };
-  if (nb % 16 == 0 && (down ? a16(v.w2_scale) : a16(v.w1_scale) && a16(v.w3_scale))) {
-    for (int i = tid; i < kBM * (nb / 16); i += kThreads) {
-      const int r = i / (nb / 16), j = i - r * (nb / 16);
-      const uint8_t *pk, *sc;
-      row_source(a, v, row0 + r, pk, sc);
-      cp16(sS + r * nb + 16 * j, sc + 16 * j);
-    }
-  } else if (nb % 4 == 0 && (down ? a4(v.w2_scale) : a4(v.w1_scale) && a4(v.w3_scale))) {
-    for (int i = tid; i < kBM * (nb / 4); i += kThreads) {
-      const int r = i / (nb / 4), j = i - r * (nb / 4);
-      const uint8_t *pk, *sc;
-      row_source(a, v, row0 + r, pk, sc);
-      cp4(sS + r * nb + 4 * j, sc + 4 * j);
-    }
-  } else {
-    for (int i = tid; i < kBM * nb; i += kThreads) {
-      const int r = i / nb, j = i - r * nb;
-      const uint8_t *pk, *sc;
-      row_source(a, v, row0 + r, pk, sc);
-      sS[i] = __ldg(sc + j);
-    }
-  }
+  // Scale codes, as gemm_kernel.
+  load_scale_codes(a, v, row0, nb, sS, tid);
   bool windows_done = false;
 
   const int ar = tid >> 2, ablk = tid & 3;
@@ -941,24 +974,27 @@ Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void
   return kernels::detail::launch_status();
 }
 
-template <int BN, int STAGES>
+template <int BN, int STAGES, int MINB>
 Status launch_tile(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = Tile<BN, STAGES>::smem(a.K / c::kBlock);
-  if (cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, STAGES>,
+  const size_t smem = Tile<BN, STAGES, MINB>::smem(a.K / c::kBlock);
+  if (cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, STAGES, MINB>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
       e != cudaSuccess)
     return kernels::detail::status_of(e);
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  gemm_kernel<BN, STAGES><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  gemm_kernel<BN, STAGES, MINB><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
 
 // The tile by the mean tokens per expert (host counts; the per-group counts are on the device).
-// Thresholds are a first guess, to be measured: a group of up to ~1.5 means fits one tile.
+// Thresholds are a first guess, to be measured: a group of up to ~1.5 means fits one tile. Three
+// CTAs per SM for 16- and 32-token tiles (measured on the H200, `strata bench kernels --filter moe
+// --tokens 256 1024 4096`: T = 256 8.52 ms against 8.59 at two CTAs of 16 × 6 stages, T = 1024
+// 12.2 against 13.4 at 32 × 4; docs/performance.md).
 Status launch(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_tile<16, 6>(a, G, stream);
-  if (P < 32 * G) return launch_tile<32, 4>(a, G, stream);
-  return launch_tile<64, 3>(a, G, stream);
+  if (P < 8 * G) return launch_tile<16, 4, 3>(a, G, stream);
+  if (P < 32 * G) return launch_tile<32, 3, 3>(a, G, stream);
+  return launch_tile<64, 3, 2>(a, G, stream);
 }
 
 template <int BN, int STAGES>
