@@ -39,6 +39,12 @@ struct StepShape {
   std::vector<SeqSpan> seqs;
   int64_t rows = 0;  // Σ T
   bool single() const { return seqs.size() == 1; }
+  // Every sequence decodes one token.
+  bool decode() const {
+    for (const SeqSpan& q : seqs)
+      if (q.T != 1) return false;
+    return true;
+  }
 };
 
 // An fp32 activation [rows, cols] in the backend's memory (host or device).

@@ -72,6 +72,16 @@ int64_t mla_decode_cap(int64_t n, int64_t max_context) {
   return std::min(cap, max_context);
 }
 
+// The end of the run of decode rows starting at s.seqs[i] (T == 1): the following sequences of one
+// row each in the next slots and rows, which one decode call serves together.
+size_t decode_run_end(const StepShape& s, size_t i) {
+  size_t j = i + 1;
+  while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
+         s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
+    ++j;
+  return j;
+}
+
 void check(kernels::Status s, const char* what) {
   if (!s.ok()) throw Error(std::string("CUDA backend: ") + what + ": " + s.message);
 }
@@ -1024,9 +1034,7 @@ void CudaBackend::begin_step(const StepShape& s) {
   g.entry = nullptr;
   g.replaying = g.in_segment = false;
   g.next = 0;
-  bool decode = cuda_.cuda_graphs;
-  for (const SeqSpan& q : s.seqs) decode = decode && q.T == 1;
-  if (!decode) return;
+  if (!cuda_.cuda_graphs || !s.decode()) return;
   std::string key = std::to_string(s.rows);
   for (const SeqSpan& q : s.seqs) key += "," + std::to_string(q.slot);
   if (im.pos_pin) key += ",L" + std::to_string(im.mla_cap);
@@ -1421,10 +1429,7 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
   // KDA has no position-dependent host arguments, nor has MLA when every row decodes (the
   // positions come from the device): a graph segment. MLA prefill takes its positions and lengths
   // as host arguments: eager.
-  bool all_decode = true;
-  for (const SeqSpan& q : s.seqs) all_decode = all_decode && q.T == 1;
-  const bool absorbed = opt_.mla_form != MlaForm::expanded;
-  if (c_.is_kda(l) || (all_decode && absorbed)) {
+  if (c_.is_kda(l) || (s.decode() && opt_.mla_form != MlaForm::expanded)) {
     if (!graphable()) return;
   } else {
     eager_point();
@@ -1483,10 +1488,7 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
       const bool chunked =
           opt_.kda_form == KdaForm::chunked || (opt_.kda_form == KdaForm::automatic && q.T > 1);
       if (!chunked && q.T == 1) {
-        size_t j = i + 1;
-        while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
-               s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
-          ++j;
+        const size_t j = decode_run_end(s, i);
         check(kernels::kda::decode(p, in, int(j - i), st, y + q.row0 * P, nullptr, im.stream),
               "kda decode");
         i = j;
@@ -1521,18 +1523,11 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
     gemm_bf16(im, xb, w.kv_a, ckv, T);
     auto* o = sc.take<uint16_t>(T * H * kernels::mla::kV, "mla o");
     const int64_t stride = cuda_.max_context * kernels::mla::kCacheDim;
-    // Runs of decode rows in consecutive slots (and rows) share one write_latent_decode and one
-    // decode_device, both reading the positions from the device; [i, run_end(i)).
-    auto run_end = [&](size_t i) {
-      size_t j = i + 1;
-      while (j < s.seqs.size() && s.seqs[j].T == 1 && s.seqs[j].slot == s.seqs[j - 1].slot + 1 &&
-             s.seqs[j].row0 == s.seqs[j - 1].row0 + 1)
-        ++j;
-      return j;
-    };
+    // Runs of decode rows (decode_run_end) share one write_latent_decode and one decode_device,
+    // both reading the positions from the device.
     for (size_t i = 0; i < s.seqs.size();) {
       const SeqSpan& sq = s.seqs[i];
-      const size_t j = sq.T == 1 ? run_end(i) : i + 1;
+      const size_t j = sq.T == 1 ? decode_run_end(s, i) : i + 1;
       if (sq.T == 1)
         check(kernels::mla::write_latent_decode(ckv + sq.row0 * kernels::mla::kCacheDim,
                                                 w.kv_a_norm.p, kMlaNormEps,
@@ -1551,7 +1546,7 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
       const bool expanded =
           opt_.mla_form == MlaForm::expanded || (opt_.mla_form == MlaForm::automatic && sq.T > 1);
       if (!expanded && sq.T == 1) {
-        const size_t j = run_end(i);
+        const size_t j = decode_run_end(s, i);
         const size_t wsb = kernels::mla::decode_workspace_bytes(int(H), int(j - i), im.mla_cap);
         Scratch ws(im.arena);
         void* wsp = ws.take<uint8_t>(int64_t(wsb), "mla decode workspace");
