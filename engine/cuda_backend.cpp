@@ -1529,10 +1529,10 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
       const SeqSpan& sq = s.seqs[i];
       const size_t j = sq.T == 1 ? decode_run_end(s, i) : i + 1;
       if (sq.T == 1)
-        check(kernels::mla::write_latent_decode(ckv + sq.row0 * kernels::mla::kCacheDim,
-                                                w.kv_a_norm.p, kMlaNormEps,
-                                                d.mla_cache + sq.slot * stride, stride,
-                                                im.pos_dev + sq.slot, int(j - i), im.stream),
+        check(kernels::mla::write_latent_decode(
+                  ckv + sq.row0 * kernels::mla::kCacheDim, w.kv_a_norm.p, kMlaNormEps,
+                  d.mla_cache + sq.slot * stride, stride, cuda_.max_context, im.pos_dev + sq.slot,
+                  int(j - i), im.stream),
               "mla write_latent");
       else
         check(kernels::mla::write_latent(ckv + sq.row0 * kernels::mla::kCacheDim, w.kv_a_norm.p,

@@ -31,10 +31,13 @@ Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_
                     int64_t pos0, int64_t T, void* stream);
 
 // write_latent for decode steps under CUDA graphs: one new row for each of B sequences whose
-// caches start cache_stride elements apart, sequence b's row at its position pos_dev[b] (device
-// memory, read when the kernel runs: a replayed graph writes where the step's positions say).
+// caches of `capacity` positions start cache_stride elements apart (≥ capacity · 576 when B > 1),
+// sequence b's row at its position pos_dev[b] (device memory, read when the kernel runs: a
+// replayed graph writes where the step's positions say). A position outside [0, capacity) writes
+// nothing (it would land in another sequence's cache or past the buffer).
 Status write_latent_decode(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
-                           int64_t cache_stride, const int32_t* pos_dev, int B, void* stream);
+                           int64_t cache_stride, int64_t capacity, const int32_t* pos_dev, int B,
+                           void* stream);
 
 // Workspace of prefill() in one pass: the expanded keys/values of all S positions ([S, H, 256]
 // bf16, 49 KB per position at H = 96) plus the GEMM's scratch. Grows with S: 51 GB at 1M.

@@ -40,11 +40,13 @@ constexpr int kKv = kNope + kV;  // 256 expanded values per head and position
 constexpr size_t kGemmScratch = size_t(32) << 20;
 
 // Row t goes to position pos0 + t of one cache, or (pos_dev set: decode) to position pos_dev[t] of
-// cache t, cache_stride elements after cache t − 1.
+// cache t, cache_stride elements after cache t − 1, when that position is below capacity.
 __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint16_t* cache,
-                            int64_t pos0, int64_t T, const int32_t* pos_dev, int64_t cache_stride) {
+                            int64_t pos0, int64_t T, const int32_t* pos_dev, int64_t cache_stride,
+                            int64_t capacity) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= T) return;
+  if (pos_dev && (pos_dev[t] < 0 || pos_dev[t] >= capacity)) return;
   const int lane = threadIdx.x % 32;
   const uint16_t* x = ckv + t * kCacheDim;
   uint16_t* o = pos_dev ? cache + t * cache_stride + int64_t(pos_dev[t]) * kCacheDim
@@ -618,18 +620,20 @@ Status write_latent(const uint16_t* ckv, const float* norm_w, float eps, uint16_
   if (!ckv || !norm_w || !cache) return invalid("mla write_latent: null pointer");
   if (T <= 0) return Status{};
   latent_rows<<<unsigned((T + 7) / 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      ckv, norm_w, eps, cache, pos0, T, nullptr, 0);
+      ckv, norm_w, eps, cache, pos0, T, nullptr, 0, 0);
   return launch_status();
 }
 
 Status write_latent_decode(const uint16_t* ckv, const float* norm_w, float eps, uint16_t* cache,
-                           int64_t cache_stride, const int32_t* pos_dev, int B, void* stream) {
+                           int64_t cache_stride, int64_t capacity, const int32_t* pos_dev, int B,
+                           void* stream) {
   if (!ckv || !norm_w || !cache || !pos_dev) return invalid("mla write_latent: null pointer");
-  if (B > 1 && cache_stride < kCacheDim)
-    return invalid("mla write_latent: cache_stride must be >= 576 elements");
+  if (capacity < 1) return invalid("mla write_latent: capacity must be >= 1 position");
+  if (B > 1 && cache_stride < capacity * kCacheDim)
+    return invalid("mla write_latent: cache_stride must hold capacity rows of 576 elements");
   if (B <= 0) return Status{};
   latent_rows<<<unsigned((B + 7) / 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      ckv, norm_w, eps, cache, 0, B, pos_dev, cache_stride);
+      ckv, norm_w, eps, cache, 0, B, pos_dev, cache_stride, capacity);
   return launch_status();
 }
 

@@ -15,6 +15,7 @@
 // Decode caches hold NaN past each sequence's end: a read out of range poisons the output.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "attn_gpu_util.h"
@@ -276,7 +277,7 @@ TEST_CASE("mla gpu decode, device positions: a position past the capacity reads 
   run_decode_case(8, {100, 1}, 40, 100, {5000, -7});
 }
 
-TEST_CASE("mla gpu write_latent_decode: one row per sequence at its device position",
+TEST_CASE("mla gpu write_latent_decode: one row per sequence at its device position, none outside",
           "[gpu][mla]") {
   skip_without_gpu();
   std::mt19937 rng(41);
@@ -290,7 +291,8 @@ TEST_CASE("mla gpu write_latent_decode: one row per sequence at its device posit
   DevBuf<int32_t> d_pos(pos);
   d_a.fill_bytes(0xff);
   d_b.fill_bytes(0xff);
-  REQUIRE(km::write_latent_decode(d_ckv.p, d_nw.p, 1e-6f, d_a.p, stride, d_pos.p, B, nullptr).ok());
+  REQUIRE(
+      km::write_latent_decode(d_ckv.p, d_nw.p, 1e-6f, d_a.p, stride, 50, d_pos.p, B, nullptr).ok());
   for (int b = 0; b < B; b++)  // the host-position form, one sequence at a time
     REQUIRE(km::write_latent(d_ckv.p + b * R, d_nw.p, 1e-6f, d_b.p + b * stride, pos[size_t(b)], 1,
                              nullptr)
@@ -301,6 +303,22 @@ TEST_CASE("mla gpu write_latent_decode: one row per sequence at its device posit
   size_t written = 0;  // exactly B rows changed
   for (uint16_t v : a) written += v != 0xffff;
   CHECK(written >= size_t(B) * (R - 8));
+
+  // Positions outside [0, capacity) write nothing: not the next sequence's cache, not past the
+  // buffer (capacity 50 rows, the stride's whole length here).
+  const std::vector<int32_t> bad = {-3, 50, 1 << 30};
+  DevBuf<int32_t> d_bad(bad);
+  d_a.fill_bytes(0xff);
+  REQUIRE(
+      km::write_latent_decode(d_ckv.p, d_nw.p, 1e-6f, d_a.p, stride, 50, d_bad.p, B, nullptr).ok());
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  const auto untouched = d_a.download();
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](uint16_t v) { return v == 0xffff; }));
+  // A stride shorter than the capacity's rows, or no capacity, is refused.
+  REQUIRE_FALSE(
+      km::write_latent_decode(d_ckv.p, d_nw.p, 1e-6f, d_a.p, stride, 51, d_pos.p, B, nullptr).ok());
+  REQUIRE_FALSE(
+      km::write_latent_decode(d_ckv.p, d_nw.p, 1e-6f, d_a.p, stride, 0, d_pos.p, 1, nullptr).ok());
 }
 
 TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
