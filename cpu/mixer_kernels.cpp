@@ -45,7 +45,26 @@ void mla_attention_absorbed_fast(const float* q, const float* cache, int64_t S,
                                  int64_t T, ref::Precision p) {
   if (!mla_vectorisable(kv_b, d))
     return ref::mla_attention_absorbed(q, cache, S, kv_b, d, out, T, p);
-  detail::mla_absorbed_avx512(q, cache, S, static_cast<const uint16_t*>(kv_b.data), d, out, T,
+  // Query t of the T new tokens sees positions 0 … S − T + t (causal).
+  STRATA_ASSERT(T <= S);
+  std::vector<detail::MlaQuery> qs(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t)
+    qs[size_t(t)] = {q + t * d.H * d.q_dim(), cache, S - T + t + 1, out + t * d.H * d.v};
+  detail::mla_absorbed_avx512(qs.data(), T, static_cast<const uint16_t*>(kv_b.data), d,
+                              p == ref::Precision::bf16);
+}
+
+void mla_attention_absorbed_batch_fast(const MlaDecodeQuery* qs, int64_t n,
+                                       const ref::WeightView& kv_b, const ref::MlaDims& d,
+                                       ref::Precision p) {
+  if (!mla_vectorisable(kv_b, d)) {
+    for (int64_t j = 0; j < n; ++j)
+      ref::mla_attention_absorbed(qs[j].q, qs[j].cache, qs[j].len, kv_b, d, qs[j].out, 1, p);
+    return;
+  }
+  std::vector<detail::MlaQuery> dq(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) dq[size_t(j)] = {qs[j].q, qs[j].cache, qs[j].len, qs[j].out};
+  detail::mla_absorbed_avx512(dq.data(), n, static_cast<const uint16_t*>(kv_b.data), d,
                               p == ref::Precision::bf16);
 }
 

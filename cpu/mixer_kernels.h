@@ -38,6 +38,20 @@ void mla_attention_absorbed_fast(const float* q, const float* cache, int64_t S,
                                  const ref::WeightView& kv_b, const ref::MlaDims& d, float* out,
                                  int64_t T, ref::Precision p);
 
+// Decode queries of several sequences in one call: query j (q: [H, nope + rope]) attends to all
+// len ≥ 1 rows of its own latent cache; out: [H, v]. Each output is ref::mla_attention_absorbed's
+// contract for that query alone (T = 1, S = len), with the same bits as
+// mla_attention_absorbed_fast on it alone; kv_b is read once per group of queries, not per query.
+struct MlaDecodeQuery {
+  const float* q = nullptr;
+  const float* cache = nullptr;
+  int64_t len = 0;
+  float* out = nullptr;
+};
+void mla_attention_absorbed_batch_fast(const MlaDecodeQuery* qs, int64_t n,
+                                       const ref::WeightView& kv_b, const ref::MlaDims& d,
+                                       ref::Precision p);
+
 // ref::mla_attention_expanded's contract; in bf16 mode the per-position expansion ĉ·kv_bᵀ (a
 // GEMM of the bf16 latents, rounded) goes through `lin`; fp32 mode is the reference op.
 void mla_attention_expanded_fast(const float* q, const float* cache, int64_t S,
@@ -51,8 +65,15 @@ void kda_recurrent_avx512(const float* q, const float* k, const float* v, const 
 void kda_chunked_avx512(const float* q, const float* k, const float* v, const float* g,
                         const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
                         int64_t V, float scale);
-void mla_absorbed_avx512(const float* q, const float* cache, int64_t S, const uint16_t* kv_b,
-                         const ref::MlaDims& d, float* out, int64_t T, bool round_bf16);
+// Query j: q [H, nope + rope] over cache rows 0 … n − 1, out [H, v].
+struct MlaQuery {
+  const float* q;
+  const float* cache;
+  int64_t n;
+  float* out;
+};
+void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
+                         const ref::MlaDims& d, bool round_bf16);
 // Attention of T queries over S expanded positions: kv [S, H, nope + v] (k_nope | v per head),
 // the shared rope keys in the cache rows.
 void mla_expanded_attention_avx512(const float* q, const float* cache, int64_t S, const float* kv,

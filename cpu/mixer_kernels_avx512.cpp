@@ -131,60 +131,95 @@ void kda_recurrent_avx512(const float* q, const float* k, const float* v, const 
   });
 }
 
-void mla_absorbed_avx512(const float* q, const float* cache, int64_t S, const uint16_t* kv_b,
-                         const ref::MlaDims& d, float* out, int64_t T, bool round_out) {
+void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
+                         const ref::MlaDims& d, bool round_out) {
   const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora, H = d.H;
-  STRATA_ASSERT(C % 16 == 0 && d.rope % 16 == 0 && T <= S);
+  STRATA_ASSERT(C % 16 == 0 && d.rope % 16 == 0);
   const float scale = d.scale();
-  const int64_t base = S - T;
-  // The latent cache is shared by all heads: it is streamed twice per token (scores, context) in
-  // chunks of positions, each chunk's rows serving every head while in L1/L2 — not 2·H times as
-  // with one task per head (18% of a k3-mini decode step at 1K positions). Per-head work (q_lat,
-  // the softmax, the output projection) runs over heads.
+  // Queries in groups of up to kGroup: kv_b's W_UK and W_UV rows are read from memory once per
+  // group (each head's rows serve every query of the group while in L1/L2) — the decode steps of
+  // B sequences share one pass over kv_b instead of B. A query's latent cache is streamed twice
+  // (scores, context) in chunks of positions, each chunk's rows serving every head while in
+  // L1/L2 — not 2·H times as with one task per head. Every output is computed by the same
+  // operations in the same order whatever the grouping (a query alone gives the same bits).
+  constexpr int64_t kGroup = 16;
   const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
-  std::vector<float> qlat(static_cast<size_t>(H * C)), sc(static_cast<size_t>(H * S));
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = base + t + 1;
-    const int64_t chunks = std::clamp<int64_t>(n / 128, 1, 4 * threads),
-                  per = (n + chunks - 1) / chunks;
-    std::vector<float> part(static_cast<size_t>(chunks * H * C));
+  std::vector<float> qlat(static_cast<size_t>(kGroup * H * C));
+  for (int64_t g0 = 0; g0 < nq; g0 += kGroup) {
+    const int64_t ng = std::min(kGroup, nq - g0);
+    const MlaQuery* gq = qs + g0;
+    // Per query: its chunks of positions, and where its scores and context partials start.
+    const size_t ngs = static_cast<size_t>(ng);
+    std::vector<int64_t> chunks(ngs), per(ngs), sc_at(ngs + 1), part_at(ngs + 1), task_at(ngs + 1);
+    sc_at[0] = part_at[0] = task_at[0] = 0;
+    for (int64_t j = 0; j < ng; ++j) {
+      const int64_t n = gq[j].n;
+      STRATA_ASSERT(n >= 1);
+      chunks[size_t(j)] = std::clamp<int64_t>(n / 128, 1, 4 * threads);
+      per[size_t(j)] = (n + chunks[size_t(j)] - 1) / chunks[size_t(j)];
+      sc_at[size_t(j) + 1] = sc_at[size_t(j)] + H * n;
+      part_at[size_t(j) + 1] = part_at[size_t(j)] + chunks[size_t(j)] * H * C;
+      task_at[size_t(j) + 1] = task_at[size_t(j)] + chunks[size_t(j)];
+    }
+    std::vector<float> sc(static_cast<size_t>(sc_at[ngs])), part(static_cast<size_t>(part_at[ngs]));
+    // (query, chunk) of flattened task k.
+    const auto chunk_task = [&](int64_t k, int64_t& j, int64_t& ck) {
+      j = int64_t(std::upper_bound(task_at.begin(), task_at.end(), k) - task_at.begin()) - 1;
+      ck = k - task_at[size_t(j)];
+    };
     // q_lat = W_UKᵀ q_nope per head, 256 latent columns (16 zmm) per pass over the W_UK rows.
     tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
-      const float* qh = q + (t * H + h) * Dq;
       const uint16_t* wuk = kv_b + h * Dkv * C;  // [nope, C]
-      float* ql = qlat.data() + h * C;
       for (int64_t c0 = 0; c0 < C; c0 += 256) {
         const int nc = int(std::min<int64_t>(256, C - c0) / 16);
-        __m512 acc[16];
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < d.nope; ++i) {
-          const __m512 qi = _mm512_set1_ps(qh[i]);
-          const uint16_t* w = wuk + i * C + c0;
-          for (int j = 0; j < nc; ++j) acc[j] = _mm512_fmadd_ps(qi, widen16(w + 16 * j), acc[j]);
+        for (int64_t j = 0; j < ng; ++j) {
+          const float* qh = gq[j].q + h * Dq;
+          __m512 acc[16];
+          for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+          for (int64_t i = 0; i < d.nope; ++i) {
+            const __m512 qi = _mm512_set1_ps(qh[i]);
+            const uint16_t* w = wuk + i * C + c0;
+            for (int k = 0; k < nc; ++k) acc[k] = _mm512_fmadd_ps(qi, widen16(w + 16 * k), acc[k]);
+          }
+          float* ql = qlat.data() + (j * H + h) * C;
+          for (int k = 0; k < nc; ++k) _mm512_storeu_ps(ql + c0 + 16 * k, acc[k]);
         }
-        for (int j = 0; j < nc; ++j) _mm512_storeu_ps(ql + c0 + 16 * j, acc[j]);
       }
-      if (round_out) round_inplace(ql, C);  // a GEMM output in bf16 mode
+      if (round_out)  // a GEMM output in bf16 mode
+        for (int64_t j = 0; j < ng; ++j) round_inplace(qlat.data() + (j * H + h) * C, C);
     });
-    // Scores of every head, a chunk of positions per task.
-    tbb::parallel_for(int64_t(0), chunks, [&](int64_t ck) {
-      for (int64_t s = ck * per; s < std::min(n, (ck + 1) * per); ++s) {
-        const float* row = cache + s * R;
+    // Scores of every head, a chunk of one query's positions per task.
+    tbb::parallel_for(int64_t(0), task_at[size_t(ng)], [&](int64_t k) {
+      int64_t j, ck;
+      chunk_task(k, j, ck);
+      const MlaQuery& x = gq[j];
+      const int64_t per_j = per[size_t(j)];
+      float* scj = sc.data() + sc_at[size_t(j)];
+      for (int64_t s = ck * per_j; s < std::min(x.n, (ck + 1) * per_j); ++s) {
+        const float* row = x.cache + s * R;
         for (int64_t h = 0; h < H; ++h)
-          sc[size_t(h * S + s)] = (dot(qlat.data() + h * C, row, C) +
-                                   dot(q + (t * H + h) * Dq + d.nope, row + C, d.rope)) *
-                                  scale;
+          scj[size_t(h * x.n + s)] = (dot(qlat.data() + (j * H + h) * C, row, C) +
+                                      dot(x.q + h * Dq + d.nope, row + C, d.rope)) *
+                                     scale;
       }
     });
-    tbb::parallel_for(int64_t(0), H, [&](int64_t h) { softmax_inplace(sc.data() + h * S, n); });
+    tbb::parallel_for(int64_t(0), ng * H, [&](int64_t k) {
+      const int64_t j = k / H, h = k % H;
+      softmax_inplace(sc.data() + sc_at[size_t(j)] + h * gq[j].n, gq[j].n);
+    });
     // Context partial sums per chunk, then per head: their sum (chunk order) and W_UV.
-    tbb::parallel_for(int64_t(0), chunks, [&](int64_t ck) {
-      float* pc = part.data() + ck * H * C;
+    tbb::parallel_for(int64_t(0), task_at[size_t(ng)], [&](int64_t k) {
+      int64_t j, ck;
+      chunk_task(k, j, ck);
+      const MlaQuery& x = gq[j];
+      const int64_t per_j = per[size_t(j)];
+      const float* scj = sc.data() + sc_at[size_t(j)];
+      float* pc = part.data() + part_at[size_t(j)] + ck * H * C;
       std::fill(pc, pc + H * C, 0.0f);
-      for (int64_t s = ck * per; s < std::min(n, (ck + 1) * per); ++s) {
-        const float* row = cache + s * R;
+      for (int64_t s = ck * per_j; s < std::min(x.n, (ck + 1) * per_j); ++s) {
+        const float* row = x.cache + s * R;
         for (int64_t h = 0; h < H; ++h) {
-          const __m512 ps = _mm512_set1_ps(sc[size_t(h * S + s)]);
+          const __m512 ps = _mm512_set1_ps(scj[size_t(h * x.n + s)]);
           float* ch = pc + h * C;
           for (int64_t c = 0; c < C; c += 16)
             _mm512_storeu_ps(
@@ -193,17 +228,21 @@ void mla_absorbed_avx512(const float* q, const float* cache, int64_t S, const ui
       }
     });
     tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
-      std::vector<float> ctx(part.begin() + h * C, part.begin() + (h + 1) * C);
-      for (int64_t ck = 1; ck < chunks; ++ck) {
-        const float* pc = part.data() + (ck * H + h) * C;
-        for (int64_t c = 0; c < C; c += 16)
-          _mm512_storeu_ps(ctx.data() + c,
-                           _mm512_add_ps(_mm512_loadu_ps(ctx.data() + c), _mm512_loadu_ps(pc + c)));
-      }
       const uint16_t* wuv = kv_b + h * Dkv * C + d.nope * C;  // [v, C]
-      float* oh = out + (t * H + h) * d.v;
-      for (int64_t e = 0; e < d.v; ++e) oh[e] = dot_bf16(wuv + e * C, ctx.data(), C);
-      if (round_out) round_inplace(oh, d.v);
+      std::vector<float> ctx(static_cast<size_t>(C));
+      for (int64_t j = 0; j < ng; ++j) {
+        const float* pj = part.data() + part_at[size_t(j)];
+        std::copy(pj + h * C, pj + (h + 1) * C, ctx.begin());
+        for (int64_t ck = 1; ck < chunks[size_t(j)]; ++ck) {
+          const float* pc = pj + (ck * H + h) * C;
+          for (int64_t c = 0; c < C; c += 16)
+            _mm512_storeu_ps(ctx.data() + c, _mm512_add_ps(_mm512_loadu_ps(ctx.data() + c),
+                                                           _mm512_loadu_ps(pc + c)));
+        }
+        float* oh = gq[j].out + h * d.v;
+        for (int64_t e = 0; e < d.v; ++e) oh[e] = dot_bf16(wuv + e * C, ctx.data(), C);
+        if (round_out) round_inplace(oh, d.v);
+      }
     });
   }
 }

@@ -397,6 +397,9 @@ void CpuFastBackend::mla(int l, const StepShape& s, const float* x, float* out) 
   {
     Timed t(prof_, FastBackendProfile::mla_core);
     const int64_t qd = H * dims.q_dim(), od = H * dims.v;
+    // Decode rows in the absorbed form go through one batched call after the loop (kv_b read
+    // once for all of them); the other sequences' attention runs in the loop.
+    std::vector<cpu::MlaDecodeQuery> decode;
     for (const SeqSpan& sq : s.seqs) {
       MlaCache& cache = slots_[size_t(sq.slot)].mla[size_t(l)];
       STRATA_ASSERT(cache.len == sq.pos0);
@@ -415,10 +418,15 @@ void CpuFastBackend::mla(int l, const StepShape& s, const float* x, float* out) 
         cpu::mla_attention_expanded_fast(q.data() + sq.row0 * qd, cache.rows.data(), cache.len,
                                          w.kv_b_proj, dims, o.data() + sq.row0 * od, sq.T, kBf16,
                                          lin_);
+      else if (sq.T == 1)
+        decode.push_back(
+            {q.data() + sq.row0 * qd, cache.rows.data(), cache.len, o.data() + sq.row0 * od});
       else
         cpu::mla_attention_absorbed_fast(q.data() + sq.row0 * qd, cache.rows.data(), cache.len,
                                          w.kv_b_proj, dims, o.data() + sq.row0 * od, sq.T, kBf16);
     }
+    cpu::mla_attention_absorbed_batch_fast(decode.data(), int64_t(decode.size()), w.kv_b_proj, dims,
+                                           kBf16);
     dump(l, "mla_attn", o.data(), T, {H, dims.v});
   }
   // 6. output gate sigmoid(g_proj x) before o_proj (K3; round: GEMM output, sigmoid, product),
