@@ -17,10 +17,20 @@ bool mixer_kernels_avx512() {
 void kda_recurrent_fast(const float* q, const float* k, const float* v, const float* g,
                         const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
                         int64_t V, float scale) {
-  if (mixer_kernels_avx512() && (K == 64 || K == 128))
-    detail::kda_recurrent_avx512(q, k, v, g, beta, state, o, T, H, K, V, scale);
-  else
-    ref::kda_recurrent(q, k, v, g, beta, state, o, T, H, K, V, scale);
+  const KdaSeq one{q, k, v, g, beta, state, o, T};
+  kda_recurrent_seqs_fast(&one, 1, H, K, V, scale);
+}
+
+void kda_recurrent_seqs_fast(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, int64_t V,
+                             float scale) {
+  if (mixer_kernels_avx512() && (K == 64 || K == 128)) {
+    detail::kda_recurrent_avx512(seqs, n, H, K, V, scale);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const KdaSeq& s = seqs[i];
+    ref::kda_recurrent(s.q, s.k, s.v, s.g, s.beta, s.state, s.o, s.T, H, K, V, scale);
+  }
 }
 
 void kda_chunked_fast(const float* q, const float* k, const float* v, const float* g,

@@ -28,6 +28,19 @@ void kda_recurrent_fast(const float* q, const float* k, const float* v, const fl
                         const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
                         int64_t V, float scale);
 
+// One sequence's part of a batched recurrence: its rows of q, k, g [T, H, K], v [T, H, V],
+// beta [T, H], o [T, H, V] and its state [H, V, K] (nullptr: zero, discarded).
+struct KdaSeq {
+  const float *q, *k, *v, *g, *beta;
+  float* state;
+  float* o;
+  int64_t T;
+};
+// kda_recurrent_fast of n sequences in one call (one parallel loop over their heads instead of
+// n): each sequence's outputs and state are the bits of its call alone.
+void kda_recurrent_seqs_fast(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, int64_t V,
+                             float scale);
+
 // ref::kda_chunked's contract with chunk 64 (the form the reference backend runs for T > 1).
 void kda_chunked_fast(const float* q, const float* k, const float* v, const float* g,
                       const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
@@ -59,9 +72,8 @@ void mla_attention_expanded_fast(const float* q, const float* cache, int64_t S,
                                  int64_t T, ref::Precision p, Bf16Linear& lin);
 
 namespace detail {
-void kda_recurrent_avx512(const float* q, const float* k, const float* v, const float* g,
-                          const float* beta, float* state, float* o, int64_t T, int64_t H,
-                          int64_t K, int64_t V, float scale);
+void kda_recurrent_avx512(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, int64_t V,
+                          float scale);
 void kda_chunked_avx512(const float* q, const float* k, const float* v, const float* g,
                         const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
                         int64_t V, float scale);

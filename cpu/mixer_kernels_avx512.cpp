@@ -117,17 +117,19 @@ void kda_head(const float* q, const float* k, const float* v, const float* g, co
 
 }  // namespace
 
-void kda_recurrent_avx512(const float* q, const float* k, const float* v, const float* g,
-                          const float* beta, float* state, float* o, int64_t T, int64_t H,
-                          int64_t K, int64_t V, float scale) {
+void kda_recurrent_avx512(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, int64_t V,
+                          float scale) {
   STRATA_ASSERT(K == 64 || K == 128);
-  tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
+  // One task per (sequence, head).
+  tbb::parallel_for(int64_t(0), n * H, [&](int64_t task) {
+    const KdaSeq& s = seqs[task / H];
+    const int64_t h = task % H;
     std::vector<float> local;
-    float* S = state ? state + h * V * K : (local.assign(size_t(V * K), 0.0f), local.data());
+    float* S = s.state ? s.state + h * V * K : (local.assign(size_t(V * K), 0.0f), local.data());
     if (K == 128)
-      kda_head<8>(q, k, v, g, beta, S, o, T, H, h, V, scale);
+      kda_head<8>(s.q, s.k, s.v, s.g, s.beta, S, s.o, s.T, H, h, V, scale);
     else
-      kda_head<4>(q, k, v, g, beta, S, o, T, H, h, V, scale);
+      kda_head<4>(s.q, s.k, s.v, s.g, s.beta, S, s.o, s.T, H, h, V, scale);
   });
 }
 

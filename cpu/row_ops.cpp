@@ -56,9 +56,16 @@ void gated_rms_norm_fast(const float* o, const float* gate, const float* w, floa
 
 void short_conv_silu_fast(const float* x, const float* w, float* state, float* y, int64_t T,
                           int64_t C, int64_t W) {
+  const ConvSeq one{x, state, y, T};
+  short_conv_silu_seqs_fast(&one, 1, w, C, W);
+}
+
+void short_conv_silu_seqs_fast(const ConvSeq* seqs, int64_t n, const float* w, int64_t C,
+                               int64_t W) {
   if (row_ops_avx512() && C % 16 == 0 && W >= 1 && W <= 8)
-    return detail::short_conv_silu_avx512(x, w, state, y, T, C, W);
-  ref::short_conv_silu(x, w, state, y, T, C, W, kBf16);
+    return detail::short_conv_silu_avx512(seqs, n, w, C, W);
+  for (int64_t i = 0; i < n; ++i)
+    ref::short_conv_silu(seqs[i].x, w, seqs[i].state, seqs[i].y, seqs[i].T, C, W, kBf16);
 }
 
 void kda_gate_fast(const ref::KdaGate& gate, const float* z, float* g, int64_t T, int64_t H,

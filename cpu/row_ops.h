@@ -37,6 +37,18 @@ void gated_rms_norm_fast(const float* o, const float* gate, const float* w, floa
 // ref::short_conv_silu in bf16 mode (state may be nullptr).
 void short_conv_silu_fast(const float* x, const float* w, float* state, float* y, int64_t T,
                           int64_t C, int64_t W);
+// One sequence's part of a batched short conv: x, y [T, C], its conv state [C, W − 1] (nullptr:
+// zeros, discarded).
+struct ConvSeq {
+  const float* x;
+  float* state;
+  float* y;
+  int64_t T;
+};
+// short_conv_silu_fast of n sequences with their own states in one call (one parallel loop
+// instead of n): each sequence's outputs and state are the bits of its call alone.
+void short_conv_silu_seqs_fast(const ConvSeq* seqs, int64_t n, const float* w, int64_t C,
+                               int64_t W);
 // ref::kda_gate (the bounded form vectorised; the softplus form is the reference op).
 void kda_gate_fast(const ref::KdaGate& gate, const float* z, float* g, int64_t T, int64_t H,
                    int64_t K);
@@ -54,8 +66,7 @@ void kimi_rms_norm_avx512(const float* x, const float* w, float* out, int64_t ro
 void l2_norm_avx512(const float* x, float* out, int64_t rows, int64_t D, float eps, bool round);
 void gated_rms_norm_avx512(const float* o, const float* gate, const float* w, float* out,
                            int64_t rows, int64_t D, float eps);
-void short_conv_silu_avx512(const float* x, const float* w, float* state, float* y, int64_t T,
-                            int64_t C, int64_t W);
+void short_conv_silu_avx512(const ConvSeq* seqs, int64_t n, const float* w, int64_t C, int64_t W);
 void kda_gate_bounded_avx512(const ref::KdaGate& gate, const float* z, float* g, int64_t T,
                              int64_t H, int64_t K);
 void attn_res_mix_avx512(const float* const* sources, int64_t n, const float* norm_w,

@@ -157,12 +157,17 @@ void gated_rms_norm_avx512(const float* o, const float* gate, const float* w, fl
   });
 }
 
-void short_conv_silu_avx512(const float* x, const float* w, float* state, float* y, int64_t T,
-                            int64_t C, int64_t W) {
-  STRATA_ASSERT(C % 16 == 0 && W >= 1 && W <= 8 && x != y);
-  const int64_t Wm = W - 1;
-  tbb::parallel_for(int64_t(0), C / 16, [&](int64_t blk) {
-    const int64_t c = blk * 16;
+void short_conv_silu_avx512(const ConvSeq* seqs, int64_t n, const float* w, int64_t C, int64_t W) {
+  STRATA_ASSERT(C % 16 == 0 && W >= 1 && W <= 8);
+  const int64_t Wm = W - 1, blocks = C / 16;
+  // One task per (sequence, 16 channels).
+  tbb::parallel_for(int64_t(0), n * blocks, [&](int64_t task) {
+    const ConvSeq& sq = seqs[task / blocks];
+    const float* x = sq.x;
+    float* state = sq.state;
+    float* y = sq.y;
+    const int64_t T = sq.T, c = (task % blocks) * 16;
+    STRATA_ASSERT(x != y);
     // 16 channels at a time: taps and history gathered from their per-channel rows.
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     __m512 wt[8], h[8];

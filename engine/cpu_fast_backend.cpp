@@ -284,16 +284,18 @@ void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) 
   // 1–2. short causal conv (with each sequence's conv state) + SiLU (round once).
   {
     Timed t(prof_, FastBackendProfile::kda_core);
+    // Every sequence of the step in one call per projection, each with its own conv state.
+    std::vector<cpu::ConvSeq> cq, ck, cv;
     for (const SeqSpan& sq : s.seqs) {
       KdaState& st = slots_[size_t(sq.slot)].kda[size_t(l)];
       const int64_t o0 = sq.row0 * P;
-      cpu::short_conv_silu_fast(pq.data() + o0, w.q_conv.data(), st.conv_q.data(), q.data() + o0,
-                                sq.T, P, W);
-      cpu::short_conv_silu_fast(pk.data() + o0, w.k_conv.data(), st.conv_k.data(), kk.data() + o0,
-                                sq.T, P, W);
-      cpu::short_conv_silu_fast(pv.data() + o0, w.v_conv.data(), st.conv_v.data(), v.data() + o0,
-                                sq.T, P, W);
+      cq.push_back({pq.data() + o0, st.conv_q.data(), q.data() + o0, sq.T});
+      ck.push_back({pk.data() + o0, st.conv_k.data(), kk.data() + o0, sq.T});
+      cv.push_back({pv.data() + o0, st.conv_v.data(), v.data() + o0, sq.T});
     }
+    cpu::short_conv_silu_seqs_fast(cq.data(), int64_t(cq.size()), w.q_conv.data(), P, W);
+    cpu::short_conv_silu_seqs_fast(ck.data(), int64_t(ck.size()), w.k_conv.data(), P, W);
+    cpu::short_conv_silu_seqs_fast(cv.data(), int64_t(cv.size()), w.v_conv.data(), P, W);
   }
   // 3. decay logits through the rank-R bottleneck (round: GEMM output), then the gate.
   linear(f.data(), T, w.f_b_proj, g.data(), true);
@@ -326,6 +328,8 @@ void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) 
     dump(l, "kda_g", g.data(), T, {H, d});
     dump(l, "kda_beta", beta.data(), T, {H});
     const float scale = 1.0f / std::sqrt(float(d));
+    // The recurrent sequences (decode rows) in one call; the chunked ones (prefill) one by one.
+    std::vector<cpu::KdaSeq> rec;
     for (const SeqSpan& sq : s.seqs) {
       float* S = slots_[size_t(sq.slot)].kda[size_t(l)].S.data();
       const int64_t o0 = sq.row0 * P, b0 = sq.row0 * H;
@@ -333,9 +337,10 @@ void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) 
         cpu::kda_chunked_fast(q.data() + o0, kk.data() + o0, v.data() + o0, g.data() + o0,
                               beta.data() + b0, S, o.data() + o0, sq.T, H, d, d, scale);
       else
-        cpu::kda_recurrent_fast(q.data() + o0, kk.data() + o0, v.data() + o0, g.data() + o0,
-                                beta.data() + b0, S, o.data() + o0, sq.T, H, d, d, scale);
+        rec.push_back({q.data() + o0, kk.data() + o0, v.data() + o0, g.data() + o0,
+                       beta.data() + b0, S, o.data() + o0, sq.T});
     }
+    cpu::kda_recurrent_seqs_fast(rec.data(), int64_t(rec.size()), H, d, d, scale);
     cpu::round_bf16_fast(o.data(), T * P);  // round: o is bf16 before o_norm (§4.9)
     dump(l, "kda_o", o.data(), T, {H, d});
   }

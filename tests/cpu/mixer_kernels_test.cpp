@@ -247,3 +247,38 @@ TEST_CASE("fast MLA decode of several sequences in one call: each query's bits a
     }
   }
 }
+
+TEST_CASE("fast KDA recurrence of several sequences in one call: each one's bits as alone",
+          "[mixer_kernels]") {
+  // Five sequences of 1–3 tokens with their own states (one without: zero, discarded), K = 128
+  // and 64: outputs and states equal, bit for bit, to one call per sequence.
+  for (int64_t K : {int64_t(128), int64_t(64)}) {
+    const int64_t H = 3;
+    const std::vector<int64_t> Ts = {1, 1, 3, 1, 2};
+    std::vector<KdaInputs> in;
+    for (size_t i = 0; i < Ts.size(); ++i) in.emplace_back(Ts[i], H, K, uint32_t(40 + 10 * i));
+    std::vector<std::vector<float>> S_alone, S_batch, o_alone, o_batch;
+    std::vector<cpu::KdaSeq> seqs;
+    for (size_t i = 0; i < Ts.size(); ++i) {
+      S_alone.push_back(in[i].S), S_batch.push_back(in[i].S);
+      o_alone.emplace_back(size_t(Ts[i] * H * K), 0.0f);
+      o_batch.emplace_back(size_t(Ts[i] * H * K), -1.0f);
+    }
+    for (size_t i = 0; i < Ts.size(); ++i) {
+      const bool stateless = i == 3;
+      const KdaInputs& x = in[i];
+      cpu::kda_recurrent_fast(x.q.data(), x.k.data(), x.v.data(), x.g.data(), x.beta.data(),
+                              stateless ? nullptr : S_alone[i].data(), o_alone[i].data(), Ts[i], H,
+                              K, K, 0.088f);
+      seqs.push_back({x.q.data(), x.k.data(), x.v.data(), x.g.data(), x.beta.data(),
+                      stateless ? nullptr : S_batch[i].data(), o_batch[i].data(), Ts[i]});
+    }
+    cpu::kda_recurrent_seqs_fast(seqs.data(), int64_t(seqs.size()), H, K, K, 0.088f);
+    for (size_t i = 0; i < Ts.size(); ++i) {
+      INFO("K=" << K << ", sequence " << i << ", T=" << Ts[i]);
+      CHECK(o_batch[i] == o_alone[i]);
+      CHECK(S_batch[i] == S_alone[i]);
+    }
+    CHECK(S_batch[3] == in[3].S);  // no state: nothing written
+  }
+}

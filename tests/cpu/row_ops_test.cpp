@@ -159,4 +159,30 @@ TEST_CASE("row ops: norms, the KDA conv and gate, the AttnRes mix", "[row_ops]")
     check(agree(ff, rr), "short conv + SiLU");
     CHECK(sr == sf);  // the state is the last inputs, copied
   }
+  // Several sequences in one call (rows 0, 1–3, 4 of z; the second without a state): each one's
+  // outputs and state are the bits of its own call.
+  {
+    const std::vector<int64_t> at = {0, 1, 4}, len = {1, 3, 1};
+    std::vector<std::vector<float>> st_alone, st_batch, y_alone, y_batch;
+    std::vector<cpu::ConvSeq> seqs;
+    for (size_t i = 0; i < at.size(); ++i) {
+      st_alone.push_back(strata::test::randn(size_t(P * (W - 1)), 30 + uint32_t(i)));
+      st_batch.push_back(st_alone.back());
+      y_alone.emplace_back(size_t(len[i] * P), 0.0f);
+      y_batch.emplace_back(size_t(len[i] * P), -1.0f);
+    }
+    for (size_t i = 0; i < at.size(); ++i) {
+      float* sa = i == 1 ? nullptr : st_alone[i].data();
+      cpu::short_conv_silu_fast(z.data() + at[i] * P, cw.data(), sa, y_alone[i].data(), len[i], P,
+                                W);
+      seqs.push_back(
+          {z.data() + at[i] * P, i == 1 ? nullptr : st_batch[i].data(), y_batch[i].data(), len[i]});
+    }
+    cpu::short_conv_silu_seqs_fast(seqs.data(), int64_t(seqs.size()), cw.data(), P, W);
+    for (size_t i = 0; i < at.size(); ++i) {
+      INFO("sequence " << i);
+      CHECK(y_batch[i] == y_alone[i]);
+      CHECK(st_batch[i] == st_alone[i]);
+    }
+  }
 }
