@@ -249,47 +249,224 @@ void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
   }
 }
 
+namespace {
+
+// acc0 += Σ_{j0 ≤ j < n0} p0[j·ld] · V_j and, with p1, acc1 += Σ_{j0 ≤ j < n1} p1[j·ld] · V_j
+// (n1 ≤ n0 + 1), V_j = vrow(j) of NV·16 floats; positions in increasing order, fp32 FMAs, the
+// accumulators in registers for the range (NV ≤ 8 with p1, ≤ 16 without).
+template <int NV, typename F>
+void pv_range(const float* p0, const float* p1, int64_t ld, const F& vrow, int64_t j0, int64_t n0,
+              int64_t n1, float* acc0, float* acc1) {
+  static_assert(NV >= 1 && NV <= 16, "v in 16 … 256");
+  __m512 a0[NV], a1[NV <= 8 ? NV : 1];
+  for (int k = 0; k < NV; ++k) a0[k] = _mm512_loadu_ps(acc0 + 16 * k);
+  if constexpr (NV <= 8) {
+    if (p1) {
+      for (int k = 0; k < NV; ++k) a1[k] = _mm512_loadu_ps(acc1 + 16 * k);
+      int64_t j = j0;
+      for (; j < n0; ++j) {
+        const float* vs = vrow(j);
+        const __m512 w0 = _mm512_set1_ps(p0[j * ld]), w1 = _mm512_set1_ps(p1[j * ld]);
+        for (int k = 0; k < NV; ++k) {
+          const __m512 vk = _mm512_loadu_ps(vs + 16 * k);
+          a0[k] = _mm512_fmadd_ps(w0, vk, a0[k]);
+          a1[k] = _mm512_fmadd_ps(w1, vk, a1[k]);
+        }
+      }
+      for (; j < n1; ++j) {
+        const float* vs = vrow(j);
+        const __m512 w1 = _mm512_set1_ps(p1[j * ld]);
+        for (int k = 0; k < NV; ++k)
+          a1[k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(vs + 16 * k), a1[k]);
+      }
+      for (int k = 0; k < NV; ++k) {
+        _mm512_storeu_ps(acc0 + 16 * k, a0[k]);
+        _mm512_storeu_ps(acc1 + 16 * k, a1[k]);
+      }
+      return;
+    }
+  }
+  STRATA_ASSERT(!p1);
+  for (int64_t j = j0; j < n0; ++j) {
+    const float* vs = vrow(j);
+    const __m512 w0 = _mm512_set1_ps(p0[j * ld]);
+    for (int k = 0; k < NV; ++k) a0[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(vs + 16 * k), a0[k]);
+  }
+  for (int k = 0; k < NV; ++k) _mm512_storeu_ps(acc0 + 16 * k, a0[k]);
+}
+
+template <typename F>
+void pv_columns(int nv, const float* p0, const float* p1, int64_t ld, const F& vrow, int64_t j0,
+                int64_t n0, int64_t n1, float* acc0, float* acc1) {
+  switch (nv) {
+#define STRATA_PV_CASE(N) \
+  case N:                 \
+    return pv_range<N>(p0, p1, ld, vrow, j0, n0, n1, acc0, acc1);
+    STRATA_PV_CASE(1)
+    STRATA_PV_CASE(2)
+    STRATA_PV_CASE(3)
+    STRATA_PV_CASE(4)
+    STRATA_PV_CASE(5)
+    STRATA_PV_CASE(6)
+    STRATA_PV_CASE(7)
+    STRATA_PV_CASE(8)
+    STRATA_PV_CASE(9)
+    STRATA_PV_CASE(10)
+    STRATA_PV_CASE(11)
+    STRATA_PV_CASE(12)
+    STRATA_PV_CASE(13)
+    STRATA_PV_CASE(14)
+    STRATA_PV_CASE(15)
+    STRATA_PV_CASE(16)
+#undef STRATA_PV_CASE
+  }
+  STRATA_ASSERT(false);
+}
+
+}  // namespace
+
 void mla_expanded_attention_avx512(const float* q, const float* cache, int64_t S, const float* kv,
                                    const ref::MlaDims& d, float* out, int64_t T, bool round_out) {
   const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora;
   STRATA_ASSERT(d.nope % 16 == 0 && d.rope % 16 == 0 && d.v % 16 == 0 && d.v <= 256 && T <= S);
   const float scale = d.scale();
   const int64_t base = S - T;
-  // One task per head and block of Tb queries: each key and value row is read once per block
-  // (not once per query), the block's scores [Tb, S] stay in L2, and the softmax is the
-  // reference's over each query's whole row.
+  // One task per head and block of Tb = 32 queries. The block's queries are held transposed
+  // (qT [Dq, 32]), so a key's scores for all 32 queries are two zmm of FMAs with the key's
+  // elements broadcast — no horizontal sums — four keys at a time (8 independent chains). Scores
+  // are kept transposed too (scT [positions, 32]: each key row read once per block, the block's
+  // scores in L2); the softmax is the reference's (std::exp, double denominator) over each
+  // query's column; P·V runs two queries at a time with their outputs in registers, each key's
+  // value row loaded once for both. Scores past a query's causal end are computed and never read.
   constexpr int64_t Tb = 32;
   const int64_t blocks = (T + Tb - 1) / Tb;
   const int nv = int(d.v / 16);
   tbb::parallel_for(int64_t(0), d.H * blocks, [&](int64_t task) {
     const int64_t h = task % d.H, t0 = (task / d.H) * Tb, t1 = std::min(T, t0 + Tb);
-    const int64_t nmax = base + t1;  // the last query of the block sees positions 0 .. nmax − 1
-    std::vector<float> sc(static_cast<size_t>((t1 - t0) * nmax)),
-        acc(static_cast<size_t>((t1 - t0) * d.v), 0.0f);
-    for (int64_t s = 0; s < nmax; ++s) {
-      const float* ks = kv + (s * d.H + h) * Dkv;
-      const float* kr = cache + s * R + C;
-      for (int64_t t = std::max(t0, s - base); t < t1; ++t) {  // causal: s ≤ base + t
-        const float* qh = q + (t * d.H + h) * Dq;
-        sc[size_t((t - t0) * nmax + s)] =
-            (dot(qh, ks, d.nope) + dot(qh + d.nope, kr, d.rope)) * scale;
+    const int64_t nt = t1 - t0, nmax = base + t1;  // the block's last query sees 0 .. nmax − 1
+    std::vector<float> qT(static_cast<size_t>(Dq * Tb), 0.0f), scT(static_cast<size_t>(nmax * Tb));
+    for (int64_t t = 0; t < nt; ++t) {
+      const float* qh = q + ((t0 + t) * d.H + h) * Dq;
+      for (int64_t i = 0; i < Dq; ++i) qT[size_t(i * Tb + t)] = qh[i];
+    }
+    const __m512 vscale = _mm512_set1_ps(scale);
+    // Scores: dims 0 .. nope − 1 against the expanded k_nope, nope .. Dq − 1 against the cached
+    // rope key.
+    auto key_part = [&](const float* k, int64_t i0, int64_t n, __m512& lo, __m512& hi) {
+      for (int64_t i = 0; i < n; ++i) {
+        const __m512 ki = _mm512_set1_ps(k[i]);
+        lo = _mm512_fmadd_ps(_mm512_loadu_ps(qT.data() + (i0 + i) * Tb), ki, lo);
+        hi = _mm512_fmadd_ps(_mm512_loadu_ps(qT.data() + (i0 + i) * Tb + 16), ki, hi);
+      }
+    };
+    int64_t s = 0;
+    for (; s + 4 <= nmax; s += 4) {
+      __m512 lo[4], hi[4];
+      for (int u = 0; u < 4; ++u) lo[u] = hi[u] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d.nope; ++i) {
+        const __m512 qa = _mm512_loadu_ps(qT.data() + i * Tb),
+                     qb = _mm512_loadu_ps(qT.data() + i * Tb + 16);
+        for (int u = 0; u < 4; ++u) {
+          const __m512 ki = _mm512_set1_ps(kv[((s + u) * d.H + h) * Dkv + i]);
+          lo[u] = _mm512_fmadd_ps(qa, ki, lo[u]);
+          hi[u] = _mm512_fmadd_ps(qb, ki, hi[u]);
+        }
+      }
+      for (int64_t i = 0; i < d.rope; ++i) {
+        const int64_t qi = d.nope + i;
+        const __m512 qa = _mm512_loadu_ps(qT.data() + qi * Tb),
+                     qb = _mm512_loadu_ps(qT.data() + qi * Tb + 16);
+        for (int u = 0; u < 4; ++u) {
+          const __m512 ki = _mm512_set1_ps(cache[(s + u) * R + C + i]);
+          lo[u] = _mm512_fmadd_ps(qa, ki, lo[u]);
+          hi[u] = _mm512_fmadd_ps(qb, ki, hi[u]);
+        }
+      }
+      for (int u = 0; u < 4; ++u) {
+        _mm512_storeu_ps(scT.data() + (s + u) * Tb, _mm512_mul_ps(lo[u], vscale));
+        _mm512_storeu_ps(scT.data() + (s + u) * Tb + 16, _mm512_mul_ps(hi[u], vscale));
       }
     }
-    for (int64_t t = t0; t < t1; ++t) softmax_inplace(sc.data() + (t - t0) * nmax, base + t + 1);
-    for (int64_t s = 0; s < nmax; ++s) {
-      const float* vs = kv + (s * d.H + h) * Dkv + d.nope;
-      __m512 vr[16];
-      for (int j = 0; j < nv; ++j) vr[j] = _mm512_loadu_ps(vs + 16 * j);
-      for (int64_t t = std::max(t0, s - base); t < t1; ++t) {
-        const __m512 ps = _mm512_set1_ps(sc[size_t((t - t0) * nmax + s)]);
-        float* a = acc.data() + (t - t0) * d.v;
-        for (int j = 0; j < nv; ++j)
-          _mm512_storeu_ps(a + 16 * j, _mm512_fmadd_ps(ps, vr[j], _mm512_loadu_ps(a + 16 * j)));
+    for (; s < nmax; ++s) {
+      __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+      key_part(kv + (s * d.H + h) * Dkv, 0, d.nope, lo, hi);
+      key_part(cache + s * R + C, d.nope, d.rope, lo, hi);
+      _mm512_storeu_ps(scT.data() + s * Tb, _mm512_mul_ps(lo, vscale));
+      _mm512_storeu_ps(scT.data() + s * Tb + 16, _mm512_mul_ps(hi, vscale));
+    }
+    // Softmax of each query's column over its n_t = base + t + 1 positions, the reference's steps
+    // per element (max, e = std::exp(s − max), a double denominator summed in position order,
+    // float(e / den)); positions every query sees (j < base + t0 + 1) are walked for all 32
+    // columns at once, the block's triangle query by query.
+    const int64_t nall = base + t0 + 1;
+    alignas(64) float mx[Tb];
+    alignas(64) double den[Tb];
+    std::fill(den, den + Tb, 1.0);  // columns past the block's queries: divided, never read
+    {
+      __m512 m0 = _mm512_loadu_ps(scT.data()), m1 = _mm512_loadu_ps(scT.data() + 16);
+      for (int64_t j = 1; j < nall; ++j) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(scT.data() + j * Tb));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(scT.data() + j * Tb + 16));
+      }
+      _mm512_store_ps(mx, m0);
+      _mm512_store_ps(mx + 16, m1);
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      for (int64_t j = nall; j < base + t0 + t + 1; ++j)
+        mx[t] = std::max(mx[t], scT[size_t(j * Tb + t)]);
+      den[t] = 0.0;
+    }
+    for (int64_t j = 0; j < nall; ++j) {
+      float* row = scT.data() + j * Tb;
+      for (int64_t t = 0; t < nt; ++t) {
+        row[t] = std::exp(row[t] - mx[t]);
+        den[t] += row[t];
       }
     }
-    for (int64_t t = t0; t < t1; ++t) {
-      float* oh = out + (t * d.H + h) * d.v;
-      std::copy(acc.begin() + (t - t0) * d.v, acc.begin() + (t - t0 + 1) * d.v, oh);
+    for (int64_t t = 0; t < nt; ++t)
+      for (int64_t j = nall; j < base + t0 + t + 1; ++j) {
+        float& e = scT[size_t(j * Tb + t)];
+        e = std::exp(e - mx[t]);
+        den[t] += e;
+      }
+    {
+      __m512d d[4];
+      for (int k = 0; k < 4; ++k) d[k] = _mm512_load_pd(den + 8 * k);
+      for (int64_t j = 0; j < nall; ++j) {
+        float* row = scT.data() + j * Tb;
+        for (int k = 0; k < 4; ++k) {
+          const __m512d e = _mm512_cvtps_pd(_mm256_loadu_ps(row + 8 * k));
+          _mm256_storeu_ps(row + 8 * k, _mm512_cvtpd_ps(_mm512_div_pd(e, d[k])));
+        }
+      }
+    }
+    for (int64_t t = 0; t < nt; ++t)
+      for (int64_t j = nall; j < base + t0 + t + 1; ++j) {
+        float& e = scT[size_t(j * Tb + t)];
+        e = float(e / den[t]);
+      }
+    // P·V in tiles of 64 positions (their value rows stay in L1 while every query of the block
+    // takes them, so each row is read from memory once per block), queries t and t + 1 together
+    // (v ≤ 128), positions in increasing order per query; the block's accumulators in acc.
+    const auto vrow = [&](int64_t j) { return kv + (j * d.H + h) * Dkv + d.nope; };
+    std::vector<float> acc(static_cast<size_t>(nt * d.v), 0.0f);
+    constexpr int64_t kTile = 64;
+    for (int64_t j0 = 0; j0 < nmax; j0 += kTile) {
+      const int64_t j1 = std::min(nmax, j0 + kTile);
+      for (int64_t t = 0; t < nt;) {
+        const int64_t n0 = std::min(j1, base + t0 + t + 1);  // query t's end in this tile
+        const bool pair = t + 1 < nt && nv <= 8;
+        const int64_t n1 = pair ? std::min(j1, n0 + 1) : n0;
+        if (j0 < n1)
+          pv_columns(nv, scT.data() + t, pair ? scT.data() + t + 1 : nullptr, Tb, vrow, j0,
+                     std::max(j0, n0), n1, acc.data() + t * d.v,
+                     pair ? acc.data() + (t + 1) * d.v : nullptr);
+        t += pair ? 2 : 1;
+      }
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      float* oh = out + ((t0 + t) * d.H + h) * d.v;
+      std::copy(acc.begin() + t * d.v, acc.begin() + (t + 1) * d.v, oh);
       if (round_out) round_inplace(oh, d.v);
     }
   });
