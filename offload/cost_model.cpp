@@ -179,8 +179,19 @@ double CostModel::cpu_bf16_flops() const {
 }
 
 double CostModel::cpu_expert_spb(double M) const {
-  if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known())
-    return hw_.kernels.cpu_expert.seconds_per_byte(M);
+  if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known()) {
+    const double big = hw_.kernels.cpu_expert.seconds_per_byte(M);
+    if (!hw_.kernels.cpu_expert_small.known()) return big;
+    // Between the two measured shapes by the model's expert size (log scale), clamped: an
+    // expert's per-token work is a larger share of a small one.
+    const double small = hw_.kernels.cpu_expert_small.seconds_per_byte(M);
+    const double b = double(costs_.bytes_per_routed_expert);
+    const double b0 = double(kSmallExpertBytes), b1 = double(kK3ExpertBytes);
+    if (b <= b0) return small;
+    if (b >= b1) return big;
+    const double f = std::log(b / b0) / std::log(b1 / b0);
+    return small + f * (big - small);
+  }
   const CostAssumptions& a = opt_.assumptions;
   const double mem = 1.0 / (hw_.host.mem_read_gbps.value() * 1e9 * a.cpu_expert_read_efficiency);
   double flops;  // the CPU's rate for this expert format

@@ -269,6 +269,7 @@ json to_json(const HardwareProfile& hw) {
   j["disk"] = d;
   json k = json::object();
   put(k, "cpu_expert", hw.kernels.cpu_expert);
+  put(k, "cpu_expert_small", hw.kernels.cpu_expert_small);
   put(k, "gpu_expert", hw.kernels.gpu_expert);
   put(k, "gpu_trunk", hw.kernels.gpu_trunk);
   put(k, "cpu_trunk_ref", hw.kernels.cpu_trunk_ref);
@@ -365,6 +366,7 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     const json& k = j.at("kernels");
     rd.only(k, "kernels",
             {"cpu_expert",
+             "cpu_expert_small",
              "gpu_expert",
              "gpu_trunk",
              "cpu_trunk_ref",
@@ -387,6 +389,7 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
              "cpu_row_ops_ns",
              "comment"});
     hw.kernels.cpu_expert = rd.curve(k, "kernels", "cpu_expert");
+    hw.kernels.cpu_expert_small = rd.curve(k, "kernels", "cpu_expert_small");
     hw.kernels.gpu_expert = rd.curve(k, "kernels", "gpu_expert");
     hw.kernels.gpu_trunk = rd.curve(k, "kernels", "gpu_trunk");
     hw.kernels.cpu_trunk_ref = rd.curve(k, "kernels", "cpu_trunk_ref");
@@ -549,6 +552,7 @@ HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra)
   r(m.disk.read_gbps, extra.disk.read_gbps);
   s(m.disk.what, extra.disk.what);
   c(m.kernels.cpu_expert, extra.kernels.cpu_expert);
+  c(m.kernels.cpu_expert_small, extra.kernels.cpu_expert_small);
   c(m.kernels.gpu_expert, extra.kernels.gpu_expert);
   c(m.kernels.gpu_trunk, extra.kernels.gpu_trunk);
   c(m.kernels.cpu_trunk_ref, extra.kernels.cpu_trunk_ref);
@@ -619,6 +623,7 @@ std::string describe(const HardwareProfile& hw) {
   o << "  disk: " << hw.disk.count << " × " << rate_text(hw.disk.read_gbps, "GB/s O_DIRECT read");
   if (!hw.disk.what.empty()) o << " — " << hw.disk.what;
   o << "\n  kernels:\n    cpu expert (MXFP4 contract) " << curve_text(hw.kernels.cpu_expert)
+    << "\n    cpu expert, small experts " << curve_text(hw.kernels.cpu_expert_small)
     << "\n    gpu expert " << curve_text(hw.kernels.gpu_expert) << "\n    gpu trunk "
     << curve_text(hw.kernels.gpu_trunk) << "\n    cpu trunk (fp32 reference) "
     << curve_text(hw.kernels.cpu_trunk_ref) << "\n    cpu trunk (bf16 backend) "

@@ -92,15 +92,31 @@ struct DiskSpec {
   Rate total_read_gbps() const;
 };
 
+// The K3 routed-expert shape (3584 → 3072 → 3584, released MXFP4 layout: 17,547,264 bytes).
+inline constexpr int kK3ExpertHidden = 3584, kK3ExpertInter = 3072;
+inline constexpr uint64_t kK3ExpertBytes = 3ull * (uint64_t(kK3ExpertInter) * kK3ExpertHidden / 2 +
+                                                   uint64_t(kK3ExpertInter) * kK3ExpertHidden / 32);
+
+// The small expert shape bench hw also measures (a latent MoE's: 512 → 384 → 512, 0.31 MB in
+// MXFP4, k3-mini's routed experts): per weight byte such experts cost more than K3's (the per-token
+// work — quantizing x, the GLU, h — is a larger share of a small expert), and the cost model
+// interpolates between the two shapes by expert size.
+inline constexpr int kSmallExpertHidden = 512, kSmallExpertInter = 384;
+inline constexpr uint64_t kSmallExpertBytes =
+    3ull * (uint64_t(kSmallExpertInter) * kSmallExpertHidden / 2 +
+            uint64_t(kSmallExpertInter) * kSmallExpertHidden / 32);
+
 // Our kernels' measured rates on this machine (empty = not measured; see cost_model.h for the
 // default the model then uses).
 struct KernelRates {
-  RateCurve cpu_expert;      // CPU MXFP4 expert kernel, contract numerics (cpu/expert_kernels.h)
-  RateCurve gpu_expert;      // grouped_experts (kernels/moe), MXFP4 contract
-  RateCurve gpu_trunk;       // bf16 trunk GEMMs/GEMVs (kernels/gemm), bytes of bf16 weights
-  RateCurve cpu_trunk_ref;   // the fp32 reference linear (cpu/ref/linear.cpp) on bf16 weights:
-                             // what `strata run` on the CPU does today
-  RateCurve cpu_trunk_bf16;  // the fast CPU backend's bf16 trunk (issue 23; not written yet)
+  RateCurve cpu_expert;        // CPU MXFP4 expert kernel, contract numerics (cpu/expert_kernels.h)
+  RateCurve cpu_expert_small;  // the same kernel on small experts (offload/hw_measure.h:
+                               // kSmallExpertHidden → kSmallExpertInter; k3-mini's shape)
+  RateCurve gpu_expert;        // grouped_experts (kernels/moe), MXFP4 contract
+  RateCurve gpu_trunk;         // bf16 trunk GEMMs/GEMVs (kernels/gemm), bytes of bf16 weights
+  RateCurve cpu_trunk_ref;     // the fp32 reference linear (cpu/ref/linear.cpp) on bf16 weights:
+                               // what `strata run` on the CPU does today
+  RateCurve cpu_trunk_bf16;    // the fast CPU backend's bf16 trunk (issue 23; not written yet)
   // Attention, per layer. KDA decode streams the fp32 state (read + write); MLA decode reads the
   // latent cache; prefill of both is FLOP-bound.
   Rate gpu_kda_prefill_tflops;  // kernels/kda chunked prefill, FLOPs as in cost_model.h

@@ -130,29 +130,38 @@ RateSample measure_host_read(tbb::task_arena& arena, const cpu::Topology& topo, 
 struct CpuExpertProbe::Call {
   std::vector<float> x, y;
   std::vector<int> rows;
-  std::vector<cpu::ExpertTask> tasks;
+  std::vector<std::vector<cpu::ExpertTask>> tasks;  // per group
   cpu::CpuExpertOptions opt;
   int M = 0;
+  size_t next = 0;
 };
 
-CpuExpertProbe::CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts)
-    : arena_(arena), pool_(topo, kK3ExpertBytes * size_t(std::max(1, experts))) {
-  constexpr size_t kPacked = size_t(kK3ExpertInter) * kK3ExpertHidden / 2;
-  constexpr size_t kScale = size_t(kK3ExpertInter) * kK3ExpertHidden / 32;
+CpuExpertProbe::CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts,
+                               int hidden, int inter, int groups)
+    : arena_(arena),
+      experts_(std::max(1, experts)),
+      hidden_(hidden),
+      expert_bytes_(3ull * (uint64_t(inter) * uint64_t(hidden) / 2 +
+                            uint64_t(inter) * uint64_t(hidden) / 32)),
+      pool_(topo, expert_bytes_ * size_t(experts_) * size_t(std::max(1, groups))) {
+  STRATA_ASSERT(hidden % 32 == 0 && inter % 32 == 0);
+  const size_t packed = size_t(inter) * size_t(hidden) / 2,
+               scale = size_t(inter) * size_t(hidden) / 32;
+  const int n = experts_ * std::max(1, groups);
   arena.arena().execute([&] {
-    for (int e = 0; e < experts; ++e) {
-      uint8_t* base = pool_.data() + kK3ExpertBytes * size_t(e);
-      fill_random(base, 3 * kPacked, uint64_t(e) * 3 + 1);
-      fill_random(base + 3 * kPacked, 3 * kScale, uint64_t(e) * 3 + 2, 117, 121);
+    for (int e = 0; e < n; ++e) {
+      uint8_t* base = pool_.data() + expert_bytes_ * size_t(e);
+      fill_random(base, 3 * packed, uint64_t(e) * 3 + 1);
+      fill_random(base + 3 * packed, 3 * scale, uint64_t(e) * 3 + 2, 117, 121);
     }
   });
-  for (int e = 0; e < experts; ++e) {
-    const uint8_t* p = pool_.data() + kK3ExpertBytes * size_t(e);
-    const uint8_t* s = p + 3 * kPacked;
+  for (int e = 0; e < n; ++e) {
+    const uint8_t* p = pool_.data() + expert_bytes_ * size_t(e);
+    const uint8_t* s = p + 3 * packed;
     Mxfp4ExpertView v;
-    v.w1_packed = p, v.w3_packed = p + kPacked, v.w2_packed = p + 2 * kPacked;
-    v.w1_scale = s, v.w3_scale = s + kScale, v.w2_scale = s + 2 * kScale;
-    v.hidden = kK3ExpertHidden, v.inter = kK3ExpertInter;
+    v.w1_packed = p, v.w3_packed = p + packed, v.w2_packed = p + 2 * packed;
+    v.w1_scale = s, v.w3_scale = s + scale, v.w2_scale = s + 2 * scale;
+    v.hidden = hidden, v.inter = inter;
     views_.push_back(v);
   }
 }
@@ -162,22 +171,28 @@ CpuExpertProbe::~CpuExpertProbe() = default;
 std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt) {
   STRATA_ASSERT(M >= 1);
   auto c = std::make_unique<Call>();
-  const int H = kK3ExpertHidden;
+  const int H = hidden_;
   c->M = M;
   c->x.resize(size_t(M) * H);
   for (size_t i = 0; i < c->x.size(); ++i)
     c->x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
   c->rows.resize(size_t(M));
   for (int i = 0; i < M; ++i) c->rows[size_t(i)] = i;
-  c->y.resize(views_.size() * size_t(M) * H);
-  for (size_t e = 0; e < views_.size(); ++e)
-    c->tasks.push_back({views_[e], c->rows.data(), M, c->y.data() + e * size_t(M) * H});
+  c->y.resize(size_t(experts_) * size_t(M) * H);  // every group writes the same outputs
+  for (size_t g = 0; g * size_t(experts_) < views_.size(); ++g) {
+    c->tasks.emplace_back();
+    for (size_t e = 0; e < size_t(experts_); ++e)
+      c->tasks.back().push_back(
+          {views_[g * size_t(experts_) + e], c->rows.data(), M, c->y.data() + e * size_t(M) * H});
+  }
   c->opt = opt;
   if (!c->opt.arena) c->opt.arena = &arena_.arena();
   std::shared_ptr<Call> call = std::move(c);
   const GluParams glu{true, 4.0, 25.0};
-  return
-      [call, glu] { cpu::run_experts_cpu(call->tasks, call->x.data(), call->M, glu, call->opt); };
+  return [call, glu] {
+    const auto& tasks = call->tasks[call->next++ % call->tasks.size()];
+    cpu::run_experts_cpu(tasks, call->x.data(), call->M, glu, call->opt);
+  };
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -483,6 +498,30 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
     c.source = std::string("measured: cpu::run_experts_cpu, ") + cpu::isa_name(isa) + ", " +
                std::to_string(experts) + " K3-shaped experts, " + thr + " (not pinned)" + basis;
     hw.kernels.cpu_expert = c;
+    {
+      // Small experts (a latent MoE's shape): 64 per call as a MoE layer's, 16 groups in turn
+      // (320 MB, ≫ the last-level cache, as a model's layers).
+      const int small_experts = 64, groups = o.quick ? 4 : 16;
+      CpuExpertProbe sp(topo, arena, small_experts, kSmallExpertHidden, kSmallExpertInter, groups);
+      RateCurve cs;
+      const std::string shape_s =
+          std::to_string(kSmallExpertHidden) + "->" + std::to_string(kSmallExpertInter) + "->" +
+          std::to_string(kSmallExpertHidden) + " x" + std::to_string(small_experts) + " (" +
+          std::to_string(groups) + " groups in turn), " + thr;
+      for (int M : Ms) {
+        RateSample s =
+            eff(time_repeats(sp.prepare(M, opt), M >= 64 ? std::max(1, reps / 2) : reps, 1));
+        s.bytes = double(sp.expert_bytes()) * small_experts;
+        cs.points.push_back({M, s.gbps()});
+        MeasuredLine l = make_line("hw/cpu expert small M=" + std::to_string(M), shape_s, s,
+                                   "host memory read", mem_gbps, isa_note);
+        l.flops = 2.0 * M * 3.0 * kSmallExpertInter * kSmallExpertHidden * small_experts;
+        emit(l);
+      }
+      cs.source = std::string("measured: cpu::run_experts_cpu, ") + cpu::isa_name(isa) + ", " +
+                  shape_s + " (not pinned)" + basis;
+      hw.kernels.cpu_expert_small = cs;
+    }
 
     // The fp32 reference linear on bf16 weights [N, K]: 64 MiB ≫ LLC, like a model's weights.
     progress("fp32 reference trunk (cpu::ref::linear)");

@@ -98,18 +98,18 @@ void fill_random(uint8_t* p, size_t n, uint64_t seed, int lo = 0, int hi = 255);
 RateSample measure_host_read(tbb::task_arena& arena, const cpu::Topology& topo, size_t bytes,
                              int repeats, std::string* note = nullptr);
 
-// The K3 routed-expert shape (3584 → 3072 → 3584, released MXFP4 layout: 17,547,264 bytes).
-inline constexpr int kK3ExpertHidden = 3584, kK3ExpertInter = 3072;
-inline constexpr uint64_t kK3ExpertBytes = 3ull * (uint64_t(kK3ExpertInter) * kK3ExpertHidden / 2 +
-                                                   uint64_t(kK3ExpertInter) * kK3ExpertHidden / 32);
-
-// `experts` K3-shaped MXFP4 experts with random nibbles and scale codes near 2^-7 in hwloc-bound
-// memory, and the CPU expert kernel run over them: every one of M tokens to every expert.
+// MXFP4 experts (K3's shape unless told) with random nibbles and scale codes near 2^-7 in
+// hwloc-bound memory, and the CPU expert kernel run over them: every one of M tokens to every
+// expert of a group.
 class CpuExpertProbe {
  public:
-  CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts);
+  // groups × experts MXFP4 experts of hidden → inter → hidden; each call runs one group of
+  // `experts`, the next group on the next call (groups ≫ 1 keep small experts out of the caches).
+  CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& arena, int experts,
+                 int hidden = kK3ExpertHidden, int inter = kK3ExpertInter, int groups = 1);
   ~CpuExpertProbe();
-  int experts() const { return int(views_.size()); }
+  int experts() const { return experts_; }
+  uint64_t expert_bytes() const { return expert_bytes_; }
   // A callable that runs one cpu::run_experts_cpu call at M tokens per expert with `opt` (in
   // opt.arena, or the probe's pinned arena when null); its buffers are prepared here and live as
   // long as the callable.
@@ -119,8 +119,10 @@ class CpuExpertProbe {
  private:
   struct Call;
   cpu::PinnedArena& arena_;
+  int experts_, hidden_;
+  uint64_t expert_bytes_;
   BoundBuffer pool_;
-  std::vector<Mxfp4ExpertView> views_;
+  std::vector<Mxfp4ExpertView> views_;  // groups × experts
 };
 
 // A shard-like file of K3-sized experts (unaligned start, back to back) with pseudo-random

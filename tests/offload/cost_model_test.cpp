@@ -90,6 +90,38 @@ TEST_CASE("per-expert times, staging and disk reads of a K3 expert", "[cost]") {
   CHECK(m.distinct_experts(2) == Approx(896.0 * (1 - std::pow(880.0 / 896.0, 2))));
 }
 
+TEST_CASE("CPU experts between the two measured shapes go by expert size", "[cost]") {
+  HardwareProfile hw = gpu_machine();
+  hw.kernels.cpu_expert = curve({{1, 300}, {16, 30}});        // K3-shaped experts
+  hw.kernels.cpu_expert_small = curve({{1, 100}, {16, 10}});  // the small shape
+  // K3's experts: the K3 curve alone, as without the small curve.
+  const CostModel big(hw, k3_slice());
+  CHECK(big.cpu_expert_seconds(16) == Approx(17547264.0 / 30e9));
+  // k3-mini's experts (512 → 384 → 512) are the small probe's shape: its curve alone.
+  const CostModel small(hw, k3_mini());
+  const double sb = double(small.costs().bytes_per_routed_expert);
+  REQUIRE(sb == double(kSmallExpertBytes));
+  CHECK(small.cpu_expert_seconds(1) == Approx(sb / 100e9));
+  CHECK(small.cpu_expert_seconds(16) == Approx(sb / 10e9));
+  // Between them: seconds per byte interpolated by log(size), halfway at the geometric mean.
+  SynthOptions o;
+  o.preset = "k3-mini";
+  ModelConfig mid = parse_config(synth_config_json(o), "k3-mini");
+  const double target = std::sqrt(double(kSmallExpertBytes) * double(kK3ExpertBytes));
+  // Scale the expert's inner width until its size is the geometric mean (within a block row).
+  mid.moe.intermediate_size =
+      int(std::lround(double(mid.moe.intermediate_size) * target / sb / 32)) * 32;
+  const CostModel m(hw, mid);
+  const double b = double(m.costs().bytes_per_routed_expert);
+  const double f = std::log(b / double(kSmallExpertBytes)) /
+                   std::log(double(kK3ExpertBytes) / double(kSmallExpertBytes));
+  CHECK(f == Approx(0.5).margin(0.02));
+  const double spb16 = 1 / 10e9 + f * (1 / 30e9 - 1 / 10e9);
+  CHECK(m.cpu_expert_seconds(16) == Approx(b * spb16));
+  CHECK(m.cpu_expert_seconds(16) < b / 10e9);
+  CHECK(m.cpu_expert_seconds(16) > b / 30e9);
+}
+
 TEST_CASE("the prefill staging threshold is the first M where copy + GPU beats the CPU", "[cost]") {
   // Seconds per byte (ns): stage = 1/5 = 0.2; GPU(M) = 0.001 + (M−1)/63·0.009;
   // CPU(M) = 0.1 + (M−1)/15·0.9. M=2: 0.2011 vs 0.16 (CPU wins); M=3: 0.2013 vs 0.22 (GPU wins).

@@ -72,6 +72,8 @@ TEST_CASE("a profile survives save and load, and save never replaces a file unas
   hw.disk.read_gbps = Rate(6.5);
   hw.kernels.cpu_expert.points = {{1, 200}, {16, 40}};
   hw.kernels.cpu_expert.source = "measured";
+  hw.kernels.cpu_expert_small.points = {{1, 90}, {4, 30}, {16, 9}};
+  hw.kernels.cpu_expert_small.source = "measured: small";
   hw.not_measured = {"GPU peer bandwidth"};
   const auto dir = test::scratch_dir("hardware_roundtrip");
   const auto file = dir / "hw.json";
@@ -93,6 +95,10 @@ TEST_CASE("a profile survives save and load, and save never replaces a file unas
   REQUIRE(b.kernels.cpu_expert.points.size() == 2);
   CHECK(b.kernels.cpu_expert.points[1].tokens == 16);
   CHECK(b.kernels.cpu_expert.points[1].gbps == 40);
+  REQUIRE(b.kernels.cpu_expert_small.points.size() == 3);
+  CHECK(b.kernels.cpu_expert_small.points[2].tokens == 16);
+  CHECK(b.kernels.cpu_expert_small.points[2].gbps == 9);
+  CHECK(b.kernels.cpu_expert_small.source == "measured: small");
   CHECK(b.not_measured == hw.not_measured);
   try {
     save_hardware(hw, file, false);
