@@ -12,10 +12,10 @@
 namespace strata::tools {
 
 struct KernelBenchContext {
-  double copy_gbps = 0;    // measured D2D copy bandwidth (read + write bytes), GB/s
-  double gemm_tflops = 0;  // measured cuBLASLt bf16 GEMM rate, TFLOP/s
-  int repeats = 10;        // timed repeats per line (cases may use fewer for long kernels)
-  bool quick = false;      // --quick: smaller shapes (smoke runs)
+  double copy_gbps = 0;         // measured D2D copy bandwidth (read + write bytes), GB/s
+  double gemm_tflops = 0;       // measured cuBLASLt bf16 GEMM rate, TFLOP/s
+  int repeats = 10;             // timed repeats per line (cases may use fewer for long kernels)
+  bool quick = false;           // --quick: smaller shapes (smoke runs)
   std::vector<int> moe_tokens;  // --tokens: the grouped MoE lines' T (empty: 64 256 1024 4096)
 };
 
