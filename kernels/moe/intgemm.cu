@@ -40,6 +40,8 @@
 // the same bits.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/moe/contract_device.cuh"
 #include "kernels/moe/paths.h"
 #include "kernels/ops/launch.cuh"
@@ -72,6 +74,7 @@ static_assert(kBM * kKB == 2 * kThreads, "A stage: 2 chunks (one block of one ro
 //     at chunk j ^ ((r / 2) mod 4); B token rows of 128 bytes, chunk j at j ^ (2·(t mod 4)).
 template <bool SW>
 struct Layout {
+  static constexpr bool kSW = SW;
   static constexpr int kARow = SW ? kBK / 2 : kBK / 2 + 16, kBRow = SW ? kBK : kBK + 32;
   static constexpr int kAStage = kBM * kARow;
   // Offsets of block j of weight row r, and of chunk j of token row t of a plane; b(t + 8f, j) =
@@ -140,6 +143,23 @@ __device__ __forceinline__ uint32_t decode4_shifted(uint32_t codes, const is::Sh
   const uint32_t pos = __byte_perm(t.pos0, t.pos1, idx);
   const uint32_t neg = __byte_perm(t.neg0, t.neg1, idx);
   return __byte_perm(pos, neg, 0x3210u | ((codes & 0x8888u) >> 1));
+}
+// prmt.b32 in the default mode, without __byte_perm's masking of the selector (callers pass
+// selectors whose nibbles have bit 3 clear).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+// decode4_shifted for the 8 codes of a word at once: lo from codes 0–3, hi from codes 4–7. The
+// selector takes byte j of neg (index 4 + j) where code j's sign is set, else byte j of pos.
+__device__ __forceinline__ void decode8_shifted(uint32_t codes, const is::ShiftedTables& t,
+                                                uint32_t& lo, uint32_t& hi) {
+  const uint32_t idx = codes & 0x77777777u;
+  const uint32_t sel = ((codes & 0x88888888u) >> 1) + 0x32103210u;
+  const uint32_t idx_hi = idx >> 16, sel_hi = sel >> 16;
+  lo = prmt(prmt(t.pos0, t.pos1, idx), prmt(t.neg0, t.neg1, idx), sel);
+  hi = prmt(prmt(t.pos0, t.pos1, idx_hi), prmt(t.neg0, t.neg1, idx_hi), sel_hi);
 }
 
 // The tables of w2 · 2^sw for sw = 0 … kMaxWeightShift in shared memory: gemm_kernel's main loop
@@ -223,6 +243,52 @@ __device__ float strict_element(const uint8_t* pk, const uint8_t* sc, const int8
   return float(L);
 }
 
+// The window of weight row r (CTA row; rows past N count as inside): lanes 0–15 and 16–31 of the
+// calling warp scan halves of row r = (its rows) + lane mod 16 of sS [kBM, nb]; lanes < 16 write
+// s_smin[r] and s_rowok[r]. With `rewrite`, the codes become byte offsets 16·(code − s_min) of
+// their shift's tables in s_tab (0 for rows outside their window: their outputs come from the
+// strict path). Whole 4-code words when nb % 8 == 0 (K3). Ends with __syncwarp: only the calling
+// warp reads its rows' results.
+__device__ void scan_windows(uint8_t* sS, int nb, int r, int lane, int row0, int N, int32_t* s_smin,
+                             int32_t* s_rowok, bool rewrite) {
+  const int half = (nb + 1) / 2;
+  const int b0 = lane < 16 ? 0 : half, b1 = lane < 16 ? half : nb;
+  uint32_t* const wds = reinterpret_cast<uint32_t*>(sS + r * nb + b0);
+  const bool words = nb % 8 == 0;
+  int mn = 255, mx = 0;
+  if (words) {
+    uint32_t vmn = 0xFFFFFFFFu, vmx = 0u;
+    for (int i = 0; i < (b1 - b0) / 4; i++)
+      vmn = __vminu4(vmn, wds[i]), vmx = __vmaxu4(vmx, wds[i]);
+    mn = int(min(min(vmn & 255u, (vmn >> 8) & 255u), min((vmn >> 16) & 255u, vmn >> 24)));
+    mx = int(max(max(vmx & 255u, (vmx >> 8) & 255u), max((vmx >> 16) & 255u, vmx >> 24)));
+  } else {
+    for (int b = b0; b < b1; b++) {
+      const int sv = sS[r * nb + b];
+      mn = min(mn, sv), mx = max(mx, sv);
+    }
+  }
+  mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 16));
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+  const bool in_window = mx - mn <= is::kMaxWeightShift;
+  if (lane < 16) {
+    s_smin[r] = mn;
+    s_rowok[r] = row0 + r >= N || in_window;  // past N: never used
+  }
+  if (rewrite) {
+    if (words) {
+      const uint32_t sub = uint32_t(mn) * 0x01010101u;  // no borrow: every code ≥ mn
+      for (int i = 0; i < (b1 - b0) / 4; i++) wds[i] = in_window ? (wds[i] - sub) << 4 : 0u;
+    } else {
+      for (int b = b0; b < b1; b++) {
+        uint8_t& sv = sS[r * nb + b];
+        sv = in_window ? uint8_t(16 * (int(sv) - mn)) : uint8_t(0);
+      }
+    }
+  }
+  __syncwarp();
+}
+
 template <int BN, int STAGES, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
   using Tl = Tile<BN, STAGES, MINB>;
@@ -250,31 +316,54 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
   load_scale_codes(a, v, row0, nb, sS, tid);
   bool windows_done = false;
 
-  // This thread's A copies: rows tid/4 and tid/4 + 64, block tid%4 of the stage.
-  const int ar = tid >> 2, ablk = tid & 3;
-  const uint8_t* apk[2];
+  // Per-thread shared-memory offsets that the main loop needs at every stage, kept in shared
+  // memory (read back after each stage's barrier: one 16-byte load) rather than in registers,
+  // which the 80-register build otherwise spends recomputing them:
+  //   x: the A copy destination of block ablk of row ar (blocks ablk and ablk + 1 of row ar are
+  //      this thread's A copies; ablk + 1 lies at x ^ 16 swizzled, x + 16 padded);
+  //   y: this lane's ldmatrix row address for blocks 0–1 (matrix lane / 8 is rows
+  //      16·warp + 8·(lane / 8 mod 2) … of block lane / 16); blocks 2–3 at y ^ 32 / y + 32;
+  //   z: this lane's B fragment bytes of block 0 (token gid, k-bytes 8·tig … + 7 of chunk
+  //      tig / 2); block kb at z ^ 32·kb swizzled (chunk 2·kb + tig / 2 lies at
+  //      (2·kb + tig / 2) ^ 2·(gid mod 4)), z + 32·kb padded; the next 8-token fragment 8·kBRow on;
+  //   w: this lane's rows' scale codes, r_lo · nb (r_hi's 8 rows on), offsets in sS.
+  // s_bdst: the B copy destination of chunk i = 0 (chunk c = tid + 256·i of a stage is plane
+  // c / (8·BN), token (c / 8) mod BN, bytes (c mod 8)·16: row c / 8 of the stage's 2·BN token
+  // rows, so chunk i lies 32·i rows after chunk 0, in the same swizzle phase).
+  __shared__ int4 s_lane[kThreads];
+  __shared__ int32_t s_bdst[kThreads];
+  const int ar = tid >> 1, ablk = 2 * (tid & 1), bpart = tid & 7;
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+  s_lane[tid] = make_int4(L::a(ar, ablk), L::a(warp * 16 + (lane & 15), lane >> 4),
+                          L::b(gid, tig >> 1) + 8 * (tig & 1), r_lo * nb);
+  s_bdst[tid] = L::b(tid >> 3, bpart);
+  const auto next_block = [](int off, int d) { return L::kSW ? off ^ d : off + d; };
+  // This thread's A source: row ar, from block ablk; carried from stage to stage.
+  const uint8_t* a_src;
   {
     const uint8_t* sc;
-    row_source(a, v, row0 + ar, apk[0], sc);
-    row_source(a, v, row0 + ar + 64, apk[1], sc);
+    row_source(a, v, row0 + ar, a_src, sc);
+    a_src += size_t(ablk) * 16;
   }
-  const int bpart = tid & 7;
-
-  auto load_a = [&](int st, int kt) {
-    const int b = kt * kKB + ablk;
-    if (b < nb) {
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-        cp16(sA + st * kAStg + L::a(ar + 64 * h, ablk), apk[h] + size_t(b) * 16);
-    }
-  };
+  __syncthreads();  // s_lane, s_bdst
 
   for (int pt = p0; pt < p1; pt += kBN) {
     const int cnt = min(kBN, p1 - pt), nfrag = (cnt + 7) / 8;
+    const uint8_t* a_next = a_src;  // the stage a_kt's source
+    int a_kt = 0;
+    auto load_a = [&](int st, int dst) {
+      uint8_t* const d = sA + st * kAStg;
+      if (a_kt * kKB + ablk < nb) cp16(d + dst, a_next);
+      if (a_kt * kKB + ablk + 1 < nb) cp16(d + next_block(dst, 16), a_next + 16);
+      a_next += kBK / 2, a_kt++;
+    };
     // The weights of the first stages go out before the tokens' metadata is known.
+    {
+      const int dst = s_lane[tid].x;
 #pragma unroll
-    for (int s = 0; s < kStages - 1; s++)
-      if (s < nkt) load_a(s, s);
+      for (int s = 0; s < kStages - 1; s++)
+        if (s < nkt) load_a(s, dst);
+    }
     if (tid < kBN) {
       int row = 0, em = 0, st = is::kTokenOk;
       if (tid < cnt) {
@@ -288,28 +377,32 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
     if (tid == 0) s_nbad = 0;
     __syncthreads();
     if (tid < cnt && s_tokst[tid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = tid;
-    // This thread's B copies: chunk c = tid + 256·i of the stage is plane c / (8·BN), token
-    // (c / 8) mod BN, bytes (c mod 8)·16; nullptr past the tile.
-    const int8_t* bsrc[Tl::kBChunks];
-    int bdst[Tl::kBChunks];
+    // This thread's B sources (b_live bit i: chunk i's token is in the tile; a token past it
+    // reads nothing and its pointer walks row 0), carried like a_next.
+    const int8_t* b_next[Tl::kBChunks];
+    unsigned b_live = 0u;
 #pragma unroll
     for (int i = 0; i < Tl::kBChunks; i++) {
       const int ch = tid + kThreads * i, pl = ch / (8 * kBN), t = (ch >> 3) % kBN;
-      const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
-      bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
-      bdst[i] = L::b(pl * kBN + t, bpart);
+      const size_t row = t < cnt ? size_t(s_tokrow[t]) : 0u;
+      b_next[i] = (pl ? a.planes.lo : a.planes.hi) + row * size_t(K) + size_t(bpart) * 16;
+      b_live |= unsigned(t < cnt) << i;
     }
-    auto load_b = [&](int st, int kt) {
-      if (kt * kKB + (bpart >> 1) < nb) {
+    int b_kt = 0;
+    auto load_b = [&](int st, int bdst) {
+      if (b_kt * kKB + (bpart >> 1) < nb) {
 #pragma unroll
         for (int i = 0; i < Tl::kBChunks; i++)
-          if (bsrc[i]) cp16(sB + st * kBStage + bdst[i], bsrc[i] + size_t(kt) * kBK);
+          if ((b_live >> i) & 1u) cp16(sB + st * kBStage + bdst + 32 * i * L::kBRow, b_next[i]);
       }
+#pragma unroll
+      for (int i = 0; i < Tl::kBChunks; i++) b_next[i] += kBK;
+      b_kt++;
     };
     // Groups: [scales (first tile) + A of stages 0..S-2 + B of stage 0], [B of stage 1], …
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
-      if (s < nkt) load_b(s, s);
+      if (s < nkt) load_b(s, s_bdst[tid]);
       cp_commit();
     }
 
@@ -318,88 +411,63 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
     for (int f = 0; f < kFrags; f++)
 #pragma unroll
       for (int r = 0; r < 4; r++) acc_hi[f][r] = 0, acc_lo[f][r] = 0;
-    const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
-    // This lane's ldmatrix row addresses: matrix lane / 8 is rows 16·warp + 8·(lane / 8 mod 2) …
-    // of block kb + lane / 16, for kb = 0 and 2.
-    const int a_lds0 = L::a(warp * 16 + (lane & 15), lane >> 4);
-    const int a_lds2 = L::a(warp * 16 + (lane & 15), 2 + (lane >> 4));
+
+    // One 32-column block: the two rows' tables, the A fragment decoded once, two MMAs (hi, lo
+    // planes) per 8-token fragment; NF fragments (0: all of the tile's, predicated).
+    const auto block = [&](auto nf_tag, const uint8_t* A, const uint8_t* B, const uint8_t* codes,
+                           int4 lc, int kb, uint32_t(&w4)[4]) {
+      constexpr int NF = decltype(nf_tag)::value;
+      if (kb % 2 == 0) ldmatrix_x4(w4, A + (kb == 0 ? lc.y : next_block(lc.y, 32)));
+      const is::ShiftedTables tl = shift_table(codes[kb]);
+      const is::ShiftedTables th = shift_table(codes[kb + 8 * nb]);
+      uint32_t a0, a1, a2, a3;
+      decode8_shifted(w4[2 * (kb % 2)], tl, a0, a2);
+      decode8_shifted(w4[2 * (kb % 2) + 1], th, a1, a3);
+      const uint8_t* bk = B + next_block(lc.z, 32 * kb);
+#pragma unroll
+      for (int f = 0; f < (NF ? NF : kFrags); f++) {
+        if (NF || f < nfrag) {
+          const uint2 bh = *reinterpret_cast<const uint2*>(bk + f * 8 * L::kBRow);
+          const uint2 bl = *reinterpret_cast<const uint2*>(bk + (f * 8 + kBN) * L::kBRow);
+          mma_s8(acc_hi[f], a0, a1, a2, a3, bh.x, bh.y);
+          mma_s8(acc_lo[f], a0, a1, a2, a3, bl.x, bl.y);
+        }
+      }
+    };
 
     for (int kt = 0; kt < nkt; kt++) {
       cp_wait<kStages - 2>();
       __syncthreads();
       if (!windows_done) {
-        // Lanes 0–15 and 16–31 scan halves of row 16·warp + (lane mod 16); the scales (first
-        // group) have landed. Only this warp uses its rows' windows.
+        // The scales (first group) have landed; each warp scans and rewrites its own rows.
         windows_done = true;
-        const int r = warp * 16 + (lane & 15), half = (nb + 1) / 2;
-        const int b0 = lane < 16 ? 0 : half, b1 = lane < 16 ? half : nb;
-        // Halves of whole 4-code words when nb % 8 == 0 (K3), read and rewritten word by word.
-        uint32_t* const wds = reinterpret_cast<uint32_t*>(sS + r * nb + b0);
-        const bool words = nb % 8 == 0;
-        int mn = 255, mx = 0;
-        if (words) {
-          uint32_t vmn = 0xFFFFFFFFu, vmx = 0u;
-          for (int i = 0; i < (b1 - b0) / 4; i++)
-            vmn = __vminu4(vmn, wds[i]), vmx = __vmaxu4(vmx, wds[i]);
-          mn = int(min(min(vmn & 255u, (vmn >> 8) & 255u), min((vmn >> 16) & 255u, vmn >> 24)));
-          mx = int(max(max(vmx & 255u, (vmx >> 8) & 255u), max((vmx >> 16) & 255u, vmx >> 24)));
-        } else {
-          for (int b = b0; b < b1; b++) {
-            const int sv = sS[r * nb + b];
-            mn = min(mn, sv), mx = max(mx, sv);
-          }
-        }
-        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 16));
-        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const bool in_window = mx - mn <= is::kMaxWeightShift;
-        if (lane < 16) {
-          s_smin[r] = mn;
-          s_rowok[r] = row0 + r >= a.N || in_window;  // past N: never used
-        }
-        // The codes become byte offsets 16·(code − s_min) of their shift's tables in s_tab (0 for
-        // rows outside their window: their outputs are replaced by the strict path).
-        if (words) {
-          const uint32_t sub = uint32_t(mn) * 0x01010101u;  // no borrow: every code ≥ mn
-          for (int i = 0; i < (b1 - b0) / 4; i++) wds[i] = in_window ? (wds[i] - sub) << 4 : 0u;
-        } else {
-          for (int b = b0; b < b1; b++) {
-            uint8_t& sv = sS[r * nb + b];
-            sv = in_window ? uint8_t(16 * (int(sv) - mn)) : uint8_t(0);
-          }
-        }
-        __syncwarp();
+        scan_windows(sS, nb, warp * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
       }
+      const int4 lc = s_lane[tid];
       if (kt + kStages - 1 < nkt) {
-        load_a((kt + kStages - 1) % kStages, kt + kStages - 1);
-        load_b((kt + kStages - 1) % kStages, kt + kStages - 1);
+        load_a((kt + kStages - 1) % kStages, lc.x);
+        load_b((kt + kStages - 1) % kStages, s_bdst[tid]);
       }
       cp_commit();
       const int st = kt % kStages;
       const uint8_t* A = sA + st * kAStg;
       const uint8_t* B = sB + st * kBStage;
+      const uint8_t* codes = sS + lc.w + kt * kKB;
       uint32_t w4[4];  // ldmatrix.x4 of two blocks: (rows lo, kb), (rows hi, kb), kb + 1 likewise
+      if ((kt + 1) * kKB <= nb) {  // a whole stage (K3's widths): no per-block bound
+        if (nfrag == 1) {
 #pragma unroll
-      for (int kb = 0; kb < kKB; kb++) {
-        const int b = kt * kKB + kb;
-        if (b >= nb) break;
-        if (kb % 2 == 0) ldmatrix_x4(w4, A + (kb == 0 ? a_lds0 : a_lds2));  // past nb: stale
-        const is::ShiftedTables tl = shift_table(sS[r_lo * nb + b]);
-        const is::ShiftedTables th = shift_table(sS[r_hi * nb + b]);
-        const uint32_t wl = w4[2 * (kb % 2)], wh = w4[2 * (kb % 2) + 1];
-        const uint32_t a0 = decode4_shifted(wl, tl), a2 = decode4_shifted(wl >> 16, tl);
-        const uint32_t a1 = decode4_shifted(wh, th), a3 = decode4_shifted(wh >> 16, th);
+          for (int kb = 0; kb < kKB; kb++)
+            block(std::integral_constant<int, 1>{}, A, B, codes, lc, kb, w4);
+        } else {
 #pragma unroll
-        for (int f = 0; f < kFrags; f++) {
-          if (f < nfrag) {
-            // Token 8f + gid, k-bytes 32·kb + 8·tig … + 7 (chunk 2·kb + tig / 2).
-            const uint8_t* bp =
-                B + f * 8 * L::kBRow + L::b(gid, 2 * kb + (tig >> 1)) + 8 * (tig & 1);
-            const uint2 bh = *reinterpret_cast<const uint2*>(bp);
-            const uint2 bl = *reinterpret_cast<const uint2*>(bp + kBN * L::kBRow);
-            mma_s8(acc_hi[f], a0, a1, a2, a3, bh.x, bh.y);
-            mma_s8(acc_lo[f], a0, a1, a2, a3, bl.x, bl.y);
-          }
+          for (int kb = 0; kb < kKB; kb++)
+            block(std::integral_constant<int, 0>{}, A, B, codes, lc, kb, w4);
         }
+      } else {
+#pragma unroll
+        for (int kb = 0; kb < kKB; kb++)  // past nb the ldmatrix's second block is stale
+          if (kt * kKB + kb < nb) block(std::integral_constant<int, 0>{}, A, B, codes, lc, kb, w4);
       }
     }
     cp_wait<0>();
@@ -770,20 +838,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(Gemm
       __syncthreads();
       if (!windows_done) {
         windows_done = true;
-        const int r = warp * 16 + (lane & 15), hb = (nb + 1) / 2;
-        const int b0 = lane < 16 ? 0 : hb, b1 = lane < 16 ? hb : nb;
-        int mn = 255, mx = 0;
-        for (int b = b0; b < b1; b++) {
-          const int sv = sS[r * nb + b];
-          mn = min(mn, sv), mx = max(mx, sv);
-        }
-        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, 16));
-        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        if (lane < 16) {
-          s_smin[r] = mn;
-          s_rowok[r] = row0 + r >= a.N || mx - mn <= is::kMaxWeightShift;
-        }
-        __syncwarp();
+        scan_windows(sS, nb, warp * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, false);
       }
       if (pfrow && kt % kPfEvery == 0)
         prefetch_row_stages(pfrow, row_bytes, kt + kPfAhead, kPfEvery);
