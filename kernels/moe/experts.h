@@ -55,8 +55,8 @@ size_t experts_workspace_bytes(int T, int P, int H, int I);
 inline constexpr int kImmaMinMeanPairsPerGroup = 12;
 // Mean tokens per expert from which the automatic choice takes the GEMM path. Measured on the H200
 // (`strata bench kernels --filter moe`, docs/performance.md): at a mean of 1.7 (T = 64) the GEMV
-// path is 1.5x faster, at 4.6 (T = 256) the GEMM path is 1.55x faster; 4 lies between (the
-// crossing itself is not measured). Like the grids, the GEMM's tile size is chosen from the host
+// path was 1.5x faster (before the GEMM path's main-loop change of dfdcbb8; not re-measured), at
+// 4.6 (T = 256) the GEMM path is 2.2x faster; 4 lies between (the crossing is not measured). Like the grids, the GEMM's tile size is chosen from the host
 // counts P and G.
 inline constexpr int kGemmMinMeanPairsPerGroup = 4;
 
