@@ -394,9 +394,43 @@ void mla_curves(const Probe& p, const std::vector<int>& Ms, int64_t context, Mod
   ms.mla_prefill_gflops.source = src + ", expanded";
 }
 
+// The per-sublayer buffers engine/cpu_fast_backend.cpp allocates as std::vector<float> (zero
+// filled, one thread) in a layer of T rows: the KDA projections, conv outputs, gates and output;
+// MLA's queries, latent rows, gate and output; the MLP's gate and up; the MoE layer's logits,
+// latent input, shared gate and up, routed outputs, merge and shared output. Floats per buffer.
+std::vector<int64_t> layer_buffers(const ModelConfig& c, int l, int64_t T) {
+  const auto& kd = c.kda;
+  const auto& ml = c.mla;
+  const auto& mo = c.moe;
+  const int64_t D = c.hidden_size, P = kd.proj_dim(),
+                r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
+  std::vector<int64_t> b;
+  if (c.is_kda(l)) {
+    for (int i = 0; i < 9; ++i) b.push_back(T * P);  // pq pk pv q k v g G o
+    b.push_back(T * r), b.push_back(T * kd.num_heads);
+    if (!kd.full_rank_output_gate) b.push_back(T * r);
+  } else {
+    const int64_t H = ml.num_heads;
+    b.push_back(T * H * ml.q_head_dim()), b.push_back(T * ml.latent_cache_dim());
+    if (ml.q_lora_rank > 0) b.push_back(T * ml.q_lora_rank);
+    if (ml.output_gate) b.push_back(T * H * ml.v_head_dim);
+    b.push_back(T * H * ml.v_head_dim);
+  }
+  if (!c.is_moe(l)) {
+    b.push_back(T * c.dense_intermediate_size), b.push_back(T * c.dense_intermediate_size);
+  } else {
+    const int64_t L = c.expert_in_dim(), Is = mo.shared_intermediate();
+    b.push_back(T * mo.num_experts), b.push_back(T * L), b.push_back(T * L);
+    b.push_back(T * mo.top_k * L);
+    if (Is > 0) b.push_back(T * Is), b.push_back(T * Is), b.push_back(T * D);
+  }
+  return b;
+}
+
 // The row ops of every layer at M tokens, as the backend runs them: the AttnRes mixes over the
 // layer's sources, two KimiRMSNorms, two residual adds; MLA: the q_a norm and the output gate;
-// dense MLP: the GLU; MoE: the routing, the latent norm, the shared experts' GLU and add. ns per
+// dense MLP: the GLU; MoE: the routing, the latent norm, the shared experts' GLU and add; and the
+// layer's buffers (layer_buffers: the work no kind of the backend's telemetry times). ns per
 // token, layer and 1024 of hidden width (the cost model's unit).
 RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
   const ModelConfig& c = p.c;
@@ -430,6 +464,10 @@ RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
     RateSample s = p.time(
         [&] {
           for (int l = 0; l < c.num_layers; ++l) {
+            for (int64_t n : layer_buffers(c, l, T)) {
+              std::vector<float> buf(static_cast<size_t>(n));
+              asm volatile("" : : "r"(buf.data()) : "memory");  // the zero fill must happen
+            }
             if (c.has_attn_res()) {
               const int64_t n_attn = l == 0 ? 0 : (l - 1) / bs + 2, n_mlp = l / bs + 2;
               std::vector<const float*> ps;
@@ -469,8 +507,10 @@ RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
            std::to_string(c.num_layers) + " layers, D=" + std::to_string(D) + ", " + p.thr, s, 0,
            fmt("%.0f ns per token, layer and 1024 wide", ns), false);
   }
-  curve.source = "measured: the fast backend's row ops of every layer at this model's widths, " +
-                 p.thr + p.basis + "; ns per token, layer and 1024 wide";
+  curve.source =
+      "measured: the fast backend's row ops and per-sublayer buffers of every layer at "
+      "this model's widths, " +
+      p.thr + p.basis + "; ns per token, layer and 1024 wide";
   return curve;
 }
 

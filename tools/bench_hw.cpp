@@ -4,11 +4,14 @@
 // reference trunk, KDA and MLA; on the GPU the grouped experts and the trunk GEMM) — prints them as
 // benchmark lines, says what it could not measure, and saves the profile (--save) for
 // `strata plan --hardware FILE` and the engine. The loops are offload/hw_measure.cpp's (the same
-// code as bench io's raw line and bench cpu-experts' memory-read line).
+// code as bench io's raw line and bench cpu-experts' memory-read line). With -m DIR it also times
+// the fast CPU backend's pieces at that model's shapes (offload/hw_measure_model.cpp: the
+// profile's model_shapes, which strata plan --device cpu uses for that model only).
 //
 // Napkin: --quick on the 2-core dev VM ≈ 15 s (0.5 GiB memory stream × 4, a 0.5 GiB disk file
 // written and 16 experts read × 4, 8 K3 experts × (1 + 16 tokens), the reference linear on a
-// 64 MiB weight); the full run about three times that.
+// 64 MiB weight); the full run about three times that. -m k3-mini adds ≈ 25 s on 2 cores (the
+// trunk's 0.5 GB of calls at 7 token counts, the largest 1024 rows: ≈ 0.35 TFLOP per repeat).
 #include <unistd.h>
 
 #include <chrono>

@@ -515,6 +515,18 @@ ModelShapeRates shapes_for(const ModelConfig& cfg, double slow) {
   ms.row_ops_ns = curve({{1, 1000 * slow}});
   return ms;
 }
+// k3-mini on the fast CPU backend with the K3-shaped probes.
+struct FastCpu {
+  ModelConfig cfg = k3_mini();
+  CostOptions co = [] {
+    CostOptions o;
+    o.trunk = TrunkBackend::cpu_bf16;
+    return o;
+  }();
+  HardwareProfile hw = k3_shaped_cpu();
+  Placement host{0, 1, 0};
+  CostModel model() const { return CostModel(hw, cfg, co); }
+};
 }  // namespace
 
 TEST_CASE("the fast backend's step calls cover the trunk and identify the model", "[cost]") {
@@ -552,18 +564,16 @@ TEST_CASE("the fast backend's step calls cover the trunk and identify the model"
 
 TEST_CASE("model-shape rates replace the K3-shaped probes for their model, in the same formulas",
           "[cost]") {
-  const ModelConfig cfg = k3_mini();
-  CostOptions co;
-  co.trunk = TrunkBackend::cpu_bf16;
-  const Placement host{0, 1, 0};
-  HardwareProfile hw = k3_shaped_cpu();
-  const CostModel k3(hw, cfg, co);
+  FastCpu f;
+  const ModelConfig& cfg = f.cfg;
+  HardwareProfile& hw = f.hw;
+  const CostModel k3 = f.model();
   CHECK(!k3.uses_model_shapes());
   CHECK(k3.rates_basis().find("K3-shaped probes (the profile has no model-shape rates") !=
         std::string::npos);
   // Rates measured at this model's shapes: 3× slower than the K3-shaped ones.
   hw.model_shapes = shapes_for(cfg, 3);
-  const CostModel ms(hw, cfg, co);
+  const CostModel ms(hw, cfg, f.co);
   REQUIRE(ms.uses_model_shapes());
   CHECK(ms.rates_basis().find("model-shape probes measured for this model (test model") !=
         std::string::npos);
@@ -581,41 +591,39 @@ TEST_CASE("model-shape rates replace the K3-shaped probes for their model, in th
   CHECK(ms.fast_fixed_seconds(1, true) - jobs ==
         Approx(3 * (k3.fast_fixed_seconds(1, true) - jobs)));
   // So the whole predictions are 3× slower, decode and prefill alike.
-  const double k3_d1 = k3.decode_step(host, 1, 80).step_s,
-               k3_d8 = k3.decode_step(host, 8, 80).step_s;
-  CHECK(ms.decode_step(host, 1, 80).step_s == Approx(3 * k3_d1 - 2 * jobs));
-  CHECK(ms.decode_step(host, 8, 80).step_s > 1.5 * k3_d8);  // its KDA curve is faster at B = 8
-  CHECK(ms.prefill(host, 256, 256).tokens_per_s < k3.prefill(host, 256, 256).tokens_per_s / 2.5);
+  const double k3_d1 = k3.decode_step(f.host, 1, 80).step_s,
+               k3_d8 = k3.decode_step(f.host, 8, 80).step_s;
+  CHECK(ms.decode_step(f.host, 1, 80).step_s == Approx(3 * k3_d1 - 2 * jobs));
+  CHECK(ms.decode_step(f.host, 8, 80).step_s > 1.5 * k3_d8);  // its KDA curve is faster at B = 8
+  CHECK(ms.prefill(f.host, 256, 256).tokens_per_s <
+        k3.prefill(f.host, 256, 256).tokens_per_s / 2.5);
   // Rates that depend on the step: KDA decode at 8 sequences reads its curve's B = 8 point.
   CHECK(ms.kda_decode_seconds(8) ==
         Approx(2.0 * 8 * double(ms.costs().kda_state_bytes) / (100.0 / 3 * 1e9)));
   // Faster model-shape rates give a faster prediction: the direction follows the input.
   hw.model_shapes = shapes_for(cfg, 0.5);
-  CHECK(CostModel(hw, cfg, co).decode_step(host, 1, 80).step_s < k3_d1);
+  CHECK(CostModel(hw, cfg, f.co).decode_step(f.host, 1, 80).step_s < k3_d1);
   // The other backends do not read them (they are the fast CPU backend's pieces).
-  co.trunk = TrunkBackend::cpu_reference;
+  f.co.trunk = TrunkBackend::cpu_reference;
   hw.kernels.cpu_trunk_ref = curve({{1, 2}});
   hw.kernels.cpu_kda_ref_state_gbps = Rate(1);
   hw.kernels.cpu_mla_ref_gflops = Rate(1);
-  const CostModel ref(hw, cfg, co);
+  const CostModel ref(hw, cfg, f.co);
   CHECK(!ref.uses_model_shapes());
   CHECK(ref.rates_basis().empty());
 }
 
 TEST_CASE("model-shape rates of another model fall back to the K3-shaped probes with a note",
           "[cost]") {
-  const ModelConfig cfg = k3_mini();
-  CostOptions co;
-  co.trunk = TrunkBackend::cpu_bf16;
-  const Placement host{0, 1, 0};
-  HardwareProfile hw = k3_shaped_cpu();
-  const CostModel k3(hw, cfg, co);
+  FastCpu f;
+  const CostModel k3 = f.model();
+  const ModelConfig& cfg = f.cfg;
   ModelConfig other = cfg;
   other.num_layers = 8;  // another model: same widths, one layer fewer
   other.layer_kinds.pop_back();
-  hw.model_shapes = shapes_for(other, 3);
-  hw.model_shapes.model = "the 8-layer one";
-  const CostModel m(hw, cfg, co);
+  f.hw.model_shapes = shapes_for(other, 3);
+  f.hw.model_shapes.model = "the 8-layer one";
+  const CostModel m(f.hw, cfg, f.co);
   CHECK(!m.uses_model_shapes());
   const std::string& note = m.rates_basis();
   CHECK(note.rfind("rates: K3-shaped probes — note: k3.json's model-shape rates were measured "
@@ -625,7 +633,7 @@ TEST_CASE("model-shape rates of another model fall back to the K3-shaped probes 
   CHECK(note.find(model_shape_signature(cfg)) != std::string::npos);
   CHECK(m.describe_rates().front() == note);
   // The prediction is the K3-shaped one, bit for bit.
-  CHECK(m.decode_step(host, 1, 80).step_s == k3.decode_step(host, 1, 80).step_s);
-  CHECK(m.decode_step(host, 8, 80).step_s == k3.decode_step(host, 8, 80).step_s);
-  CHECK(m.prefill(host, 1024, 1024).total_s == k3.prefill(host, 1024, 1024).total_s);
+  CHECK(m.decode_step(f.host, 1, 80).step_s == k3.decode_step(f.host, 1, 80).step_s);
+  CHECK(m.decode_step(f.host, 8, 80).step_s == k3.decode_step(f.host, 8, 80).step_s);
+  CHECK(m.prefill(f.host, 1024, 1024).total_s == k3.prefill(f.host, 1024, 1024).total_s);
 }
