@@ -115,7 +115,7 @@ Rate linear_call_rate(const Probe& p) {
 RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us) {
   const ModelConfig& c = p.c;
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  size_t total = size_t(V * D), max_rows = size_t(V), max_cols = size_t(D), max_outs = 1;
+  size_t total = size_t(V * D), max_rows = 1, max_cols = size_t(D), max_outs = 1;  // layers'
   for (const FastLinearCall& call : fast_step_linears(c, true)) {
     max_outs = std::max(max_outs, call.matrices.size());
     for (auto [r, k] : call.matrices) {
@@ -133,6 +133,7 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
     const std::vector<FastLinearCall> calls = fast_step_linears(c, decode);
     std::vector<float> x(size_t(M) * max_cols, 0.01f);
     std::vector<std::vector<float>> y(max_outs, std::vector<float>(size_t(M) * max_rows));
+    std::vector<float> logits(decode ? size_t(M) * size_t(V) : 0);
     double bytes = decode ? double(V * D) * 2 : 0;
     for (const FastLinearCall& call : calls)
       for (auto [r, k] : call.matrices) bytes += double(r * k) * 2;
@@ -152,7 +153,7 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
             for (size_t i = 0; i < Ws.size(); ++i) outs.push_back({&Ws[i], y[i].data(), true});
             lin.multi(x.data(), M, K, outs);
           }
-          if (decode) lin(x.data(), M, pool.next(V, D), y[0].data(), true);  // logits
+          if (decode) lin(x.data(), M, pool.next(V, D), logits.data(), true);
         },
         M >= 64 ? std::max(2, p.reps / 2) : p.reps);
     s.bytes = bytes;
