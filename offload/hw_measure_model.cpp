@@ -12,9 +12,14 @@
 // (one per linear call, one per CPU expert job) taken out. Not here: the engine itself (offload
 // does not depend on engine/; `strata bench e2e` measures that), the untimed rest of a step (the
 // backend's per-sublayer buffers), the embedding gather and the sampler.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "cpu/bf16_linear.h"
@@ -30,6 +35,8 @@ namespace strata::offload {
 
 namespace {
 
+namespace fs = std::filesystem;
+
 std::string fmt(const char* f, double a, double b = 0) {
   char buf[256];
   std::snprintf(buf, sizeof buf, f, a, b);
@@ -37,25 +44,66 @@ std::string fmt(const char* f, double a, double b = 0) {
 }
 
 // A pool of bf16 weights the probes' matrices are carved from in turn, wrapping around when a
-// model's trunk is larger than the pool (the pool stays ≫ the last-level cache either way).
+// model's trunk is larger than the pool (the pool stays ≫ the last-level cache either way). It is
+// a file mapped MAP_SHARED, as the engine maps its checkpoint (storage/safetensors.cpp), so the
+// page cache decides its page size for the probe as it does for the engine: on the dev VM (ext4,
+// kernel 6.18) the checkpoint sits in 2 MB folios, and k3-mini's step of linear calls ran 5–10 %
+// faster there than on 4 KiB anonymous pages. The file goes next to the model's config.json (the
+// filesystem the engine will read) when that directory is writable, else into the temp
+// directory, and is unlinked at once; anonymous memory only when neither can be written.
 class WeightPool {
  public:
-  explicit WeightPool(size_t elems) : w_(std::max<size_t>(elems, 1)) {
-    for (size_t i = 0; i < w_.size(); ++i)
-      w_[i] = uint16_t(0x3C00 | ((i * 2654435761u >> 24) & 0xFF));  // ≈ 1.0 ± small
+  WeightPool(size_t elems, const fs::path& near) : n_(std::max<size_t>(elems, 1)) {
+    const size_t bytes = n_ * 2;
+    for (const fs::path& dir : {near, fs::temp_directory_path()}) {
+      if (dir.empty()) continue;
+      const fs::path f = dir / (".strata-bench-hw-" + std::to_string(::getpid()) + ".weights");
+      const int fd = ::open(f.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0) continue;
+      ::unlink(f.c_str());
+      std::vector<uint16_t> chunk(size_t(4) << 20);
+      bool ok = true;
+      for (size_t i0 = 0; i0 < n_ && ok; i0 += chunk.size()) {
+        const size_t n = std::min(chunk.size(), n_ - i0);
+        for (size_t i = 0; i < n; ++i) chunk[i] = value(i0 + i);
+        ok = ::pwrite(fd, chunk.data(), n * 2, off_t(i0 * 2)) == ssize_t(n * 2);
+      }
+      void* m = ok ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+      ::close(fd);
+      if (m == MAP_FAILED) continue;
+      p_ = static_cast<const uint16_t*>(m);
+      where_ = "mapped from a file in " + dir.string();
+      return;
+    }
+    anon_.resize(n_);
+    for (size_t i = 0; i < n_; ++i) anon_[i] = value(i);
+    p_ = anon_.data();
+    where_ = "anonymous memory (no writable directory for a mapped file)";
   }
+  ~WeightPool() {
+    if (anon_.empty()) ::munmap(const_cast<uint16_t*>(p_), n_ * 2);
+  }
+  WeightPool(const WeightPool&) = delete;
+  WeightPool& operator=(const WeightPool&) = delete;
   cpu::ref::WeightView next(int64_t rows, int64_t cols) {
     const size_t n = size_t(rows * cols);
-    STRATA_ASSERT(n <= w_.size());
-    if (used_ + n > w_.size()) used_ = 0;
-    const uint16_t* p = w_.data() + used_;
+    STRATA_ASSERT(n <= n_);
+    if (used_ + n > n_) used_ = 0;
+    const uint16_t* p = p_ + used_;
     used_ += n;
     return cpu::ref::WeightView::bf16(p, rows, cols);
   }
+  const std::string& where() const { return where_; }
 
  private:
-  std::vector<uint16_t> w_;
+  static uint16_t value(size_t i) {
+    return uint16_t(0x3C00 | ((i * 2654435761u >> 24) & 0xFF));  // ≈ 1.0 ± small
+  }
+  size_t n_;
+  const uint16_t* p_ = nullptr;
+  std::vector<uint16_t> anon_;
   size_t used_ = 0;
+  std::string where_;
 };
 
 struct Probe {
@@ -125,7 +173,7 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
   }
   // The whole trunk when it fits 1 GiB (512 MiB quick), else that much in turn (elements of 2 B).
   const size_t cap = (p.o.quick ? size_t(256) : size_t(512)) << 20;
-  WeightPool pool(std::min(total, cap));
+  WeightPool pool(std::min(total, cap), fs::path(c.source).parent_path());
   cpu::Bf16Linear lin;
   RateCurve curve;
   for (int M : Ms) {
@@ -169,8 +217,8 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
   }
   curve.source =
       "measured: the fast CPU backend's linear calls of a step at this model's shapes "
-      "(cpu::Bf16Linear), " +
-      p.thr + p.basis + "; one call's fixed cost taken out";
+      "(cpu::Bf16Linear), weights " +
+      pool.where() + ", " + p.thr + p.basis + "; one call's fixed cost taken out";
   return curve;
 }
 // Tokens per expert M ↔ the step that gives it: the fewest tokens T whose flat routing gives at
