@@ -181,7 +181,8 @@ TEST_CASE("sizes, GPU generations and the sm_90 rule", "[hardware]") {
   CHECK(gpu_unsupported_reason(g).find("compute capability unknown") != std::string::npos);
 }
 
-TEST_CASE("model-shape rates survive save and load, and their errors name the field", "[hardware]") {
+TEST_CASE("model-shape rates survive save and load, and their errors name the field",
+          "[hardware]") {
   HardwareProfile hw;
   hw.description = "model shapes";
   hw.host.cores = 2;
