@@ -114,9 +114,103 @@ std::string overlap_description(Overlap o, TrunkBackend b) {
   return "?";
 }
 
+std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused) {
+  std::vector<FastLinearCall> calls;
+  using Mat = std::pair<int64_t, int64_t>;
+  // One input's projections: one call when fused, else one call per matrix.
+  auto proj = [&](std::vector<Mat> m) {
+    if (fused) {
+      calls.push_back({std::move(m)});
+    } else {
+      for (const Mat& x : m) calls.push_back({{x}});
+    }
+  };
+  auto one = [&](int64_t rows, int64_t cols) { calls.push_back({{{rows, cols}}}); };
+  const int64_t D = c.hidden_size;
+  const auto& kd = c.kda;
+  const auto& ml = c.mla;
+  const auto& mo = c.moe;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_kda(l)) {  // q, k, v, f_a, b, g (or g_a) | f_b | g_b | o
+      const int64_t P = kd.proj_dim(), r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
+      proj({{P, D},
+            {P, D},
+            {P, D},
+            {r, D},
+            {kd.num_heads, D},
+            {kd.full_rank_output_gate ? P : r, D}});
+      one(P, r);
+      if (!kd.full_rank_output_gate) one(P, r);
+      one(D, P);
+    } else {  // q (or q_a), kv_a, gate | q_b | o
+      const int64_t H = ml.num_heads;
+      std::vector<Mat> m = {{ml.q_lora_rank > 0 ? ml.q_lora_rank : H * ml.q_head_dim(), D},
+                            {ml.latent_cache_dim(), D}};
+      if (ml.output_gate) m.push_back({H * ml.v_head_dim, D});
+      proj(std::move(m));
+      if (ml.q_lora_rank > 0) one(H * ml.q_head_dim(), ml.q_lora_rank);
+      one(D, H * ml.v_head_dim);
+    }
+    if (!c.is_moe(l)) {  // gate, up | down
+      proj({{c.dense_intermediate_size, D}, {c.dense_intermediate_size, D}});
+      one(D, c.dense_intermediate_size);
+    } else {  // router, latent down, shared gate, up | latent up | shared down
+      const int64_t L = c.expert_in_dim(), Is = mo.shared_intermediate();
+      std::vector<Mat> m = {{mo.num_experts, D}};
+      if (mo.latent_size > 0) m.push_back({L, D});
+      if (Is > 0) m.push_back({Is, D}), m.push_back({Is, D});
+      proj(std::move(m));
+      if (mo.latent_size > 0) one(D, L);
+      if (Is > 0) one(D, Is);
+    }
+  }
+  return calls;
+}
+
+std::string model_shape_signature(const ModelConfig& c) {
+  std::string layers;
+  for (int l = 0; l < c.num_layers; ++l)
+    layers += std::string(c.is_kda(l) ? "K" : "M") + (c.is_moe(l) ? "e" : "d");
+  const auto& kd = c.kda;
+  const auto& ml = c.mla;
+  const auto& mo = c.moe;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "D%d V%d I%d AttnRes%d | KDA %dx%d conv%d rank%d %s %s | MLA %d q%d kv%d "
+                "%d+%d v%d%s | MoE %dx top%d inter%d latent%d%s shared%d %s",
+                c.hidden_size, c.vocab_size, c.dense_intermediate_size, c.attn_res_block_size,
+                kd.num_heads, kd.head_dim, kd.conv_kernel, kd.gate_rank,
+                kd.full_rank_output_gate ? "full-gate" : "lowrank-gate",
+                kd.gate == KdaGateKind::bounded_sigmoid ? "bounded" : "softplus", ml.num_heads,
+                ml.q_lora_rank, ml.kv_lora_rank, ml.qk_nope_head_dim, ml.qk_rope_head_dim,
+                ml.v_head_dim, ml.output_gate ? " gated" : "", mo.num_experts, mo.top_k,
+                mo.intermediate_size, mo.latent_size, mo.latent_norm ? " norm" : "",
+                mo.num_shared_experts, mo.mxfp4 ? "mxfp4" : "bf16");
+  return std::string(buf) + " | " + layers;
+}
+
 CostModel::CostModel(const HardwareProfile& hw, const ModelConfig& cfg, CostOptions opt)
     : hw_(hw), cfg_(cfg), costs_(compute_costs(cfg)), opt_(std::move(opt)) {
   const std::string src = hw.source.empty() ? std::string("hardware profile") : hw.source;
+  if (opt_.trunk == TrunkBackend::cpu_bf16) {
+    // The model-shape probes replace the K3-shaped ones for the model they were measured for
+    // only; another model's would be silently wrong, so they are set aside with a note.
+    const ModelShapeRates& ms = hw.model_shapes;
+    const std::string mine = model_shape_signature(cfg);
+    if (!ms.known()) {
+      rates_basis_ =
+          "rates: K3-shaped probes (the profile has no model-shape rates; `strata bench hw -m "
+          "DIR` measures them for a model)";
+    } else if (ms.signature == mine) {
+      shapes_ = true;
+      rates_basis_ = "rates: model-shape probes measured for this model (" + ms.model + ", " +
+                     std::to_string(ms.threads) + " threads)";
+    } else {
+      rates_basis_ = "rates: K3-shaped probes — note: " + src +
+                     "'s model-shape rates were measured for another model (" + ms.model +
+                     "); its signature [" + ms.signature + "] is not this model's [" + mine + "]";
+    }
+  }
   auto need = [&](bool ok, const std::string& field, const std::string& why) {
     if (!ok) throw Error(src + ": " + field + ": not measured or stated; " + why);
   };
@@ -179,6 +273,8 @@ double CostModel::cpu_bf16_flops() const {
 }
 
 double CostModel::cpu_expert_spb(double M) const {
+  if (shapes_ && cfg_.moe.mxfp4 && hw_.model_shapes.expert.known())  // this model's expert shape
+    return hw_.model_shapes.expert.seconds_per_byte(M);
   if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known()) {
     const double big = hw_.kernels.cpu_expert.seconds_per_byte(M);
     if (!hw_.kernels.cpu_expert_small.known()) return big;
@@ -235,6 +331,8 @@ double CostModel::trunk_spb(double M) const {
     case TrunkBackend::cpu_reference:
       return hw_.kernels.cpu_trunk_ref.seconds_per_byte(M);
     case TrunkBackend::cpu_bf16: {
+      if (shapes_ && hw_.model_shapes.trunk.known())
+        return hw_.model_shapes.trunk.seconds_per_byte(M);
       if (hw_.kernels.cpu_trunk_bf16.known()) return hw_.kernels.cpu_trunk_bf16.seconds_per_byte(M);
       const double mem =
           1.0 / (hw_.host.mem_read_gbps.value() * 1e9 * a.cpu_trunk_bf16_read_efficiency);
@@ -325,6 +423,8 @@ double CostModel::kda_decode_seconds(int batch) const {
     case TrunkBackend::cpu_reference:
       return bytes / (hw_.kernels.cpu_kda_ref_state_gbps.value() * 1e9);
     case TrunkBackend::cpu_bf16:
+      if (shapes_ && hw_.model_shapes.kda_decode_gbps.known())
+        return bytes / (hw_.model_shapes.kda_decode_gbps.value_at(batch) * 1e9);
       return bytes /
              (hw_.kernels.cpu_kda_fast_state_gbps.value_or(hw_.host.mem_read_gbps.value()) * 1e9);
   }
@@ -333,31 +433,22 @@ double CostModel::kda_decode_seconds(int batch) const {
 
 int CostModel::fast_linear_calls(bool decode) const {
   // engine/cpu_fast_backend.cpp: linear_multi fuses a layer's projections of one input into one
-  // GEMV pass in decode and makes one oneDNN call per matrix in prefill.
-  const ModelConfig& c = cfg_;
-  int n = 1;  // the logits
-  for (int l = 0; l < c.num_layers; ++l) {
-    if (c.is_kda(l))  // q, k, v, f_a, b, g (or g_a) | f_b | g_b | o
-      n += (decode ? 1 : 6) + 1 + (c.kda.full_rank_output_gate ? 0 : 1) + 1;
-    else  // q (or q_a), kv_a, gate | q_b | o
-      n += (decode ? 1 : 2 + (c.mla.output_gate ? 1 : 0)) + (c.mla.q_lora_rank > 0 ? 1 : 0) + 1;
-    if (!c.is_moe(l)) {
-      n += (decode ? 1 : 2) + 1;  // gate, up | down
-    } else {
-      const bool lat = c.moe.latent_size > 0, sh = c.moe.num_shared_experts > 0;
-      // router, latent down, shared gate, up | latent up | shared down
-      n += (decode ? 1 : 1 + (lat ? 1 : 0) + (sh ? 2 : 0)) + (lat ? 1 : 0) + (sh ? 1 : 0);
-    }
-  }
-  return n;
+  // GEMV pass in decode and makes one oneDNN call per matrix in prefill; plus the logits.
+  return int(fast_step_linears(cfg_, decode).size()) + 1;
 }
 
 double CostModel::fast_fixed_seconds(int64_t tokens, bool decode) const {
   if (opt_.trunk != TrunkBackend::cpu_bf16) return 0;
   const CostAssumptions& a = opt_.assumptions;
-  double t = fast_linear_calls(decode) * hw_.kernels.cpu_linear_call_us.value_or(0) * 1e-6;
-  t += double(cfg_.num_layers) * double(tokens) * (double(cfg_.hidden_size) / 1024.0) *
-       hw_.kernels.cpu_row_ops_ns.value_or(0) * 1e-9;
+  const ModelShapeRates& ms = hw_.model_shapes;
+  const double call_us = shapes_ && ms.linear_call_us.known()
+                             ? ms.linear_call_us.value()
+                             : hw_.kernels.cpu_linear_call_us.value_or(0);
+  const double row_ns = shapes_ && ms.row_ops_ns.known() ? ms.row_ops_ns.value_at(double(tokens))
+                                                         : hw_.kernels.cpu_row_ops_ns.value_or(0);
+  double t = fast_linear_calls(decode) * call_us * 1e-6;
+  t += double(cfg_.num_layers) * double(tokens) * (double(cfg_.hidden_size) / 1024.0) * row_ns *
+       1e-9;
   t += cfg_.num_moe_layers() * a.cpu_expert_call_us * 1e-6;
   return t;
 }
@@ -400,6 +491,8 @@ double CostModel::kda_prefill_seconds(int64_t tokens) const {
     case TrunkBackend::cpu_reference:
       return flops / cpu_ref_flops();
     case TrunkBackend::cpu_bf16:
+      if (shapes_ && hw_.model_shapes.kda_prefill_gflops.known())
+        return flops / (hw_.model_shapes.kda_prefill_gflops.value_at(double(tokens)) * 1e9);
       return flops / (hw_.kernels.cpu_kda_fast_prefill_gflops.known()
                           ? hw_.kernels.cpu_kda_fast_prefill_gflops.value() * 1e9
                           : cpu_bf16_flops());
@@ -414,6 +507,10 @@ double CostModel::mla_decode_seconds(int batch, int64_t context) const {
   const double bytes = positions * double(m.latent_cache_dim()) * 2.0 * layers;
   const double flops =
       2.0 * m.num_heads * (2.0 * m.kv_lora_rank + m.qk_rope_head_dim) * positions * layers;
+  // The CPU's absorbed form also multiplies each query by kv_b's W_UK and its output by W_UV
+  // (counted in bench hw's MLA decode rates, CPU backends).
+  const double absorb = 2.0 * m.num_heads * double(m.kv_lora_rank) *
+                        double(m.qk_nope_head_dim + m.v_head_dim) * batch * layers;
   switch (opt_.trunk) {
     case TrunkBackend::gpu: {
       const double rate = hw_.kernels.gpu_mla_decode_tflops.known()
@@ -423,10 +520,12 @@ double CostModel::mla_decode_seconds(int batch, int64_t context) const {
       return std::max(bytes / (hw_.gpu.hbm_copy_gbps.value() * 1e9), flops / rate);
     }
     case TrunkBackend::cpu_reference:
-      return flops / (hw_.kernels.cpu_mla_ref_gflops.value() * 1e9);
+      return (flops + absorb) / (hw_.kernels.cpu_mla_ref_gflops.value() * 1e9);
     case TrunkBackend::cpu_bf16:
+      if (shapes_ && hw_.model_shapes.mla_decode_gflops.known())
+        return (flops + absorb) / (hw_.model_shapes.mla_decode_gflops.value_at(batch) * 1e9);
       if (hw_.kernels.cpu_mla_fast_gflops.known())
-        return flops / (hw_.kernels.cpu_mla_fast_gflops.value() * 1e9);
+        return (flops + absorb) / (hw_.kernels.cpu_mla_fast_gflops.value() * 1e9);
       return std::max(bytes / (hw_.host.mem_read_gbps.value() * 1e9), flops / cpu_bf16_flops());
   }
   return kInf;
@@ -444,12 +543,15 @@ double CostModel::mla_prefill_seconds(int64_t tokens, int64_t context) const {
   const Rate& cpu_rate = opt_.trunk == TrunkBackend::cpu_reference
                              ? hw_.kernels.cpu_mla_ref_prefill_gflops
                              : hw_.kernels.cpu_mla_fast_prefill_gflops;
-  if (opt_.trunk != TrunkBackend::gpu && cpu_rate.known()) {
+  const bool shaped = shapes_ && hw_.model_shapes.mla_prefill_gflops.known();
+  if (opt_.trunk != TrunkBackend::gpu && (cpu_rate.known() || shaped)) {
     // The CPU's expanded form also expands every cached position through kv_b.
     const MlaConfig& m = cfg_.mla;
     const double expand = 2.0 * double(context + tokens) * m.kv_lora_rank * m.num_heads *
                           double(m.qk_nope_head_dim + m.v_head_dim) * cfg_.num_mla_layers();
-    return (flops + expand) / (cpu_rate.value() * 1e9);
+    const double gflops =
+        shaped ? hw_.model_shapes.mla_prefill_gflops.value_at(double(tokens)) : cpu_rate.value();
+    return (flops + expand) / (gflops * 1e9);
   }
   switch (opt_.trunk) {
     case TrunkBackend::gpu: {
@@ -1138,6 +1240,7 @@ Roofline CostModel::prefill_roofline(const Placement& p, int64_t tokens, int64_t
 
 std::vector<std::string> CostModel::describe_rates() const {
   std::vector<std::string> v;
+  if (!rates_basis_.empty()) v.push_back(rates_basis_);
   const CostAssumptions& a = opt_.assumptions;
   const double eb = double(costs_.bytes_per_routed_expert);
   v.push_back(fmt("routed expert: %.2f MB (", eb / 1e6) + (cfg_.moe.mxfp4 ? "MXFP4" : "bf16") +
@@ -1147,7 +1250,9 @@ std::vector<std::string> CostModel::describe_rates() const {
   if (cfg_.num_moe_layers() > 0) {
     std::string s = fmt("CPU expert: %.3f ms at M=1, %.3f ms at M=16 — ",
                         cpu_expert_seconds(1) * 1e3, cpu_expert_seconds(16) * 1e3);
-    if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known())
+    if (shapes_ && cfg_.moe.mxfp4 && hw_.model_shapes.expert.known())
+      s += hw_.model_shapes.expert.source;
+    else if (cfg_.moe.mxfp4 && hw_.kernels.cpu_expert.known())
       s += hw_.kernels.cpu_expert.source;
     else
       s += fmt("assumed: %.0f%% of host memory read, ", a.cpu_expert_read_efficiency * 100) +
@@ -1194,7 +1299,8 @@ std::vector<std::string> CostModel::describe_rates() const {
       t += hw_.kernels.cpu_trunk_ref.source + " (the fp32 reference, not a fast kernel)";
       break;
     case TrunkBackend::cpu_bf16:
-      t += hw_.kernels.cpu_trunk_bf16.known()
+      t += shapes_ && hw_.model_shapes.trunk.known() ? hw_.model_shapes.trunk.source
+           : hw_.kernels.cpu_trunk_bf16.known()
                ? hw_.kernels.cpu_trunk_bf16.source
                : fmt("assumed: %.0f%% of host memory read (issue 23's target)",
                      a.cpu_trunk_bf16_read_efficiency * 100);

@@ -56,6 +56,20 @@ struct Placement {
   std::string validate() const;  // "" or why not (negative share, sum ≠ 1)
 };
 
+// The fast CPU backend's linear calls of one step (engine/cpu_fast_backend.cpp), layer by layer:
+// each call lists the [rows, cols] bf16 matrices it multiplies the same input by. Up to
+// cpu::kGemvMaxTokens rows (`fused`) the projections of one input are one GEMV pass; above, one
+// oneDNN call each. The logits (lm_head) are not in the list (the caller knows their rows).
+struct FastLinearCall {
+  std::vector<std::pair<int64_t, int64_t>> matrices;  // [rows, cols] each, same cols
+};
+std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused);
+
+// What identifies a model's shapes for the model-shape probes (HardwareProfile::model_shapes):
+// every dimension the fast CPU backend's pieces depend on, and the layer pattern. Two configs
+// with the same signature run the same kernels at the same shapes.
+std::string model_shape_signature(const ModelConfig& c);
+
 // Which processor runs the dense trunk and attention.
 enum class TrunkBackend {
   gpu,            // the CUDA backend (dense parts on the GPUs)
@@ -280,8 +294,13 @@ class CostModel {
   double distinct_experts(double tokens) const;
 
   // The rates the model uses, one line each, "measured" or "assumed: <why>" — printed by plan and
-  // bench e2e so a prediction can be traced to its inputs.
+  // bench e2e so a prediction can be traced to its inputs. The first line is rates_basis() when
+  // there is one.
   std::vector<std::string> describe_rates() const;
+  // The fast CPU backend only: which probes its rates come from — the profile's model-shape
+  // rates (measured for this model's signature) or the K3-shaped ones, and why. "" otherwise.
+  const std::string& rates_basis() const { return rates_basis_; }
+  bool uses_model_shapes() const { return shapes_; }
 
   // --- the GPU engine as it runs (engine/cuda_backend.cpp; docs/planner.md "The GPU engine") ---
   // One step of `rows` rows over `seqs` sequences on one GPU stream: decode (one row per
@@ -329,6 +348,8 @@ class CostModel {
   CostOptions opt_;
   int gpus_ = 0;
   int threshold_ = kNever;
+  bool shapes_ = false;  // hw_.model_shapes were measured for this model and are used
+  std::string rates_basis_;
 };
 
 }  // namespace strata::offload

@@ -103,29 +103,34 @@ class Reader {
       fail(f, e.what());
     }
   }
-  RateCurve curve(const json& obj, const std::string& where, const char* key) const {
+  // A curve: {"points": [{"tokens": M, "<value_key>": x}, ...], "source": "..."} or the bare
+  // array. value_key: "gbps" for weight-byte curves, "value" for the others.
+  RateCurve curve(const json& obj, const std::string& where, const char* key,
+                  const char* value_key = "gbps") const {
     RateCurve c;
     if (!obj.contains(key)) return c;
     const std::string f = join(where, key);
+    const std::string shape =
+        std::string("{\"tokens\": M, \"") + value_key + "\": x}";  // for the messages
     const json* pts = &obj.at(key);
     if (pts->is_object()) {
       only(*pts, f, {"points", "source"});
       c.source = str(*pts, f, "source");
-      if (!pts->contains("points")) fail(f, "expected \"points\": [{\"tokens\": M, \"gbps\": x}]");
+      if (!pts->contains("points")) fail(f, "expected \"points\": [" + shape + "]");
       pts = &pts->at("points");
     } else {
       c.source = "stated in " + src_;
     }
-    if (!pts->is_array() || pts->empty())
-      fail(f, "expected a non-empty array of {\"tokens\": M, \"gbps\": x}");
+    if (!pts->is_array() || pts->empty()) fail(f, "expected a non-empty array of " + shape);
     for (size_t i = 0; i < pts->size(); ++i) {
       const std::string fi = f + "[" + std::to_string(i) + "]";
       const json& p = pts->at(i);
-      only(p, fi, {"tokens", "gbps"});
-      if (!p.contains("tokens") || !p.contains("gbps")) fail(fi, "expected tokens and gbps");
+      only(p, fi, {"tokens", value_key});
+      if (!p.contains("tokens") || !p.contains(value_key))
+        fail(fi, std::string("expected tokens and ") + value_key);
       RatePoint rp;
       rp.tokens = integer(p, fi, "tokens", 1, 1);
-      rp.gbps = positive(p.at("gbps"), fi + ".gbps");
+      rp.gbps = positive(p.at(value_key), fi + "." + value_key);
       if (!c.points.empty() && rp.tokens <= c.points.back().tokens)
         fail(fi + ".tokens", "points must be sorted by increasing tokens");
       c.points.push_back(rp);
@@ -145,10 +150,10 @@ void put(json& j, const char* key, const Rate& r) {
     j[key] = {{"value", r.value()}, {"source", r.source()}};
 }
 
-void put(json& j, const char* key, const RateCurve& c) {
+void put(json& j, const char* key, const RateCurve& c, const char* value_key = "gbps") {
   if (!c.known()) return;
   json pts = json::array();
-  for (auto& p : c.points) pts.push_back({{"tokens", p.tokens}, {"gbps", p.gbps}});
+  for (auto& p : c.points) pts.push_back({{"tokens", p.tokens}, {value_key, p.gbps}});
   j[key] = {{"source", c.source}, {"points", pts}};
 }
 
@@ -174,6 +179,25 @@ const std::vector<std::pair<const char*, bool HostSpec::*>>& isa_fields() {
   return f;
 }
 
+// The curves of ModelShapeRates with their JSON names and value keys (one list for the reader,
+// the writer and the summary): weight-byte curves in "gbps", the others in "value".
+struct ShapeCurveField {
+  const char* name;
+  RateCurve ModelShapeRates::*field;
+  const char* value_key;
+};
+const std::vector<ShapeCurveField>& model_shape_curves() {
+  static const std::vector<ShapeCurveField> f = {
+      {"trunk", &ModelShapeRates::trunk, "gbps"},
+      {"expert", &ModelShapeRates::expert, "gbps"},
+      {"kda_decode_gbps", &ModelShapeRates::kda_decode_gbps, "value"},
+      {"kda_prefill_gflops", &ModelShapeRates::kda_prefill_gflops, "value"},
+      {"mla_decode_gflops", &ModelShapeRates::mla_decode_gflops, "value"},
+      {"mla_prefill_gflops", &ModelShapeRates::mla_prefill_gflops, "value"},
+      {"row_ops_ns", &ModelShapeRates::row_ops_ns, "value"}};
+  return f;
+}
+
 }  // namespace
 
 double Rate::value() const {
@@ -192,6 +216,18 @@ double RateCurve::seconds_per_byte(double M) const {
       return spb(a) + t * (spb(b) - spb(a));
     }
   return spb(points.back()) * M / double(points.back().tokens);
+}
+
+double RateCurve::value_at(double M) const {
+  STRATA_ASSERT(known());
+  if (M <= points.front().tokens) return points.front().gbps;
+  for (size_t i = 1; i < points.size(); ++i)
+    if (M <= points[i].tokens) {
+      const RatePoint &a = points[i - 1], &b = points[i];
+      const double t = (M - a.tokens) / double(b.tokens - a.tokens);
+      return a.gbps + t * (b.gbps - a.gbps);
+    }
+  return points.back().gbps;
 }
 
 Rate DiskSpec::total_read_gbps() const {
@@ -291,6 +327,14 @@ json to_json(const HardwareProfile& hw) {
   put(k, "gpu_sync_us", hw.kernels.gpu_sync_us);
   put(k, "stage_copy_gbps", hw.kernels.stage_copy_gbps);
   j["kernels"] = k;
+  if (hw.model_shapes.known()) {
+    const ModelShapeRates& ms = hw.model_shapes;
+    json m = {{"signature", ms.signature}, {"model", ms.model}, {"threads", ms.threads}};
+    if (ms.context > 0) m["context"] = ms.context;
+    for (const ShapeCurveField& f : model_shape_curves()) put(m, f.name, ms.*f.field, f.value_key);
+    put(m, "linear_call_us", ms.linear_call_us);
+    j["model_shapes"] = m;
+  }
   if (!hw.not_measured.empty()) j["not_measured"] = hw.not_measured;
   return j;
 }
@@ -299,7 +343,7 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
   Reader rd(source_name);
   rd.only(j, "",
           {"format", "description", "nodes", "network_gbps", "network_latency_us", "gpu", "host",
-           "disk", "kernels", "not_measured", "comment"});
+           "disk", "kernels", "model_shapes", "not_measured", "comment"});
   if (!j.contains("format"))
     rd.fail("format", std::string("missing; expected \"") + kFormat + "\"");
   if (rd.str(j, "", "format") != kFormat)
@@ -410,6 +454,24 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     hw.kernels.gpu_kernel_us = rd.rate(k, "kernels", "gpu_kernel_us");
     hw.kernels.gpu_sync_us = rd.rate(k, "kernels", "gpu_sync_us");
     hw.kernels.stage_copy_gbps = rd.rate(k, "kernels", "stage_copy_gbps");
+  }
+  if (j.contains("model_shapes")) {
+    const json& m = j.at("model_shapes");
+    const std::string w = "model_shapes";
+    rd.only(m, w,
+            {"signature", "model", "threads", "context", "trunk", "linear_call_us", "expert",
+             "kda_decode_gbps", "kda_prefill_gflops", "mla_decode_gflops", "mla_prefill_gflops",
+             "row_ops_ns", "comment"});
+    ModelShapeRates& ms = hw.model_shapes;
+    ms.signature = rd.str(m, w, "signature");
+    if (ms.signature.empty())
+      rd.fail("model_shapes.signature", "missing: the model's shape signature (bench hw -m)");
+    ms.model = rd.str(m, w, "model");
+    ms.threads = rd.integer(m, w, "threads", 1, 0);
+    ms.context = rd.integer(m, w, "context", 1, 0);
+    for (const ShapeCurveField& f : model_shape_curves())
+      ms.*f.field = rd.curve(m, w, f.name, f.value_key);
+    ms.linear_call_us = rd.rate(m, w, "linear_call_us");
   }
   if (j.contains("not_measured")) {
     const json& n = j.at("not_measured");
@@ -573,6 +635,7 @@ HardwareProfile merge(const HardwareProfile& base, const HardwareProfile& extra)
   r(m.kernels.gpu_kernel_us, extra.kernels.gpu_kernel_us);
   r(m.kernels.gpu_sync_us, extra.kernels.gpu_sync_us);
   r(m.kernels.stage_copy_gbps, extra.kernels.stage_copy_gbps);
+  if (!m.model_shapes.known()) m.model_shapes = extra.model_shapes;  // one model's, whole
   return m;
 }
 
@@ -639,6 +702,19 @@ std::string describe(const HardwareProfile& hw) {
     << "\n    gpu engine: small kernel " << rate_text(hw.kernels.gpu_kernel_us, "us")
     << ", host sync " << rate_text(hw.kernels.gpu_sync_us, "us") << ", staging host copy "
     << rate_text(hw.kernels.stage_copy_gbps, "GB/s") << "\n";
+  if (hw.model_shapes.known()) {
+    const ModelShapeRates& ms = hw.model_shapes;
+    o << "  model-shape probes (" << ms.model << ", " << ms.threads << " threads):\n"
+      << "    linear call " << rate_text(ms.linear_call_us, "us") << "\n";
+    for (const ShapeCurveField& f : model_shape_curves()) {
+      const RateCurve& c = ms.*f.field;
+      o << "    " << f.name << " ";
+      if (!c.known()) o << "not measured";
+      for (size_t i = 0; i < c.points.size(); ++i)
+        o << (i ? ", " : "") << "M=" << c.points[i].tokens << ": " << fmt("%.4g", c.points[i].gbps);
+      o << "\n";
+    }
+  }
   for (auto& n : hw.not_measured) o << "  not measured: " << n << "\n";
   return o.str();
 }

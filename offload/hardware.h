@@ -59,6 +59,9 @@ struct RateCurve {
   // below the first point the first point's value; above the last point seconds/byte grows ∝ M
   // from the last point (the compute-bound limit). Asserts known() and M ≥ 1.
   double seconds_per_byte(double M) const;
+  // For a curve whose values are not weight bytes per second (a FLOP rate, a time per token): the
+  // value at M, linear between points and clamped to the first and last point. Asserts known().
+  double value_at(double M) const;
 };
 
 struct GpuSpec {
@@ -148,6 +151,47 @@ struct KernelRates {
   Rate stage_copy_gbps;  // host memcpy of one expert into pinned memory over all cores (staging)
 };
 
+// The fast CPU backend's pieces timed at ONE model's shapes (`strata bench hw -m DIR`): the bench
+// hw probes above are K3-shaped (64 MiB matrices, 17.5 MB experts, 8 heads at context 4096), and a
+// small model's shapes run well below them, with fixed costs per call and per step that bytes do
+// not show. Each field is the same quantity the cost model takes from KernelRates, measured at
+// that model's shapes and token counts, so the model's formulas stay the same
+// (offload/cost_model.h uses these instead of the K3-shaped rates when `signature` matches the
+// model it predicts, and says which it used). Curves are indexed by the tokens of the step: M
+// rows per linear call (trunk), tokens per expert (expert), sequences of a decode step or prompt
+// length (attention, row ops). Empty signature = not measured.
+struct ModelShapeRates {
+  std::string signature;  // offload::model_shape_signature() of the model measured
+  std::string model;      // what was measured, in words ("/tmp/k3-mini: kimi_k3, 9 layers, ...")
+  int threads = 0;        // CPU threads the probes ran on
+  int64_t context = 0;    // cached positions of the MLA decode probe
+  // The step's linear calls as the backend makes them (projections of one input fused into one
+  // GEMV pass up to kGemvMaxTokens rows, one oneDNN call per matrix above) over the model's own
+  // matrices, GB/s of bf16 weights at M, with `linear_call_us` per call taken out (the cost model
+  // adds it back per call). Up to kGemvMaxTokens: a decode step (lm_head at M rows); above: a
+  // prefill chunk's layers (the engine computes only the last row's logits).
+  RateCurve trunk;
+  Rate linear_call_us;  // one linear call's fixed cost (as kernels.cpu_linear_call_us), same run
+  // The CPU expert kernel at the model's expert shape, M tokens per expert, as many experts per
+  // call as a MoE layer of the step touches, with the backend's per-token merge (weighted
+  // accumulate, bf16 rounding); GB/s of expert weights, the CPU expert job's start
+  // (CostAssumptions::cpu_expert_call_us) taken out.
+  RateCurve expert;
+  // The whole KDA core of one layer as the backend runs it (short convs, gate, beta, L2 norms,
+  // recurrence or chunked form, rounding, gated output norm): decode at B sequences in GB/s of
+  // state read + written; prefill of a T-token prompt in GFLOP/s counted as the cost model does.
+  RateCurve kda_decode_gbps, kda_prefill_gflops;
+  // MLA core of one layer: absorbed decode of B sequences at `context` positions, GFLOP/s counted
+  // as the cost model does (cache positions and the per-query kv_b absorption); expanded prefill
+  // of a T-token prompt, GFLOP/s (causal pairs + kv_b expansion).
+  RateCurve mla_decode_gflops, mla_prefill_gflops;
+  // The row ops of one average layer of this model at M tokens (AttnRes mixes, norms, adds,
+  // GLUs, routing, gates), ns per token, layer and 1024 of hidden width (as
+  // kernels.cpu_row_ops_ns).
+  RateCurve row_ops_ns;
+  bool known() const { return !signature.empty(); }
+};
+
 struct HardwareProfile {
   std::string description;  // "this machine (measured 2026-12-02)" / "8×H200 + 2 TB DRAM"
   std::string source;       // the file it was read from ("" when measured in this process)
@@ -158,6 +202,7 @@ struct HardwareProfile {
   HostSpec host;
   DiskSpec disk;
   KernelRates kernels;
+  ModelShapeRates model_shapes;           // `bench hw -m DIR`: one model's own shapes
   std::vector<std::string> not_measured;  // what `bench hw` tried and could not measure, and why
 
   int total_gpus() const { return nodes * gpu.count; }

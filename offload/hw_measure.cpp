@@ -168,22 +168,32 @@ CpuExpertProbe::CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& aren
 
 CpuExpertProbe::~CpuExpertProbe() = default;
 
-std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt) {
+std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt, int per_call) {
   STRATA_ASSERT(M >= 1);
   auto c = std::make_unique<Call>();
   const int H = hidden_;
+  const size_t n = per_call > 0 && per_call < experts_ ? size_t(per_call) : size_t(experts_);
   c->M = M;
   c->x.resize(size_t(M) * H);
   for (size_t i = 0; i < c->x.size(); ++i)
     c->x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
   c->rows.resize(size_t(M));
   for (int i = 0; i < M; ++i) c->rows[size_t(i)] = i;
-  c->y.resize(size_t(experts_) * size_t(M) * H);  // every group writes the same outputs
-  for (size_t g = 0; g * size_t(experts_) < views_.size(); ++g) {
+  c->y.resize(n * size_t(M) * H);  // every call writes the same outputs
+  const size_t groups = views_.size() / size_t(experts_);
+  // All of a group's experts per call, or `per_call` of them picked at random (64 lists, groups in
+  // turn), as a step's routing picks a few of a layer's experts.
+  const size_t lists = n == size_t(experts_) ? groups : std::max<size_t>(64, groups);
+  std::mt19937 rng(uint32_t(M) * 7919u + uint32_t(n));
+  std::vector<size_t> order(static_cast<size_t>(experts_));
+  for (size_t i = 0; i < lists; ++i) {
+    const size_t g = i % groups;
+    for (size_t e = 0; e < order.size(); ++e) order[e] = e;
+    if (n < order.size()) std::shuffle(order.begin(), order.end(), rng);
     c->tasks.emplace_back();
-    for (size_t e = 0; e < size_t(experts_); ++e)
-      c->tasks.back().push_back(
-          {views_[g * size_t(experts_) + e], c->rows.data(), M, c->y.data() + e * size_t(M) * H});
+    for (size_t e = 0; e < n; ++e)
+      c->tasks.back().push_back({views_[g * size_t(experts_) + order[e]], c->rows.data(), M,
+                                 c->y.data() + e * size_t(M) * H});
   }
   c->opt = opt;
   if (!c->opt.arena) c->opt.arena = &arena_.arena();
@@ -770,6 +780,7 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       l.peak_is_bandwidth = false;
       emit(l);
     }
+    if (o.model) hw.model_shapes = measure_model_shapes(*o.model, o, plain, topo, threads);
   } else {
     hw.not_measured.push_back("CPU kernel rates: skipped (--no-cpu-kernels)");
   }

@@ -18,6 +18,7 @@
 #include "cpu/expert_kernels.h"
 #include "offload/expert_store.h"
 #include "offload/hardware.h"
+#include "storage/config.h"
 
 namespace strata::cpu {
 class Topology;
@@ -57,6 +58,15 @@ struct MeasureOptions {
   // `strata run`'s stats line. Disk and GPU rates stay wall-clock.
   bool cpu_time = false;
   std::vector<int> expert_tokens;  // M for the CPU expert curve; empty = {1, 2, 4, 16, 64}
+  // The model-shape probes (HardwareProfile::model_shapes): the fast CPU backend's pieces at this
+  // model's shapes, when set (`strata bench hw -m DIR`). `model_name` says what was measured;
+  // `model_tokens` the M of the curves (up to cpu::kGemvMaxTokens: decode steps of M sequences;
+  // above: prefill prompts of M tokens), empty = {1, 2, 4, 8, 64, 256, 1024}; `model_context` the
+  // cached positions of the MLA decode probe (0 = 80, bench e2e's decode after a 64-token prompt).
+  const ModelConfig* model = nullptr;
+  std::string model_name;
+  std::vector<int> model_tokens;
+  int64_t model_context = 0;
   // Called with a short status ("host memory read", "disk O_DIRECT 0.5 GiB") as each
   // measurement starts, and with the result line when it ends, for a progress display.
   std::function<void(const std::string&)> progress;
@@ -67,6 +77,14 @@ struct MeasureOptions {
 // Measures what it can; what it cannot (no GPU, no O_DIRECT on the filesystem, …) is listed in
 // the profile's not_measured with the reason. Starts from probe_static().
 HardwareProfile measure_hardware(const MeasureOptions& o);
+
+// The model-shape probes alone (measure_hardware runs them when o.model is set): the fast CPU
+// backend's trunk linear calls, KDA and MLA cores, CPU experts and row ops at cfg's shapes, in
+// `arena` (unpinned, as the engine runs). `line` and `progress` of `o` are called as by
+// measure_hardware; o.cpu_time applies.
+ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOptions& o,
+                                     tbb::task_arena& arena, const cpu::Topology& topo,
+                                     int threads);
 
 // --- the individual loops (shared with bench io / bench cpu-experts) ---
 
@@ -112,9 +130,9 @@ class CpuExpertProbe {
   uint64_t expert_bytes() const { return expert_bytes_; }
   // A callable that runs one cpu::run_experts_cpu call at M tokens per expert with `opt` (in
   // opt.arena, or the probe's pinned arena when null); its buffers are prepared here and live as
-  // long as the callable.
-  // The probe must outlive it.
-  std::function<void()> prepare(int M, cpu::CpuExpertOptions opt);
+  // long as the callable. `per_call` (0 = all `experts`): that many of a group's experts per call,
+  // a different random pick each call. The probe must outlive it.
+  std::function<void()> prepare(int M, cpu::CpuExpertOptions opt, int per_call = 0);
 
  private:
   struct Call;

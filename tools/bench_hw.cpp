@@ -4,17 +4,21 @@
 // reference trunk, KDA and MLA; on the GPU the grouped experts and the trunk GEMM) — prints them as
 // benchmark lines, says what it could not measure, and saves the profile (--save) for
 // `strata plan --hardware FILE` and the engine. The loops are offload/hw_measure.cpp's (the same
-// code as bench io's raw line and bench cpu-experts' memory-read line).
+// code as bench io's raw line and bench cpu-experts' memory-read line). With -m DIR it also times
+// the fast CPU backend's pieces at that model's shapes (offload/hw_measure_model.cpp: the
+// profile's model_shapes, which strata plan --device cpu uses for that model only).
 //
 // Napkin: --quick on the 2-core dev VM ≈ 15 s (0.5 GiB memory stream × 4, a 0.5 GiB disk file
 // written and 16 experts read × 4, 8 K3 experts × (1 + 16 tokens), the reference linear on a
-// 64 MiB weight); the full run about three times that.
+// 64 MiB weight); the full run about three times that. -m k3-mini adds ≈ 25 s on 2 cores (the
+// trunk's 0.5 GB of calls at 7 token counts, the largest 1024 rows: ≈ 0.35 TFLOP per repeat).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 
 #include "offload/hw_measure.h"
+#include "storage/config.h"
 #include "storage/error.h"
 #include "tools/bench.h"
 
@@ -28,7 +32,9 @@ void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool qui
 namespace {
 
 struct Options {
-  std::string save, json, dir;
+  std::string save, json, dir, model;
+  std::vector<int> model_tokens;
+  int64_t context = 0;
   bool quick = false, force = false, no_disk = false, no_gpu = false, cpu_time = false;
   int threads = 0;
   double disk_gib = 0;
@@ -39,6 +45,21 @@ int run(const Options& o) {
   std::error_code ec;
   if (!o.save.empty() && !o.force && std::filesystem::exists(o.save, ec))
     throw Error(o.save + ": exists; not replacing it (remove it or pass --force)");
+  // -m: the model whose shapes the model-shape probes take (its config.json only), parsed
+  // before anything is measured so a bad directory fails at once.
+  ModelConfig model;
+  if (!o.model.empty()) {
+    const std::filesystem::path cfg = std::filesystem::path(o.model) / "config.json";
+    if (!std::filesystem::is_regular_file(cfg, ec))
+      throw Error(cfg.string() + ": not found (is " + o.model + " a checkpoint directory?)");
+    model = load_config(cfg);
+    for (int M : o.model_tokens)
+      if (M < 1 || M > 65536)
+        throw Error("--model-tokens: expected 1..65536, got " + std::to_string(M));
+    if (o.context < 0) throw Error("--context: expected ≥ 1");
+  } else if (!o.model_tokens.empty() || o.context != 0) {
+    throw Error("--model-tokens and --context go with -m DIR (the model-shape probes)");
+  }
   BenchReport rep("bench hw: hardware peaks and our kernels' rates");
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = ::isatty(STDERR_FILENO);
@@ -50,6 +71,12 @@ int run(const Options& o) {
   mo.disk = !o.no_disk;
   mo.gpu = !o.no_gpu;
   mo.cpu_time = o.cpu_time;
+  if (!o.model.empty()) {
+    mo.model = &model;
+    mo.model_name = o.model;
+    mo.model_tokens = o.model_tokens;
+    mo.model_context = o.context;
+  }
   mo.progress = [&](const std::string& s) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // One status line, rewritten on a terminal; a log line otherwise.
@@ -110,6 +137,16 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--disk-gib", o->disk_gib, "disk test file size in GiB (default 1, quick 0.5)");
   app.add_flag("--no-disk", o->no_disk, "skip the disk measurement");
   app.add_flag("--no-gpu", o->no_gpu, "skip the GPU measurements");
+  app.add_option("-m,--model", o->model,
+                 "also time the fast CPU backend's pieces at this model's shapes (a checkpoint "
+                 "directory; only its config.json is read): the profile's model_shapes, used by "
+                 "strata plan --device cpu for that model");
+  app.add_option("--model-tokens", o->model_tokens,
+                 "with -m: token counts of the model-shape probes (default 1 2 4 8 64 256 1024; "
+                 "up to 8: decode steps of that many sequences, above: prompts)");
+  app.add_option("--context", o->context,
+                 "with -m: cached positions of the MLA decode probe (default 80: bench e2e's "
+                 "decode after a 64-token prompt)");
   app.add_flag("--cpu-time", o->cpu_time,
                "CPU rates from CPU seconds / threads instead of wall time (a shared machine: "
                "what it does with its cores to itself; compare with strata run's CPU seconds)");

@@ -142,6 +142,7 @@ int predict_bench_e2e(const HardwareProfile& hw, const ModelConfig& cfg, const O
   }
   if (!note.empty()) std::printf("%s\n", note.c_str());
   std::printf("model: %s\nhardware: %s\n", describe_config(cfg).c_str(), hw.description.c_str());
+  if (!cm.rates_basis().empty()) std::printf("%s\n", cm.rates_basis().c_str());
   const int64_t chunk_rows = gpu ? engine::InspectOptions{}.max_step_rows : 0;
   const int64_t mean_context = context + 4 + o.steps / 2;
   std::printf(
@@ -188,6 +189,7 @@ int predict_bench_e2e(const HardwareProfile& hw, const ModelConfig& cfg, const O
                         {"hardware", hw.source.empty() ? hw.description : hw.source},
                         {"backend", trunk_backend_name(co.trunk)},
                         {"mean_context", mean_context},
+                        {"rates_basis", cm.rates_basis()},
                         {"prefill_chunk", chunk_rows},
                         {"rates", cm.describe_rates()},
                         {"lines", lines}}

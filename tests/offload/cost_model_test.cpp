@@ -191,9 +191,14 @@ TEST_CASE("a fast CPU backend step counts bench hw's linear calls, row ops and m
   hw.kernels.cpu_mla_fast_gflops = Rate(1);
   const CostModel mm(hw, cfg, co);
   CHECK(mm.kda_decode_seconds(2) == Approx(2.0 * 2.0 * double(mm.costs().kda_state_bytes) / 1e9));
+  // MLA decode: the cached positions and each query's kv_b absorption (W_UK in, W_UV out).
+  const double absorb = 2.0 * cfg.mla.num_heads * cfg.mla.kv_lora_rank *
+                        (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim);
   CHECK(mm.mla_decode_seconds(1, 100) ==
-        Approx(2.0 * cfg.mla.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) *
-               100.0 * cfg.num_mla_layers() / 1e9));
+        Approx((2.0 * cfg.mla.num_heads * (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) *
+                    100.0 +
+                absorb) *
+               cfg.num_mla_layers() / 1e9));
   const DecodeEstimate d = mm.decode_step(host, 1, 100);
   bool fixed_part = false;
   for (const auto& t : d.parts) fixed_part |= t.name.find("row ops") != std::string::npos;
@@ -221,10 +226,13 @@ TEST_CASE("a CPU reference decode step is the sum of its parts", "[cost]") {
   CHECK(double(m.trunk_bytes()) == Approx(trunk));
   const double t_trunk = trunk / 2e9;
   const double t_kda = 2.0 * double(k.kda_state_bytes) / 1e9;
-  // MLA: 2·H·(2·kv_lora + rope) FLOPs per cached position and layer, at 1 GFLOP/s.
-  const double t_mla = 2.0 * cfg.mla.num_heads *
-                       (2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) * double(ctx) *
-                       cfg.num_mla_layers() / 1e9;
+  // MLA: 2·H·(2·kv_lora + rope) FLOPs per cached position and layer, and 2·H·kv_lora·(nope + v)
+  // per query for kv_b's absorption, at 1 GFLOP/s.
+  const double t_mla =
+      2.0 * cfg.mla.num_heads *
+      ((2 * cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) * double(ctx) +
+       double(cfg.mla.kv_lora_rank) * (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim)) *
+      cfg.num_mla_layers() / 1e9;
   // Experts: top-k distinct experts per MoE layer at batch 1, one token each, at 4 GB/s.
   const double t_exp =
       double(cfg.moe.top_k) * cfg.num_moe_layers() * double(k.bytes_per_routed_expert) / 4e9;
@@ -471,4 +479,161 @@ TEST_CASE("missing rates are refused with the field named", "[cost][errors]") {
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("kernels.cpu_trunk_ref") != std::string::npos);
   }
+}
+
+namespace {
+// A fast-CPU-backend profile with K3-shaped probes only (round numbers).
+HardwareProfile k3_shaped_cpu() {
+  HardwareProfile hw;
+  hw.source = "k3.json";
+  hw.host.cores = 16;
+  hw.host.mem_read_gbps = Rate(100);
+  hw.kernels.cpu_trunk_bf16 = curve({{1, 50}, {8, 25}, {256, 10}});
+  hw.kernels.cpu_expert = curve({{1, 40}, {16, 20}});
+  hw.kernels.cpu_linear_call_us = Rate(5);
+  hw.kernels.cpu_row_ops_ns = Rate(1000);
+  hw.kernels.cpu_kda_fast_state_gbps = Rate(50);
+  hw.kernels.cpu_kda_fast_prefill_gflops = Rate(200);
+  hw.kernels.cpu_mla_fast_gflops = Rate(100);
+  hw.kernels.cpu_mla_fast_prefill_gflops = Rate(400);
+  return hw;
+}
+// Model-shape rates for `cfg`, each `slow` times slower than k3_shaped_cpu()'s (a small model's
+// shapes run below the K3-shaped probes), row ops and call cost `slow` times higher.
+ModelShapeRates shapes_for(const ModelConfig& cfg, double slow) {
+  ModelShapeRates ms;
+  ms.signature = model_shape_signature(cfg);
+  ms.model = "test model";
+  ms.threads = 16;
+  ms.trunk = curve({{1, 50 / slow}, {8, 25 / slow}, {256, 10 / slow}});
+  ms.linear_call_us = Rate(5 * slow);
+  ms.expert = curve({{1, 40 / slow}, {16, 20 / slow}});
+  ms.kda_decode_gbps = curve({{1, 50 / slow}, {8, 100 / slow}});
+  ms.kda_prefill_gflops = curve({{256, 200 / slow}});
+  ms.mla_decode_gflops = curve({{1, 100 / slow}});
+  ms.mla_prefill_gflops = curve({{256, 400 / slow}});
+  ms.row_ops_ns = curve({{1, 1000 * slow}});
+  return ms;
+}
+// k3-mini on the fast CPU backend with the K3-shaped probes.
+struct FastCpu {
+  ModelConfig cfg = k3_mini();
+  CostOptions co = [] {
+    CostOptions o;
+    o.trunk = TrunkBackend::cpu_bf16;
+    return o;
+  }();
+  HardwareProfile hw = k3_shaped_cpu();
+  Placement host{0, 1, 0};
+  CostModel model() const { return CostModel(hw, cfg, co); }
+};
+}  // namespace
+
+TEST_CASE("the fast backend's step calls cover the trunk and identify the model", "[cost]") {
+  const ModelConfig cfg = k3_mini();
+  HardwareProfile hw = k3_shaped_cpu();
+  CostOptions co;
+  co.trunk = TrunkBackend::cpu_bf16;
+  const CostModel m(hw, cfg, co);
+  // The probe times these calls: the same count the model charges, every trunk matrix but kv_b
+  // (inside the MLA core), norms and conv weights, i.e. nearly all of the trunk's bytes.
+  for (bool fused : {true, false}) {
+    const auto calls = fast_step_linears(cfg, fused);
+    CHECK(int(calls.size()) + 1 == m.fast_linear_calls(fused));
+    double bytes = double(m.head_bytes());
+    for (const auto& c : calls)
+      for (auto [r, k] : c.matrices) {
+        CHECK(k == c.matrices[0].second);  // one input per call
+        bytes += 2.0 * double(r) * double(k);
+      }
+    CHECK(bytes <= double(m.trunk_bytes()));
+    CHECK(bytes > 0.97 * double(m.trunk_bytes()));
+  }
+  // The signature changes with any shape the pieces depend on, not with anything else.
+  ModelConfig more = cfg;
+  more.moe.num_experts = 128;
+  ModelConfig wider = cfg;
+  wider.kda.num_heads = 16;
+  ModelConfig renamed = cfg;
+  renamed.source = "elsewhere/config.json";
+  CHECK(model_shape_signature(more) != model_shape_signature(cfg));
+  CHECK(model_shape_signature(wider) != model_shape_signature(cfg));
+  CHECK(model_shape_signature(renamed) == model_shape_signature(cfg));
+  CHECK(model_shape_signature(k3_slice()) != model_shape_signature(cfg));
+}
+
+TEST_CASE("model-shape rates replace the K3-shaped probes for their model, in the same formulas",
+          "[cost]") {
+  FastCpu f;
+  const ModelConfig& cfg = f.cfg;
+  HardwareProfile& hw = f.hw;
+  const CostModel k3 = f.model();
+  CHECK(!k3.uses_model_shapes());
+  CHECK(k3.rates_basis().find("K3-shaped probes (the profile has no model-shape rates") !=
+        std::string::npos);
+  // Rates measured at this model's shapes: 3× slower than the K3-shaped ones.
+  hw.model_shapes = shapes_for(cfg, 3);
+  const CostModel ms(hw, cfg, f.co);
+  REQUIRE(ms.uses_model_shapes());
+  CHECK(ms.rates_basis().find("model-shape probes measured for this model (test model") !=
+        std::string::npos);
+  CHECK(ms.describe_rates().front() == ms.rates_basis());
+  // Every piece reads its model-shape input through the same formula: 3× the time.
+  CHECK(ms.trunk_seconds(1) == Approx(3 * k3.trunk_seconds(1)));
+  CHECK(ms.trunk_prefill_seconds(256) == Approx(3 * k3.trunk_prefill_seconds(256)));
+  CHECK(ms.cpu_expert_seconds(4) == Approx(3 * k3.cpu_expert_seconds(4)));
+  CHECK(ms.kda_decode_seconds(1) == Approx(3 * k3.kda_decode_seconds(1)));
+  CHECK(ms.kda_prefill_seconds(256) == Approx(3 * k3.kda_prefill_seconds(256)));
+  CHECK(ms.mla_decode_seconds(1, 80) == Approx(3 * k3.mla_decode_seconds(1, 80)));
+  CHECK(ms.mla_prefill_seconds(256, 0) == Approx(3 * k3.mla_prefill_seconds(256, 0)));
+  // Fixed costs: the call cost and row ops 3×, the CPU expert jobs (assumed) unchanged.
+  const double jobs = cfg.num_moe_layers() * CostAssumptions{}.cpu_expert_call_us * 1e-6;
+  CHECK(ms.fast_fixed_seconds(1, true) - jobs ==
+        Approx(3 * (k3.fast_fixed_seconds(1, true) - jobs)));
+  // So the whole predictions are 3× slower, decode and prefill alike.
+  const double k3_d1 = k3.decode_step(f.host, 1, 80).step_s,
+               k3_d8 = k3.decode_step(f.host, 8, 80).step_s;
+  CHECK(ms.decode_step(f.host, 1, 80).step_s == Approx(3 * k3_d1 - 2 * jobs));
+  CHECK(ms.decode_step(f.host, 8, 80).step_s > 1.5 * k3_d8);  // its KDA curve is faster at B = 8
+  CHECK(ms.prefill(f.host, 256, 256).tokens_per_s <
+        k3.prefill(f.host, 256, 256).tokens_per_s / 2.5);
+  // Rates that depend on the step: KDA decode at 8 sequences reads its curve's B = 8 point.
+  CHECK(ms.kda_decode_seconds(8) ==
+        Approx(2.0 * 8 * double(ms.costs().kda_state_bytes) / (100.0 / 3 * 1e9)));
+  // Faster model-shape rates give a faster prediction: the direction follows the input.
+  hw.model_shapes = shapes_for(cfg, 0.5);
+  CHECK(CostModel(hw, cfg, f.co).decode_step(f.host, 1, 80).step_s < k3_d1);
+  // The other backends do not read them (they are the fast CPU backend's pieces).
+  f.co.trunk = TrunkBackend::cpu_reference;
+  hw.kernels.cpu_trunk_ref = curve({{1, 2}});
+  hw.kernels.cpu_kda_ref_state_gbps = Rate(1);
+  hw.kernels.cpu_mla_ref_gflops = Rate(1);
+  const CostModel ref(hw, cfg, f.co);
+  CHECK(!ref.uses_model_shapes());
+  CHECK(ref.rates_basis().empty());
+}
+
+TEST_CASE("model-shape rates of another model fall back to the K3-shaped probes with a note",
+          "[cost]") {
+  FastCpu f;
+  const CostModel k3 = f.model();
+  const ModelConfig& cfg = f.cfg;
+  ModelConfig other = cfg;
+  other.num_layers = 8;  // another model: same widths, one layer fewer
+  other.layer_kinds.pop_back();
+  f.hw.model_shapes = shapes_for(other, 3);
+  f.hw.model_shapes.model = "the 8-layer one";
+  const CostModel m(f.hw, cfg, f.co);
+  CHECK(!m.uses_model_shapes());
+  const std::string& note = m.rates_basis();
+  CHECK(note.rfind("rates: K3-shaped probes — note: k3.json's model-shape rates were measured "
+                   "for another model (the 8-layer one)",
+                   0) == 0);
+  CHECK(note.find(model_shape_signature(other)) != std::string::npos);
+  CHECK(note.find(model_shape_signature(cfg)) != std::string::npos);
+  CHECK(m.describe_rates().front() == note);
+  // The prediction is the K3-shaped one, bit for bit.
+  CHECK(m.decode_step(f.host, 1, 80).step_s == k3.decode_step(f.host, 1, 80).step_s);
+  CHECK(m.decode_step(f.host, 8, 80).step_s == k3.decode_step(f.host, 8, 80).step_s);
+  CHECK(m.prefill(f.host, 1024, 1024).total_s == k3.prefill(f.host, 1024, 1024).total_s);
 }

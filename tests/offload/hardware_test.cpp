@@ -180,3 +180,68 @@ TEST_CASE("sizes, GPU generations and the sm_90 rule", "[hardware]") {
   g.compute_capability = 0;
   CHECK(gpu_unsupported_reason(g).find("compute capability unknown") != std::string::npos);
 }
+
+TEST_CASE("model-shape rates survive save and load, and their errors name the field",
+          "[hardware]") {
+  HardwareProfile hw;
+  hw.description = "model shapes";
+  hw.host.cores = 2;
+  ModelShapeRates& ms = hw.model_shapes;
+  ms.signature = "D1024 | KeKe";
+  ms.model = "/tmp/k3-mini: test";
+  ms.threads = 2;
+  ms.context = 80;
+  ms.trunk = {{{1, 20}, {8, 12}, {256, 3}}, "measured: trunk"};
+  ms.linear_call_us = Rate(3.5, "measured: call");
+  ms.expert = {{{1, 5}, {16, 2}}, "measured: expert"};
+  ms.kda_decode_gbps = {{{1, 40}, {8, 60}}, "measured: kda"};
+  ms.kda_prefill_gflops = {{{256, 90}}, "measured: kda prefill"};
+  ms.mla_decode_gflops = {{{1, 10}, {8, 30}}, "measured: mla"};
+  ms.mla_prefill_gflops = {{{256, 100}, {1024, 150}}, "measured: mla prefill"};
+  ms.row_ops_ns = {{{1, 9000}, {256, 3000}}, "measured: rows"};
+  const json j = to_json(hw);
+  // Weight-byte curves in "gbps", the others (FLOP rates, times) in "value".
+  CHECK(j.at("model_shapes").at("trunk").at("points").at(0).contains("gbps"));
+  CHECK(j.at("model_shapes").at("row_ops_ns").at("points").at(0).at("value") == 9000);
+  const auto dir = test::scratch_dir("hardware_model_shapes");
+  save_hardware(hw, dir / "hw.json", true);
+  const HardwareProfile b = load_hardware(dir / "hw.json");
+  const ModelShapeRates& m = b.model_shapes;
+  REQUIRE(m.known());
+  CHECK(m.signature == ms.signature);
+  CHECK(m.model == ms.model);
+  CHECK(m.threads == 2);
+  CHECK(m.context == 80);
+  REQUIRE(m.trunk.points.size() == 3);
+  CHECK(m.trunk.points[2].tokens == 256);
+  CHECK(m.trunk.points[2].gbps == 3);
+  CHECK(m.trunk.source == "measured: trunk");
+  CHECK(m.linear_call_us.value() == 3.5);
+  CHECK(m.expert.points[1].gbps == 2);
+  CHECK(m.kda_decode_gbps.points[1].gbps == 60);
+  CHECK(m.kda_prefill_gflops.points[0].tokens == 256);
+  CHECK(m.mla_decode_gflops.points[0].gbps == 10);
+  CHECK(m.mla_prefill_gflops.points[1].gbps == 150);
+  CHECK(m.row_ops_ns.source == "measured: rows");
+  // value_at: linear between points, clamped outside.
+  CHECK(m.row_ops_ns.value_at(1) == 9000);
+  CHECK(m.row_ops_ns.value_at(128.5) == Approx(6000));
+  CHECK(m.row_ops_ns.value_at(4096) == 3000);
+  // A profile without them has none (not measured), and merge keeps one model's block whole.
+  CHECK(!hardware_from_json(json{{"format", "strata-hardware-1"}}, "x").model_shapes.known());
+  HardwareProfile empty;
+  CHECK(merge(empty, b).model_shapes.signature == ms.signature);
+  HardwareProfile other = b;
+  other.model_shapes.signature = "other";
+  CHECK(merge(other, b).model_shapes.signature == "other");
+  // Errors: one line naming the field.
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "model_shapes": {"model": "x"}})") ==
+        "hw.json: model_shapes.signature: missing: the model's shape signature (bench hw -m)");
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "model_shapes": {"signature": "s",
+        "trunc": []}})")
+            .rfind("hw.json: model_shapes.trunc: unknown field (expected one of: signature", 0) ==
+        0);
+  CHECK(parse_error(R"({"format": "strata-hardware-1", "model_shapes": {"signature": "s",
+        "row_ops_ns": [{"tokens": 1, "gbps": 3}]}})") ==
+        "hw.json: model_shapes.row_ops_ns[0].gbps: unknown field (expected one of: tokens, value)");
+}

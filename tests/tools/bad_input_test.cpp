@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "storage/safetensors.h"
+#include "storage/synth.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -157,6 +158,27 @@ TEST_CASE("bad input: numeric options out of range fail before any work", "[cli]
   require_one_line_error(cli("bench cpu-experts --repeats 0"), "--repeats 0");
   for (const auto& e : fs::directory_iterator(s))
     CHECK(e.path().filename().string().rfind("strata-bench-io", 0) == std::string::npos);
+}
+
+TEST_CASE("bad input: bench hw -m refuses what is not a model before measuring anything",
+          "[cli][bad-input]") {
+  const fs::path s = strata::test::scratch_dir("bad_input_bench_hw");
+  require_one_line_error(cli("bench hw --no-disk -m " + (s / "none").string()),
+                         (s / "none" / "config.json").string() + ": not found (is " +
+                             (s / "none").string() + " a checkpoint directory?)");
+  fs::create_directories(s / "bad");
+  std::ofstream(s / "bad" / "config.json") << "{\"vocab_size\": 8";
+  require_one_line_error(cli("bench hw --no-disk -m " + (s / "bad").string()),
+                         (s / "bad" / "config.json").string());
+  strata::SynthOptions so;
+  so.preset = "k3-tiny";
+  fs::create_directories(s / "tiny");
+  std::ofstream(s / "tiny" / "config.json") << strata::synth_config_json(so);
+  require_one_line_error(
+      cli("bench hw --no-disk -m " + (s / "tiny").string() + " --model-tokens 0"),
+      "--model-tokens: expected 1..65536, got 0");
+  require_one_line_error(cli("bench hw --no-disk --context 80"),
+                         "--model-tokens and --context go with -m DIR");
 }
 
 TEST_CASE("bad input: config dimensions are bounded, naming the field", "[cli][bad-input]") {
