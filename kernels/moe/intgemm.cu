@@ -349,20 +349,21 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
 
   for (int pt = p0; pt < p1; pt += kBN) {
     const int cnt = min(kBN, p1 - pt), nfrag = (cnt + 7) / 8;
-    const uint8_t* a_next = a_src;  // the stage a_kt's source
-    int a_kt = 0;
-    auto load_a = [&](int st, int dst) {
+    // Stage kt of this thread's A copies into slot st; a_next is stage kt's source (the stages
+    // are loaded in order).
+    const uint8_t* a_next = a_src;
+    auto load_a = [&](int st, int kt, int dst) {
       uint8_t* const d = sA + st * kAStg;
-      if (a_kt * kKB + ablk < nb) cp16(d + dst, a_next);
-      if (a_kt * kKB + ablk + 1 < nb) cp16(d + next_block(dst, 16), a_next + 16);
-      a_next += kBK / 2, a_kt++;
+      if (kt * kKB + ablk < nb) cp16(d + dst, a_next);
+      if (kt * kKB + ablk + 1 < nb) cp16(d + next_block(dst, 16), a_next + 16);
+      a_next += kBK / 2;
     };
     // The weights of the first stages go out before the tokens' metadata is known.
     {
       const int dst = s_lane[tid].x;
 #pragma unroll
       for (int s = 0; s < kStages - 1; s++)
-        if (s < nkt) load_a(s, dst);
+        if (s < nkt) load_a(s, s, dst);
     }
     if (tid < kBN) {
       int row = 0, em = 0, st = is::kTokenOk;
@@ -388,21 +389,19 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
       b_next[i] = (pl ? a.planes.lo : a.planes.hi) + row * size_t(K) + size_t(bpart) * 16;
       b_live |= unsigned(t < cnt) << i;
     }
-    int b_kt = 0;
-    auto load_b = [&](int st, int bdst) {
-      if (b_kt * kKB + (bpart >> 1) < nb) {
+    auto load_b = [&](int st, int kt, int bdst) {
+      if (kt * kKB + (bpart >> 1) < nb) {
 #pragma unroll
         for (int i = 0; i < Tl::kBChunks; i++)
           if ((b_live >> i) & 1u) cp16(sB + st * kBStage + bdst + 32 * i * L::kBRow, b_next[i]);
       }
 #pragma unroll
       for (int i = 0; i < Tl::kBChunks; i++) b_next[i] += kBK;
-      b_kt++;
     };
     // Groups: [scales (first tile) + A of stages 0..S-2 + B of stage 0], [B of stage 1], …
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
-      if (s < nkt) load_b(s, s_bdst[tid]);
+      if (s < nkt) load_b(s, s, s_bdst[tid]);
       cp_commit();
     }
 
@@ -445,8 +444,8 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
       }
       const int4 lc = s_lane[tid];
       if (kt + kStages - 1 < nkt) {
-        load_a((kt + kStages - 1) % kStages, lc.x);
-        load_b((kt + kStages - 1) % kStages, s_bdst[tid]);
+        load_a((kt + kStages - 1) % kStages, kt + kStages - 1, lc.x);
+        load_b((kt + kStages - 1) % kStages, kt + kStages - 1, s_bdst[tid]);
       }
       cp_commit();
       const int st = kt % kStages;
