@@ -57,7 +57,7 @@ void mla_attention_absorbed_fast(const float* q, const float* cache, int64_t S,
     return ref::mla_attention_absorbed(q, cache, S, kv_b, d, out, T, p);
   // Query t of the T new tokens sees positions 0 … S − T + t (causal).
   STRATA_ASSERT(T <= S);
-  std::vector<detail::MlaQuery> qs(static_cast<size_t>(T));
+  std::vector<MlaDecodeQuery> qs(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t)
     qs[size_t(t)] = {q + t * d.H * d.q_dim(), cache, S - T + t + 1, out + t * d.H * d.v};
   detail::mla_absorbed_avx512(qs.data(), T, static_cast<const uint16_t*>(kv_b.data), d,
@@ -72,9 +72,7 @@ void mla_attention_absorbed_batch_fast(const MlaDecodeQuery* qs, int64_t n,
       ref::mla_attention_absorbed(qs[j].q, qs[j].cache, qs[j].len, kv_b, d, qs[j].out, 1, p);
     return;
   }
-  std::vector<detail::MlaQuery> dq(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) dq[size_t(j)] = {qs[j].q, qs[j].cache, qs[j].len, qs[j].out};
-  detail::mla_absorbed_avx512(dq.data(), n, static_cast<const uint16_t*>(kv_b.data), d,
+  detail::mla_absorbed_avx512(qs, n, static_cast<const uint16_t*>(kv_b.data), d,
                               p == ref::Precision::bf16);
 }
 

@@ -77,14 +77,8 @@ void kda_recurrent_avx512(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, i
 void kda_chunked_avx512(const float* q, const float* k, const float* v, const float* g,
                         const float* beta, float* state, float* o, int64_t T, int64_t H, int64_t K,
                         int64_t V, float scale);
-// Query j: q [H, nope + rope] over cache rows 0 … n − 1, out [H, v].
-struct MlaQuery {
-  const float* q;
-  const float* cache;
-  int64_t n;
-  float* out;
-};
-void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
+// Query j: qs[j].q [H, nope + rope] over its cache rows 0 … len − 1, out [H, v].
+void mla_absorbed_avx512(const MlaDecodeQuery* qs, int64_t nq, const uint16_t* kv_b,
                          const ref::MlaDims& d, bool round_bf16);
 // Attention of T queries over S expanded positions: kv [S, H, nope + v] (k_nope | v per head),
 // the shared rope keys in the cache rows.

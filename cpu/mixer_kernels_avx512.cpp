@@ -133,7 +133,7 @@ void kda_recurrent_avx512(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, i
   });
 }
 
-void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
+void mla_absorbed_avx512(const MlaDecodeQuery* qs, int64_t nq, const uint16_t* kv_b,
                          const ref::MlaDims& d, bool round_out) {
   const int64_t R = d.cache_dim(), Dq = d.q_dim(), Dkv = d.nope + d.v, C = d.kv_lora, H = d.H;
   STRATA_ASSERT(C % 16 == 0 && d.rope % 16 == 0);
@@ -149,13 +149,13 @@ void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
   std::vector<float> qlat(static_cast<size_t>(kGroup * H * C));
   for (int64_t g0 = 0; g0 < nq; g0 += kGroup) {
     const int64_t ng = std::min(kGroup, nq - g0);
-    const MlaQuery* gq = qs + g0;
+    const MlaDecodeQuery* gq = qs + g0;
     // Per query: its chunks of positions, and where its scores and context partials start.
     const size_t ngs = static_cast<size_t>(ng);
     std::vector<int64_t> chunks(ngs), per(ngs), sc_at(ngs + 1), part_at(ngs + 1), task_at(ngs + 1);
     sc_at[0] = part_at[0] = task_at[0] = 0;
     for (int64_t j = 0; j < ng; ++j) {
-      const int64_t n = gq[j].n;
+      const int64_t n = gq[j].len;
       STRATA_ASSERT(n >= 1);
       chunks[size_t(j)] = std::clamp<int64_t>(n / 128, 1, 4 * threads);
       per[size_t(j)] = (n + chunks[size_t(j)] - 1) / chunks[size_t(j)];
@@ -194,34 +194,34 @@ void mla_absorbed_avx512(const MlaQuery* qs, int64_t nq, const uint16_t* kv_b,
     tbb::parallel_for(int64_t(0), task_at[size_t(ng)], [&](int64_t k) {
       int64_t j, ck;
       chunk_task(k, j, ck);
-      const MlaQuery& x = gq[j];
+      const MlaDecodeQuery& x = gq[j];
       const int64_t per_j = per[size_t(j)];
       float* scj = sc.data() + sc_at[size_t(j)];
-      for (int64_t s = ck * per_j; s < std::min(x.n, (ck + 1) * per_j); ++s) {
+      for (int64_t s = ck * per_j; s < std::min(x.len, (ck + 1) * per_j); ++s) {
         const float* row = x.cache + s * R;
         for (int64_t h = 0; h < H; ++h)
-          scj[size_t(h * x.n + s)] = (dot(qlat.data() + (j * H + h) * C, row, C) +
-                                      dot(x.q + h * Dq + d.nope, row + C, d.rope)) *
-                                     scale;
+          scj[size_t(h * x.len + s)] = (dot(qlat.data() + (j * H + h) * C, row, C) +
+                                        dot(x.q + h * Dq + d.nope, row + C, d.rope)) *
+                                       scale;
       }
     });
     tbb::parallel_for(int64_t(0), ng * H, [&](int64_t k) {
       const int64_t j = k / H, h = k % H;
-      softmax_inplace(sc.data() + sc_at[size_t(j)] + h * gq[j].n, gq[j].n);
+      softmax_inplace(sc.data() + sc_at[size_t(j)] + h * gq[j].len, gq[j].len);
     });
     // Context partial sums per chunk, then per head: their sum (chunk order) and W_UV.
     tbb::parallel_for(int64_t(0), task_at[size_t(ng)], [&](int64_t k) {
       int64_t j, ck;
       chunk_task(k, j, ck);
-      const MlaQuery& x = gq[j];
+      const MlaDecodeQuery& x = gq[j];
       const int64_t per_j = per[size_t(j)];
       const float* scj = sc.data() + sc_at[size_t(j)];
       float* pc = part.data() + part_at[size_t(j)] + ck * H * C;
       std::fill(pc, pc + H * C, 0.0f);
-      for (int64_t s = ck * per_j; s < std::min(x.n, (ck + 1) * per_j); ++s) {
+      for (int64_t s = ck * per_j; s < std::min(x.len, (ck + 1) * per_j); ++s) {
         const float* row = x.cache + s * R;
         for (int64_t h = 0; h < H; ++h) {
-          const __m512 ps = _mm512_set1_ps(scj[size_t(h * x.n + s)]);
+          const __m512 ps = _mm512_set1_ps(scj[size_t(h * x.len + s)]);
           float* ch = pc + h * C;
           for (int64_t c = 0; c < C; c += 16)
             _mm512_storeu_ps(
