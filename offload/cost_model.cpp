@@ -167,6 +167,12 @@ std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused) 
   return calls;
 }
 
+double flat_distinct_experts(const ModelConfig& c, double tokens) {
+  const double E = c.moe.num_experts, k = c.moe.top_k;
+  if (E <= 0 || tokens <= 0) return 0;
+  return E * (1.0 - std::pow(1.0 - k / E, tokens));
+}
+
 std::string model_shape_signature(const ModelConfig& c) {
   std::string layers;
   for (int l = 0; l < c.num_layers; ++l)
@@ -380,12 +386,6 @@ double CostModel::disk_read_seconds() const {
 
 int CostModel::prefill_stage_threshold() const {
   return threshold_;
-}
-
-double CostModel::distinct_experts(double tokens) const {
-  const double E = cfg_.moe.num_experts, k = cfg_.moe.top_k;
-  if (E <= 0 || tokens <= 0) return 0;
-  return E * (1.0 - std::pow(1.0 - k / E, tokens));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -65,6 +65,10 @@ struct FastLinearCall {
 };
 std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused);
 
+// Distinct experts one MoE layer touches for `tokens` tokens under flat routing (Quantile
+// Balancing, spec/offload.md §2.3): E·(1 − (1 − k/E)^tokens); 0 without experts or tokens.
+double flat_distinct_experts(const ModelConfig& c, double tokens);
+
 // What identifies a model's shapes for the model-shape probes (HardwareProfile::model_shapes):
 // every dimension the fast CPU backend's pieces depend on, and the layer pattern. Two configs
 // with the same signature run the same kernels at the same shapes.
@@ -290,8 +294,8 @@ class CostModel {
   Roofline decode_roofline(const Placement& p, int batch, int64_t context) const;
   Roofline prefill_roofline(const Placement& p, int64_t tokens, int64_t chunk) const;
 
-  // Distinct experts one MoE layer touches for B tokens under flat routing: E·(1 − (1 − k/E)^B).
-  double distinct_experts(double tokens) const;
+  // flat_distinct_experts for this model.
+  double distinct_experts(double tokens) const { return flat_distinct_experts(cfg_, tokens); }
 
   // The rates the model uses, one line each, "measured" or "assumed: <why>" — printed by plan and
   // bench e2e so a prediction can be traced to its inputs. The first line is rates_basis() when

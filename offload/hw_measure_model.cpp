@@ -227,7 +227,7 @@ int experts_touched(const ModelConfig& c, int M) {
   const double E = c.moe.num_experts, k = c.moe.top_k;
   if (M <= 1) return int(k);
   for (double T = 1;; T += 1) {
-    const double U = E * (1.0 - std::pow(1.0 - k / E, T));
+    const double U = flat_distinct_experts(c, T);
     if (T * k / U >= M || U > E - 0.5) return std::clamp(int(std::lround(U)), 1, int(E));
   }
 }
@@ -593,11 +593,9 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
     // The expert curve's M is tokens per expert: the mean each step of Ms gives (decode B: B·k /
     // U(B); a prompt of T: T·k / E), and 2 (batched decode's few-token kernel).
     std::vector<int> per_expert = {1, 2};
-    for (int M : Ms) {
-      const double k = cfg.moe.top_k, E = cfg.moe.num_experts;
-      const double U = E * (1.0 - std::pow(1.0 - k / E, double(M)));
-      per_expert.push_back(std::max(1, int(std::lround(double(M) * k / U))));
-    }
+    for (int M : Ms)
+      per_expert.push_back(
+          std::max(1, int(std::lround(double(M) * cfg.moe.top_k / flat_distinct_experts(cfg, M)))));
     std::sort(per_expert.begin(), per_expert.end());
     per_expert.erase(std::unique(per_expert.begin(), per_expert.end()), per_expert.end());
     p.progress("model-shape probes: CPU experts");
