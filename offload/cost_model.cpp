@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "offload/format.h"
 #include "storage/error.h"
 
 namespace strata::offload {
@@ -12,12 +13,6 @@ namespace strata::offload {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf, f, a, b, c, d);
-  return buf;
-}
 
 uint64_t component_bytes(const ModelCosts& k, const char* name) {
   for (auto& c : k.components)

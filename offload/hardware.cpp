@@ -17,6 +17,7 @@
 #include "cpu/expert_kernels.h"
 #include "cpu/topology.h"
 #include "kernels/runtime.h"
+#include "offload/format.h"
 #include "storage/error.h"
 
 namespace strata::offload {
@@ -26,12 +27,6 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "strata-hardware-1";
-
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
 
 // One reader per file: every error is one line "FILE: FIELD: what was wrong".
 class Reader {

@@ -25,6 +25,7 @@
 #include "cpu/ref/ops.h"
 #include "cpu/row_ops.h"
 #include "cpu/topology.h"
+#include "offload/format.h"
 #include "storage/error.h"
 #include "storage/expert_reader.h"
 
@@ -36,13 +37,7 @@ namespace strata::offload {
 
 namespace fs = std::filesystem;
 
-namespace {
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
-}  // namespace
+namespace {}  // namespace
 
 namespace {
 double process_cpu_s() {

@@ -28,6 +28,7 @@
 #include "cpu/row_ops.h"
 #include "cpu/topology.h"
 #include "offload/cost_model.h"
+#include "offload/format.h"
 #include "offload/hw_measure.h"
 #include "storage/error.h"
 
@@ -36,12 +37,6 @@ namespace strata::offload {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string fmt(const char* f, double a, double b = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b);
-  return buf;
-}
 
 // A pool of bf16 weights the probes' matrices are carved from in turn, wrapping around when a
 // model's trunk is larger than the pool (the pool stays ≫ the last-level cache either way). It is

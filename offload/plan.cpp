@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "offload/format.h"
 #include "storage/error.h"
 
 namespace strata::offload {
@@ -15,12 +16,6 @@ namespace strata::offload {
 using nlohmann::json;
 
 namespace {
-
-std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 0) {
-  char buf[400];
-  std::snprintf(buf, sizeof buf, f, a, b, c, d);
-  return buf;
-}
 
 std::string gb(double bytes) {
   return format_bytes(bytes);
