@@ -37,8 +37,6 @@ namespace strata::offload {
 
 namespace fs = std::filesystem;
 
-namespace {}  // namespace
-
 namespace {
 double process_cpu_s() {
   rusage u{};

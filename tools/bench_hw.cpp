@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "offload/hw_measure.h"
 #include "storage/config.h"
@@ -34,7 +35,7 @@ namespace {
 struct Options {
   std::string save, json, dir, model;
   std::vector<int> model_tokens;
-  int64_t context = 0;
+  std::optional<int64_t> context;
   bool quick = false, force = false, no_disk = false, no_gpu = false, cpu_time = false;
   int threads = 0;
   double disk_gib = 0;
@@ -56,8 +57,9 @@ int run(const Options& o) {
     for (int M : o.model_tokens)
       if (M < 1 || M > 65536)
         throw Error("--model-tokens: expected 1..65536, got " + std::to_string(M));
-    if (o.context < 0) throw Error("--context: expected ≥ 1");
-  } else if (!o.model_tokens.empty() || o.context != 0) {
+    if (o.context && *o.context < 1)
+      throw Error("--context: expected ≥ 1, got " + std::to_string(*o.context));
+  } else if (!o.model_tokens.empty() || o.context) {
     throw Error("--model-tokens and --context go with -m DIR (the model-shape probes)");
   }
   BenchReport rep("bench hw: hardware peaks and our kernels' rates");
@@ -75,7 +77,7 @@ int run(const Options& o) {
     mo.model = &model;
     mo.model_name = o.model;
     mo.model_tokens = o.model_tokens;
-    mo.model_context = o.context;
+    mo.model_context = o.context.value_or(0);
   }
   mo.progress = [&](const std::string& s) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -177,6 +177,8 @@ TEST_CASE("bad input: bench hw -m refuses what is not a model before measuring a
   require_one_line_error(
       cli("bench hw --no-disk -m " + (s / "tiny").string() + " --model-tokens 0"),
       "--model-tokens: expected 1..65536, got 0");
+  require_one_line_error(cli("bench hw --no-disk -m " + (s / "tiny").string() + " --context 0"),
+                         "--context: expected ≥ 1, got 0");
   require_one_line_error(cli("bench hw --no-disk --context 80"),
                          "--model-tokens and --context go with -m DIR");
 }
