@@ -200,29 +200,32 @@ double Rate::value() const {
   return value_;
 }
 
+namespace {
+// f of a curve at M tokens: f(first point) at or below the first point, linear in M between the
+// two points around it; past the last point f(last), times M / its tokens when `proportional`.
+template <typename F>
+double along(const std::vector<RatePoint>& pts, double M, const F& f, bool proportional) {
+  if (M <= pts.front().tokens) return f(pts.front());
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (M <= pts[i].tokens) {
+      const RatePoint &a = pts[i - 1], &b = pts[i];
+      const double t = (M - a.tokens) / double(b.tokens - a.tokens);
+      return f(a) + t * (f(b) - f(a));
+    }
+  return proportional ? f(pts.back()) * M / double(pts.back().tokens) : f(pts.back());
+}
+}  // namespace
+
 double RateCurve::seconds_per_byte(double M) const {
   STRATA_ASSERT(known() && M >= 1);
-  auto spb = [](const RatePoint& p) { return 1.0 / (p.gbps * 1e9); };
-  if (M <= points.front().tokens) return spb(points.front());
-  for (size_t i = 1; i < points.size(); ++i)
-    if (M <= points[i].tokens) {
-      const RatePoint &a = points[i - 1], &b = points[i];
-      const double t = (M - a.tokens) / double(b.tokens - a.tokens);
-      return spb(a) + t * (spb(b) - spb(a));
-    }
-  return spb(points.back()) * M / double(points.back().tokens);
+  return along(
+      points, M, [](const RatePoint& p) { return 1.0 / (p.gbps * 1e9); }, true);
 }
 
 double RateCurve::value_at(double M) const {
   STRATA_ASSERT(known());
-  if (M <= points.front().tokens) return points.front().gbps;
-  for (size_t i = 1; i < points.size(); ++i)
-    if (M <= points[i].tokens) {
-      const RatePoint &a = points[i - 1], &b = points[i];
-      const double t = (M - a.tokens) / double(b.tokens - a.tokens);
-      return a.gbps + t * (b.gbps - a.gbps);
-    }
-  return points.back().gbps;
+  return along(
+      points, M, [](const RatePoint& p) { return p.gbps; }, false);
 }
 
 Rate DiskSpec::total_read_gbps() const {
