@@ -150,16 +150,16 @@ struct DenseShape {
   int64_t N, K;
 };
 
-// A GEMV-path line over disjoint routed sets of `experts` experts each, one set per repeat in
+// A line over disjoint routed sets of `experts` experts each on one path, one set per repeat in
 // turn (weights cold), against the copy peak: `repeats` timed calls after 3 warm-ups.
-BenchLine rotating_gemv_line(std::vector<Routed>& sets, int experts, int repeats, double copy_gbps,
-                             std::string name, std::string shape, std::string note) {
+BenchLine rotating_line(std::vector<Routed>& sets, moe::ExpertPath path, int experts, int repeats,
+                        double copy_gbps, std::string name, std::string shape, std::string note) {
   size_t k = 0;
   BenchLine l;
   l.name = std::move(name);
   l.shape = std::move(shape);
-  l.time = to_stats(kernels::gpu_time([&] { sets[k++ % sets.size()].run(moe::ExpertPath::gemv); },
-                                      nullptr, repeats, 3));
+  l.time =
+      to_stats(kernels::gpu_time([&] { sets[k++ % sets.size()].run(path); }, nullptr, repeats, 3));
   l.bytes = experts * ExpertPool::expert_bytes();
   l.peak_name = "D2D copy (measured)";
   l.peak = copy_gbps;
@@ -171,17 +171,24 @@ BenchLine rotating_gemv_line(std::vector<Routed>& sets, int experts, int repeats
 
 // Batched decode: 128 experts with M tokens each (8 sequences over the 8-layer slice's 64 experts
 // give ≈ 2 per expert; K3's 896 experts at B = 64 ≈ 1.1); each repeat takes the next 128 of the
-// 896 (cold). The GEMV path's strips.
+// 896 (cold). The GEMV path's strips and the GEMM path's tiles at the same M: where they cross
+// sets kGemmMinMeanPairsPerGroup (kernels/moe/experts.h).
 void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
   std::mt19937_64 rng(4321);
   ExpertPool pool;
-  for (int M : {1, 2, 4}) {
+  for (int M : {1, 2, 3, 4, 8}) {
     std::vector<Routed> bs;
     for (int s = 0; s < kExperts / 128; s++) bs.emplace_back(pool, 8 * M, rng, s * 128, 8);
     kernels::device_sync("bench setup");
-    r.add(rotating_gemv_line(bs, 128, 14, copy_gbps, "moe/mxfp4-batch M=" + std::to_string(M),
-                             "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
-                             "GEMV path, weight bytes, cold (rotating 128 of 896 experts)"));
+    for (moe::ExpertPath path : {moe::ExpertPath::gemv, moe::ExpertPath::gemm}) {
+      const bool gemv = path == moe::ExpertPath::gemv;
+      r.add(rotating_line(
+          bs, path, 128, 14, copy_gbps,
+          std::string("moe/mxfp4-batch M=") + std::to_string(M) + (gemv ? " gemv" : " gemm"),
+          "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
+          std::string(gemv ? "GEMV" : "GEMM") +
+              " path, weight bytes, cold (rotating 128 of 896 experts)"));
+    }
   }
 }
 
@@ -194,9 +201,9 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
     std::vector<Routed> sets;
     for (int s = 0; s < kExperts / kTopk; s++) sets.emplace_back(pool, 1, rng, s * kTopk);
     kernels::device_sync("bench setup");
-    r.add(rotating_gemv_line(sets, kTopk, 20, copy_gbps, "moe/mxfp4-gemv T=1",
-                             "16 experts 3584->3072->3584",
-                             "weight bytes, cold (rotating 16 of 896 experts)"));
+    r.add(rotating_line(sets, moe::ExpertPath::gemv, kTopk, 20, copy_gbps, "moe/mxfp4-gemv T=1",
+                        "16 experts 3584->3072->3584",
+                        "weight bytes, cold (rotating 16 of 896 experts)"));
 
     // 2. Grouped experts at prefill scale, every path, each line against its own roofline.
     const auto path_name = [](moe::ExpertPath p) {
