@@ -8,7 +8,8 @@
 #     docs/predictions/, then, on a fresh machine:)
 #   bash scripts/device-planner-validate.sh e2e   # bench e2e --device cpu, twice → $OUT
 # The e2e mode also re-predicts from the committed profile (docs/hardware/h200-k3mini-hw.json, when
-# present) so the run's log holds both sides. Each mode: build ≈ 3-4 min, then under 3 min.
+# present) so the run's log holds both sides. Each mode: build ≈ 1 min (none with STRATA=binary),
+# then under 3 min.
 DEVICE_OUT_DEFAULT=/tmp/planner-validate-out
 source scripts/device-lib.sh
 mode=${1:-}
@@ -17,8 +18,8 @@ case "$mode" in
   *) echo "usage: bash scripts/device-planner-validate.sh hw|e2e" >&2; exit 1 ;;
 esac
 git log --oneline -1 2>/dev/null
-device_build strata
-S=./build-gpu/strata
+# STRATA=path: a strata built elsewhere for this tree (carried), instead of building here.
+if [ -n "${STRATA:-}" ]; then S=$STRATA; else device_build strata; S=./build-gpu/strata; fi
 [ -f /tmp/k3-mini/config.json ] || $S synth --preset k3-mini -o /tmp/k3-mini -q > "$OUT/synth.log" 2>&1 ||
   { tail -5 "$OUT/synth.log"; exit 1; }
 echo "synth $(( $(date +%s) - t0 )) s"
