@@ -6,6 +6,7 @@
 #include <tbb/task_scheduler_observer.h>
 
 #include <cstring>
+#include <vector>
 
 #include "storage/error.h"
 
@@ -108,30 +109,35 @@ void* Topology::raw() const {
   return impl_->topo;
 }
 
-// Pins each thread entering the arena to the core of its arena slot; the thread that called
-// execute() gets its previous binding back when it leaves.
+// Pins each thread entering the arena to the core of its arena slot, and gives every thread —
+// TBB's workers as well as the one that called execute() — its previous binding back when it
+// leaves. Workers are shared by all arenas of the process: a worker left pinned would take its core
+// into the next arena it serves, and several workers pinned to one core there (they take different
+// slots each time) serialise work the default arena meant to spread. That happened on the H200
+// machine's 16 cores: `bench hw`'s model-shape probe of the chunked KDA core (8 heads in parallel)
+// ran 4.7x slower after the pinned expert probe than the same core inside the engine.
 struct PinnedArena::Observer : tbb::task_scheduler_observer {
   const Topology& topo;
   Observer(tbb::task_arena& a, const Topology& t) : tbb::task_scheduler_observer(a), topo(t) {
     observe(true);
   }
   ~Observer() override { observe(false); }
-  void on_scheduler_entry(bool is_worker) override {
+  void on_scheduler_entry(bool) override {
     auto* t = static_cast<hwloc_topology_t>(topo.raw());
-    if (!is_worker) {
-      saved() = hwloc_bitmap_alloc();
-      hwloc_get_cpubind(t, saved(), HWLOC_CPUBIND_THREAD);
-    }
+    hwloc_bitmap_t prev = hwloc_bitmap_alloc();
+    hwloc_get_cpubind(t, prev, HWLOC_CPUBIND_THREAD);
+    saved().push_back(prev);  // a stack: a thread may enter a pinned arena from inside another
     topo.pin_thread_to_core(tbb::this_task_arena::current_thread_index());
   }
-  void on_scheduler_exit(bool is_worker) override {
-    if (is_worker || !saved()) return;
-    hwloc_set_cpubind(static_cast<hwloc_topology_t>(topo.raw()), saved(), HWLOC_CPUBIND_THREAD);
-    hwloc_bitmap_free(saved());
-    saved() = nullptr;
+  void on_scheduler_exit(bool) override {
+    if (saved().empty()) return;
+    hwloc_set_cpubind(static_cast<hwloc_topology_t>(topo.raw()), saved().back(),
+                      HWLOC_CPUBIND_THREAD);
+    hwloc_bitmap_free(saved().back());
+    saved().pop_back();
   }
-  static hwloc_bitmap_t& saved() {
-    thread_local hwloc_bitmap_t s = nullptr;
+  static std::vector<hwloc_bitmap_t>& saved() {
+    thread_local std::vector<hwloc_bitmap_t> s;
     return s;
   }
 };

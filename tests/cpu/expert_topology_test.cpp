@@ -6,6 +6,7 @@
 #include <tbb/parallel_for.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -63,6 +64,24 @@ TEST_CASE("topology: a pinned arena binds each of its threads to one core", "[to
   });
   CHECK(not_single == 0);
   CHECK(int(seen.size()) <= threads);
+
+  // The workers are shared with every other arena: once they have left the pinned one, each has
+  // the process's binding again (a worker left on one core would take it into the default arena).
+  hwloc_bitmap_t process = hwloc_bitmap_alloc();
+  hwloc_get_cpubind(t, process, HWLOC_CPUBIND_PROCESS);
+  std::atomic<int> still_pinned{0}, ran{0};
+  for (int round = 0; round < 20 && ran < 2000; ++round)
+    tbb::parallel_for(0, 200, [&](int) {
+      hwloc_bitmap_t set = hwloc_bitmap_alloc();
+      hwloc_get_cpubind(t, set, HWLOC_CPUBIND_THREAD);
+      if (!hwloc_bitmap_isequal(set, process)) ++still_pinned;
+      hwloc_bitmap_free(set);
+      ++ran;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    });
+  hwloc_bitmap_free(process);
+  CHECK(ran > 0);
+  CHECK(still_pinned == 0);
   CHECK_THROWS_AS(PinnedArena(topo, topo.pus() + 1), strata::Error);
   CHECK_THROWS_AS(PinnedArena(topo, 0), strata::Error);
 }
