@@ -122,6 +122,7 @@ void kda_recurrent_avx512(const KdaSeq* seqs, int64_t n, int64_t H, int64_t K, i
   STRATA_ASSERT(K == 64 || K == 128);
   // One task per (sequence, head).
   tbb::parallel_for(int64_t(0), n * H, [&](int64_t task) {
+    const FlushSubnormals ftz;  // a state decayed over many steps holds subnormals
     const KdaSeq& s = seqs[task / H];
     const int64_t h = task % H;
     std::vector<float> local;
@@ -679,6 +680,7 @@ void kda_chunked_avx512(const float* q, const float* k, const float* v, const fl
                         int64_t V, float scale) {
   STRATA_ASSERT(K % 16 == 0 && V % 16 == 0 && K <= 128 && V <= 128);
   tbb::parallel_for(int64_t(0), H, [&](int64_t h) {
+    const FlushSubnormals ftz;
     ChunkBuffers B(K, V);
     std::vector<float> local;
     float* S = state ? state + h * V * K : (local.assign(size_t(V * K), 0.0f), local.data());

@@ -13,6 +13,8 @@
 // about 2^-9).
 #include <catch2/catch.hpp>
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -132,8 +134,12 @@ TEST_CASE("fast chunked KDA matches the reference chunked form and the recurrenc
                      S_ref.data(), o_ref.data(), T, H, K, K, scale);
     ref::kda_recurrent(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
                        S_rec.data(), o_rec.data(), T, H, K, K, scale);
+    const unsigned csr = _mm_getcsr();
     cpu::kda_chunked_fast(in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
                           S_fast.data(), o_fast.data(), T, H, K, K, scale);
+    // The kernel flushes subnormals on its threads (these gates, up to e^−5 per step, underflow
+    // within a chunk) and gives the calling thread, which runs heads too, its own mode back.
+    CHECK(_mm_getcsr() == csr);
     // A chunk chains dot products of length K and sums over ≤ 64 rows (forward substitution,
     // W, U, O, the state update): ≈ (K + 64)·u per step, not growing over chunks (the state map
     // is contracting); the vector exp adds ≤ 2 ulp per factor.
