@@ -97,6 +97,27 @@ void CpuFastBackend::begin_step(const StepShape&) {
   step_floats_ = 0;
 }
 
+CpuFastBackend::Scratch::Buf CpuFastBackend::Scratch::take(size_t n) {
+  const size_t padded = (n + 15) / 16 * 16;  // 64-byte aligned starts
+  while (block_ < blocks_.size() && used_ + padded > sizes_[block_]) {
+    if (used_ == 0) {  // an empty block too small for n: replace it (nothing in it is live)
+      blocks_[block_].reset(new float[padded]);
+      sizes_[block_] = padded;
+      break;
+    }
+    ++block_, used_ = 0;
+  }
+  if (block_ == blocks_.size()) {
+    const size_t size = std::max(padded, size_t(1) << 22);
+    blocks_.emplace_back(new float[size]);  // not value-initialised: no zero fill
+    sizes_.push_back(size);
+    used_ = 0;
+  }
+  float* p = blocks_[block_].get() + used_;
+  used_ += padded;
+  return {p, n};
+}
+
 void CpuFastBackend::commit_step(const StepShape& s) {
   CpuHostBackend::commit_step(s);
   prof_.step_seconds +=
@@ -190,7 +211,8 @@ void CpuFastBackend::linear_multi(const float* x, int64_t T, std::span<const Pro
 
 void CpuFastBackend::glu_mlp(const float* x, const ref::GluMlp& m, float* y, int64_t T) {
   const int64_t I = m.gate.rows;
-  std::vector<float> g(size_t(T * I)), u(size_t(T * I));
+  const Scratch::Scope scope(scratch_);
+  const Scratch::Buf g = scratch_.take(size_t(T * I)), u = scratch_.take(size_t(T * I));
   const Proj gu[2] = {{&m.gate, g.data(), true}, {&m.up, u.data(), true}};  // round: GEMM outputs
   linear_multi(x, T, gu);
   {
@@ -229,7 +251,8 @@ void CpuFastBackend::add(Act acc, Act b) {
 
 void CpuFastBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
   const int64_t D = c_.hidden_size;
-  std::vector<float> in(rows.size() * size_t(D));
+  const Scratch::Scope scope(scratch_);
+  const Scratch::Buf in = scratch_.take(rows.size() * size_t(D));
   for (size_t i = 0; i < rows.size(); ++i)
     std::memcpy(in.data() + i * size_t(D), h.data + rows[i] * D, size_t(D) * sizeof(float));
   linear(in.data(), int64_t(rows.size()), model_.weights().lm_head, out, true);  // round: GEMM
@@ -266,9 +289,12 @@ void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) 
 
   // 1–2. q, k, v projections (round: GEMM outputs), short causal conv + SiLU (round once).
   // Every projection of x in one pass (the GEMV path), each output rounded (GEMM outputs).
-  std::vector<float> pq(size_t(T * P)), pk(size_t(T * P)), pv(size_t(T * P)), q(size_t(T * P)),
-      kk(size_t(T * P)), v(size_t(T * P)), f(size_t(T * w.f_a_proj.rows)), g(size_t(T * P)),
-      beta(size_t(T * H)), G(size_t(T * P)), ga;
+  const Scratch::Scope scope(scratch_);
+  const auto buf = [&](int64_t n) { return scratch_.take(size_t(n)); };
+  const Scratch::Buf pq = buf(T * P), pk = buf(T * P), pv = buf(T * P), q = buf(T * P),
+                     kk = buf(T * P), v = buf(T * P), f = buf(T * w.f_a_proj.rows), g = buf(T * P),
+                     beta = buf(T * H), G = buf(T * P);
+  Scratch::Buf ga;
   std::vector<Proj> proj = {{&w.q_proj, pq.data(), true},
                             {&w.k_proj, pk.data(), true},
                             {&w.v_proj, pv.data(), true},
@@ -277,7 +303,7 @@ void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) 
   if (k.full_rank_output_gate) {
     proj.push_back({&w.g_proj, G.data(), true});
   } else {
-    ga.resize(size_t(T * w.g_a_proj.rows));
+    ga = buf(T * w.g_a_proj.rows);
     proj.push_back({&w.g_a_proj, ga.data(), true});
   }
   linear_multi(x, T, proj);
@@ -300,7 +326,7 @@ void CpuFastBackend::kda(int l, const StepShape& s, const float* x, float* out) 
   // 3. decay logits through the rank-R bottleneck (round: GEMM output), then the gate.
   linear(f.data(), T, w.f_b_proj, g.data(), true);
   dump(l, "kda_z", g.data(), T, {H, d});
-  std::vector<float> o(size_t(T * P));
+  const Scratch::Buf o = buf(T * P);
   {
     Timed t(prof_, FastBackendProfile::kda_core);
     ref::KdaGate gate;
@@ -373,17 +399,20 @@ void CpuFastBackend::mla(int l, const StepShape& s, const float* x, float* out) 
   // and the norm).
   // The projections of x in one pass (GEMV path): q_a or q_proj, kv_a, the output gate.
   const int64_t C = dims.cache_dim();
-  std::vector<float> q(size_t(T * H * dims.q_dim())), ckv(size_t(T * C)), cq, g;
+  const Scratch::Scope scope(scratch_);
+  const Scratch::Buf q = scratch_.take(size_t(T * H * dims.q_dim())),
+                     ckv = scratch_.take(size_t(T * C));
+  Scratch::Buf cq, g;
   std::vector<Proj> proj;
   if (m.q_lora_rank > 0) {
-    cq.resize(size_t(T * m.q_lora_rank));
+    cq = scratch_.take(size_t(T * m.q_lora_rank));
     proj.push_back({&w.q_a_proj, cq.data(), true});
   } else {
     proj.push_back({&w.q_proj, q.data(), true});
   }
   proj.push_back({&w.kv_a_proj, ckv.data(), true});
   if (m.output_gate) {
-    g.resize(size_t(T * H * dims.v));
+    g = scratch_.take(size_t(T * H * dims.v));
     proj.push_back({&w.g_proj, g.data(), true});
   }
   linear_multi(x, T, proj);
@@ -398,7 +427,7 @@ void CpuFastBackend::mla(int l, const StepShape& s, const float* x, float* out) 
   }
   // 2–3. latent + shared rope key → normalised cache rows, appended to each sequence's cache of
   // this layer; 4–5. causal attention of its new queries over its whole cache.
-  std::vector<float> o(size_t(T * H * dims.v));
+  const Scratch::Buf o = scratch_.take(size_t(T * H * dims.v));
   {
     Timed t(prof_, FastBackendProfile::mla_core);
     const int64_t qd = H * dims.q_dim(), od = H * dims.v;
@@ -454,15 +483,17 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
 
   // All projections of x in one pass (GEMV path): the router's fp32 logits (never rounded), the
   // latent down-projection and the shared experts' gate and up (round: GEMM outputs).
-  std::vector<float> logits(size_t(T * E)), z, sg, su;
+  const Scratch::Scope scope(scratch_);
+  const Scratch::Buf logits = scratch_.take(size_t(T * E));
+  Scratch::Buf z, sg, su;
   std::vector<Proj> proj = {{&w.router, logits.data(), false}};
   if (m.latent_size > 0) {
-    z.resize(size_t(T * Din));
+    z = scratch_.take(size_t(T * Din));
     proj.push_back({&w.latent_down, z.data(), true});
   }
   if (w.shared) {
-    sg.resize(size_t(T * w.shared->gate.rows));
-    su.resize(sg.size());
+    sg = scratch_.take(size_t(T * w.shared->gate.rows));
+    su = scratch_.take(sg.size());
     proj.push_back({&w.shared->gate, sg.data(), true});
     proj.push_back({&w.shared->up, su.data(), true});
   }
@@ -504,11 +535,12 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   }
   // Routed experts through the executor, merged per token in increasing expert id, acc = acc +
   // w·y in fp32 (docs/numerics.md §5), one rounding at the end (round).
-  std::vector<float> acc(size_t(T * Din), 0.0f);
+  const Scratch::Buf acc = scratch_.take(size_t(T * Din));
+  std::fill(acc.begin(), acc.end(), 0.0f);  // the merge accumulates into it
   {
     Timed t(prof_, FastBackendProfile::experts);
     std::vector<ExpertTask> tasks = group_by_expert(r);
-    std::vector<float> y(size_t(T * K * Din));
+    const Scratch::Buf y = scratch_.take(size_t(T * K * Din));
     ExpertLayer el;
     el.layer = l;
     el.weights = &w;
@@ -537,7 +569,7 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   }
   // Shared experts: one GLU MLP on the full-width input, added unweighted (round: the add).
   if (w.shared) {
-    std::vector<float> sh(size_t(T * D));
+    const Scratch::Buf sh = scratch_.take(size_t(T * D));
     {
       Timed t(prof_, FastBackendProfile::row_ops);
       cpu::glu_fast(model_.glu(), sg.data(), su.data(), sg.data(), int64_t(sg.size()));  // round
