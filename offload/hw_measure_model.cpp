@@ -10,8 +10,8 @@
 // model's working set), and converts the time into the unit of the cost model's input it
 // replaces (ModelShapeRates in hardware.h), with the fixed costs the cost model adds separately
 // (one per linear call, one per CPU expert job) taken out. Not here: the engine itself (offload
-// does not depend on engine/; `strata bench e2e` measures that), the untimed rest of a step (the
-// backend's per-sublayer buffers), the embedding gather and the sampler.
+// does not depend on engine/; `strata bench e2e` measures that), the untimed rest of a step, the
+// embedding gather and the sampler.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -438,44 +438,12 @@ void mla_curves(const Probe& p, const std::vector<int>& Ms, int64_t context, Mod
   ms.mla_prefill_gflops.source = src + ", expanded";
 }
 
-// The per-sublayer buffers engine/cpu_fast_backend.cpp allocates as std::vector<float> (zero
-// filled, one thread) in a layer of T rows: the KDA projections, conv outputs, gates and output;
-// MLA's queries, latent rows, gate and output; the MLP's gate and up; the MoE layer's logits,
-// latent input, shared gate and up, routed outputs, merge and shared output. Floats per buffer.
-std::vector<int64_t> layer_buffers(const ModelConfig& c, int l, int64_t T) {
-  const auto& kd = c.kda;
-  const auto& ml = c.mla;
-  const auto& mo = c.moe;
-  const int64_t D = c.hidden_size, P = kd.proj_dim(),
-                r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
-  std::vector<int64_t> b;
-  if (c.is_kda(l)) {
-    for (int i = 0; i < 9; ++i) b.push_back(T * P);  // pq pk pv q k v g G o
-    b.push_back(T * r), b.push_back(T * kd.num_heads);
-    if (!kd.full_rank_output_gate) b.push_back(T * r);
-  } else {
-    const int64_t H = ml.num_heads;
-    b.push_back(T * H * ml.q_head_dim()), b.push_back(T * ml.latent_cache_dim());
-    if (ml.q_lora_rank > 0) b.push_back(T * ml.q_lora_rank);
-    if (ml.output_gate) b.push_back(T * H * ml.v_head_dim);
-    b.push_back(T * H * ml.v_head_dim);
-  }
-  if (!c.is_moe(l)) {
-    b.push_back(T * c.dense_intermediate_size), b.push_back(T * c.dense_intermediate_size);
-  } else {
-    const int64_t L = c.expert_in_dim(), Is = mo.shared_intermediate();
-    b.push_back(T * mo.num_experts), b.push_back(T * L), b.push_back(T * L);
-    b.push_back(T * mo.top_k * L);
-    if (Is > 0) b.push_back(T * Is), b.push_back(T * Is), b.push_back(T * D);
-  }
-  return b;
-}
-
 // The row ops of every layer at M tokens, as the backend runs them: the AttnRes mixes over the
 // layer's sources, two KimiRMSNorms, two residual adds; MLA: the q_a norm and the output gate;
-// dense MLP: the GLU; MoE: the routing, the latent norm, the shared experts' GLU and add; and the
-// layer's buffers (layer_buffers: the work no kind of the backend's telemetry times). ns per
-// token, layer and 1024 of hidden width (the cost model's unit).
+// dense MLP: the GLU; MoE: the routing, the zero fill of the merge's accumulator, the latent norm,
+// the shared experts' GLU and add. (The backend's other per-call buffers come from its scratch
+// arena, neither allocated nor filled once warm.) ns per token, layer and 1024 of hidden width
+// (the cost model's unit).
 RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
   const ModelConfig& c = p.c;
   const int64_t D = c.hidden_size, L = c.expert_in_dim(), Is = c.moe.shared_intermediate();
@@ -493,7 +461,7 @@ RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
     std::vector<float> x(size_t(T * D), 0.5f), h(x.size()), gu(size_t(T * std::max(If, Is)), 0.2f),
         up(gu.size(), 0.3f), lat(size_t(T * L), 0.1f),
         qa(size_t(T * std::max<int64_t>(Q, 1)), 0.1f), o(size_t(T * Hv), 0.1f), g(o.size(), 0.2f),
-        logits(size_t(T * E), 0.0f), weights(size_t(T * K));
+        logits(size_t(T * E), 0.0f), weights(size_t(T * K)), acc(size_t(T * L));
     std::vector<int32_t> ids(size_t(T * K));
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(i * 2654435761u % 1000) * 1e-3f;
     cpu::ref::RouterParams rp;
@@ -508,10 +476,6 @@ RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
     RateSample s = p.time(
         [&] {
           for (int l = 0; l < c.num_layers; ++l) {
-            for (int64_t n : layer_buffers(c, l, T)) {
-              std::vector<float> buf(static_cast<size_t>(n));
-              asm volatile("" : : "r"(buf.data()) : "memory");  // the zero fill must happen
-            }
             if (c.has_attn_res()) {
               const int64_t n_attn = l == 0 ? 0 : (l - 1) / bs + 2, n_mlp = l / bs + 2;
               std::vector<const float*> ps;
@@ -536,6 +500,8 @@ RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
               continue;
             }
             cpu::ref::route(logits.data(), rp, ids.data(), weights.data(), nullptr, T);
+            std::fill(acc.begin(), acc.end(), 0.0f);  // the merge's accumulator (one thread)
+            asm volatile("" : : "r"(acc.data()) : "memory");
             if (c.moe.latent_size > 0 && c.moe.latent_norm)
               cpu::kimi_rms_norm_fast(lat.data(), w_norm.data(), lat.data(), T, L, 1e-5f);
             if (Is > 0) {
@@ -552,7 +518,7 @@ RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
            fmt("%.0f ns per token, layer and 1024 wide", ns), false);
   }
   curve.source =
-      "measured: the fast backend's row ops and per-sublayer buffers of every layer at "
+      "measured: the fast backend's row ops of every layer at "
       "this model's widths, " +
       p.thr + p.basis + "; ns per token, layer and 1024 wide";
   return curve;
