@@ -45,7 +45,7 @@ constexpr int kStageSlotsPerRound = 32;
 constexpr int kDeviceGroupMaxPairs = 4096;
 // The mean (token, expert) pairs per group from which the grouped-experts launch leaves the GEMV
 // path (kernels/moe/experts.h kGemmMinMeanPairsPerGroup).
-constexpr int kExpertGemmMinMeanPairs = 4;
+constexpr double kExpertGemmMinMeanPairs = 1.5;
 
 // Where the routed experts are served from: shares of all routed experts (sum 1).
 struct Placement {
@@ -171,7 +171,8 @@ struct CostAssumptions {
   //   trip (main b7cb672); 0: the engine before it (every MoE layer's routing to the host);
   double gpu_device_groups = 1;
   //   the grouped-experts launch runs the GEMV path below this mean of pairs per group (main
-  //   8f03932: kExpertGemmMinMeanPairs, the GEMM path above; before it 12, the IMMA path above);
+  //   8f03932: kExpertGemmMinMeanPairs, the GEMM path above — 4 until the crossing was measured,
+  //   1.5 since; before 8f03932 12, the IMMA path above);
   double gpu_expert_gemv_below_mean_pairs = kExpertGemmMinMeanPairs;
   // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
   // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert

@@ -176,7 +176,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   // reported as such.
   const bool automatic = path == ExpertPath::automatic;
   if (automatic)
-    path = b.P >= kGemmMinMeanPairsPerGroup * b.G && detail::gemm_supports(b.H) &&
+    path = double(b.P) >= kGemmMinMeanPairsPerGroup * b.G && detail::gemm_supports(b.H) &&
                    detail::gemm_supports(b.I)
                ? ExpertPath::gemm
                : ExpertPath::gemv;

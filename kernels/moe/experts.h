@@ -54,11 +54,13 @@ size_t experts_workspace_bytes(int T, int P, int H, int I);
 // and for benches; automatic now picks GEMV or GEMM.
 inline constexpr int kImmaMinMeanPairsPerGroup = 12;
 // Mean tokens per expert from which the automatic choice takes the GEMM path. Measured on the H200
-// (`strata bench kernels --filter moe`, docs/performance.md): at a mean of 1.7 (T = 64) the GEMV
-// path was 1.5x faster (before the GEMM path's main-loop change of dfdcbb8; not re-measured), at
-// 4.6 (T = 256) the GEMM path is 2.2x faster; 4 lies between (the crossing is not measured). Like the grids, the GEMM's tile size is chosen from the host
-// counts P and G.
-inline constexpr int kGemmMinMeanPairsPerGroup = 4;
+// with dfdcbb8's GEMM path (`strata bench kernels --filter moe`, 128 experts x M tokens, cold):
+// GEMV 0.543 / 1.118 / 1.591 ms at M = 1 / 2 / 3, GEMM 1.002 / 1.025 / 1.041 ms — GEMV time grows
+// ≈ 0.5 ms per token, GEMM's stays near the weight stream; and at T = 64 (610 experts, a mean of
+// 1.7, most groups of 1 or 2) GEMM 4.58 against GEMV 4.96 ms. They cross between 1 and 1.7: 1.5.
+// Like the grids, the GEMM's tile size is chosen from the host counts P and G (G the capacity when
+// the groups are built on the device).
+inline constexpr double kGemmMinMeanPairsPerGroup = 1.5;
 
 // y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
 // bytes of device memory. path: automatic (by P / G), or forced for tests/benches (a forced path
