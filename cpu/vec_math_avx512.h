@@ -10,12 +10,12 @@
 namespace strata::cpu::detail {
 
 // Flush-to-zero and denormals-are-zero (MXCSR) on this thread while in scope, the caller's mode
-// restored after. For kernels whose products of decays underflow: a KDA chunk multiplies factors
-// e^(G_r − G_j) and cumulative decays that fall below 2^−126 whenever the gates are strong (the
-// tests' gates reach e^−160 within a chunk), and each subnormal operand or result costs a
-// microcode assist on Intel cores: the chunked core ran 6–7x slower on the H200 machine's Xeon with
-// such gates (14.0 against 2.0 ms at T = 256, 8 heads). Flushing changes a result by less than
-// 2^−126 per term, far below the ulp of the O(1) sums those terms join.
+// restored after. For kernels whose products of decays can underflow: a KDA chunk multiplies
+// factors e^(G_r − G_j) and cumulative decays, which fall below 2^−126 when the gates are strong
+// (the tests' gates, up to e^−5 per step, reach e^−160 within a chunk), and each subnormal operand
+// or result costs a microcode assist on Intel cores: on the H200 machine's Xeon the chunked core
+// ran 14.0 instead of 2.0 ms at T = 256, 8 heads, on bench hw's synthetic probe inputs. Flushing
+// changes a result by less than 2^−126 per term, far below the ulp of the O(1) sums they join.
 class FlushSubnormals {
  public:
   FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }  // FTZ | DAZ
