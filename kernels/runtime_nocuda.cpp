@@ -93,6 +93,9 @@ uint64_t device_allocations() {
 uint64_t pinned_allocations() {
   return 0;
 }
+Status allow_dynamic_smem(const void*, int) {
+  return none();
+}
 }  // namespace rt
 }  // namespace strata::kernels
 #endif

@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "kernels/runtime.h"
 
@@ -156,6 +159,21 @@ uint64_t device_allocations() {
 }
 uint64_t pinned_allocations() {
   return g_pinned_allocs.load();
+}
+
+Status allow_dynamic_smem(const void* kernel, int bytes) {
+  int dev = 0;
+  if (Status s = st(cudaGetDevice(&dev)); !s.ok()) return s;
+  static std::mutex mu;
+  static std::set<std::tuple<const void*, int, int>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, dev, bytes})) return {};
+  if (Status s =
+          st(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      !s.ok())
+    return s;
+  done.insert({kernel, dev, bytes});
+  return {};
 }
 
 }  // namespace strata::kernels::rt

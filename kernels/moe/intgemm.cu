@@ -1031,10 +1031,10 @@ Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void
 template <int BN, int STAGES, int MINB>
 Status launch_tile(const GemmArgs& a, int G, void* stream) {
   const size_t smem = Tile<BN, STAGES, MINB>::smem(a.K / c::kBlock);
-  if (cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, STAGES, MINB>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      e != cudaSuccess)
-    return kernels::detail::status_of(e);
+  if (Status st = rt::allow_dynamic_smem(
+          reinterpret_cast<const void*>(gemm_kernel<BN, STAGES, MINB>), int(smem));
+      !st.ok())
+    return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
   gemm_kernel<BN, STAGES, MINB><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
@@ -1054,10 +1054,10 @@ Status launch(const GemmArgs& a, int G, int P, void* stream) {
 template <int BN, int STAGES>
 Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
   const size_t smem = WgTile<BN, STAGES>::smem(a.K / c::kBlock);
-  if (cudaError_t e = cudaFuncSetAttribute(wgmma_kernel<BN, STAGES>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      e != cudaSuccess)
-    return kernels::detail::status_of(e);
+  if (Status st = rt::allow_dynamic_smem(reinterpret_cast<const void*>(wgmma_kernel<BN, STAGES>),
+                                         int(smem));
+      !st.ok())
+    return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
   wgmma_kernel<BN, STAGES><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
