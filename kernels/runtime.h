@@ -92,8 +92,9 @@ uint64_t device_allocations();
 uint64_t pinned_allocations();
 
 // Lets `kernel` (a __global__ function's address) launch with up to `bytes` of dynamic shared
-// memory on the current device. The attribute belongs to a device: it is set once per kernel,
-// device and size (a process-wide `static` would set it only on the first caller's GPU).
+// memory on the current device. The attribute belongs to a device: it is raised per kernel and
+// device when a launch needs more than before (a process-wide `static` would set it only on the
+// first caller's GPU; a call per launch costs a driver call each time).
 // Thread-safe; for the launchers in kernels/.
 Status allow_dynamic_smem(const void* kernel, int bytes);
 

@@ -3,9 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
-#include <set>
-#include <tuple>
+#include <utility>
 
 #include "kernels/runtime.h"
 
@@ -164,15 +164,19 @@ uint64_t pinned_allocations() {
 Status allow_dynamic_smem(const void* kernel, int bytes) {
   int dev = 0;
   if (Status s = st(cudaGetDevice(&dev)); !s.ok()) return s;
+  // The attribute is a maximum: raised when a launch needs more than the kernel's largest so far
+  // on this device, never lowered (a kernel launched at several sizes — the grouped GEMM's tiles
+  // at K = 3584 and 3072 — would otherwise fail at the larger after setting the smaller).
   static std::mutex mu;
-  static std::set<std::tuple<const void*, int, int>> done;
+  static std::map<std::pair<const void*, int>, int> max_set;
   const std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, dev, bytes})) return {};
+  int& have = max_set[{kernel, dev}];
+  if (bytes <= have) return {};
   if (Status s =
           st(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
       !s.ok())
     return s;
-  done.insert({kernel, dev, bytes});
+  have = bytes;
   return {};
 }
 
