@@ -95,8 +95,9 @@ class CpuFastBackend final : public CpuHostBackend {
 
   // Scratch of one backend call: the buffers a sublayer needs only while it runs (projections,
   // gates, attention outputs, router logits, expert outputs), carved in order from blocks the
-  // backend keeps, and handed back when the call's Scope ends. Not zero-filled: every user writes
-  // its buffer before reading it. A warm backend neither allocates nor faults in pages for them
+  // backend keeps, and handed back when the call's Scope ends. Not zero-filled per use (a new
+  // block's pages are faulted in once, by all threads): every user writes its buffer before
+  // reading it. A warm backend neither allocates nor faults in pages for them
   // (std::vectors per call did both: on the H200 machine's 16 cores that was most of the step's
   // untimed time, 56–64 ms of a 1024-token k3-mini prefill).
   class Scratch {
@@ -134,7 +135,8 @@ class CpuFastBackend final : public CpuHostBackend {
   Scratch scratch_;
   // Step arena: blocks handed out in order; begin_step merges them into one block sized for the
   // whole of the last step, so a warm backend allocates nothing per step.
-  std::vector<std::vector<float>> blocks_;
+  std::vector<std::unique_ptr<float[]>> blocks_;
+  std::vector<size_t> block_sizes_;
   size_t block_used_ = 0;
   size_t step_floats_ = 0;
   uint64_t steps_ = 0;  // begin_step calls since the telemetry's reset
