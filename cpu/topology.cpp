@@ -113,9 +113,8 @@ void* Topology::raw() const {
 // TBB's workers as well as the one that called execute() — its previous binding back when it
 // leaves. Workers are shared by all arenas of the process: a worker left pinned would take its core
 // into the next arena it serves, and several workers pinned to one core there (they take different
-// slots each time) serialise work the default arena meant to spread. That happened on the H200
-// machine's 16 cores: `bench hw`'s model-shape probe of the chunked KDA core (8 heads in parallel)
-// ran 4.7x slower after the pinned expert probe than the same core inside the engine.
+// slots each time) can serialise work the default arena meant to spread (tested: after a pinned
+// arena's work, default-arena tasks ran on still-pinned workers before this restored them).
 struct PinnedArena::Observer : tbb::task_scheduler_observer {
   const Topology& topo;
   Observer(tbb::task_arena& a, const Topology& t) : tbb::task_scheduler_observer(a), topo(t) {
