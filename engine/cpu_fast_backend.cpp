@@ -105,16 +105,7 @@ std::unique_ptr<float[]> touched_floats(size_t n) {
 void CpuFastBackend::begin_step(const StepShape&) {
   ++steps_;
   step_t0_ = std::chrono::steady_clock::now();
-  // The last step spilled over several blocks: one block of their total from now on, so a step of
-  // the same shape fits without allocating.
-  if (blocks_.size() > 1) {
-    blocks_.clear();
-    block_sizes_.clear();
-    blocks_.push_back(touched_floats(step_floats_));
-    block_sizes_.push_back(step_floats_);
-  }
-  block_used_ = 0;
-  step_floats_ = 0;
+  acts_.reset();  // a step of a shape seen before fits in the blocks it grew to
 }
 
 CpuFastBackend::Scratch::Buf CpuFastBackend::Scratch::take(size_t n) {
@@ -181,17 +172,7 @@ std::vector<std::pair<std::string, double>> CpuFastBackend::telemetry_values() c
 }
 
 Act CpuFastBackend::alloc(int64_t rows, int64_t cols) {
-  const size_t n = size_t(rows * cols), padded = (n + 15) / 16 * 16;  // 64-byte aligned starts
-  step_floats_ += padded;
-  if (blocks_.empty() || block_used_ + padded > block_sizes_.back()) {
-    const size_t size = std::max(padded, size_t(1) << 20);
-    blocks_.push_back(touched_floats(size));
-    block_sizes_.push_back(size);
-    block_used_ = 0;
-  }
-  float* p = blocks_.back().get() + block_used_;
-  block_used_ += padded;
-  return Act{p, rows, cols};
+  return Act{acts_.take(size_t(rows * cols)).data(), rows, cols};
 }
 
 // ---------------------------------------------------------------------------------------------

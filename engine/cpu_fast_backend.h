@@ -93,13 +93,14 @@ class CpuFastBackend final : public CpuHostBackend {
   void mla(int l, const StepShape& s, const float* x, float* out);
   void moe(int l, const StepShape& s, const float* x, float* out, int64_t T);
 
-  // Scratch of one backend call: the buffers a sublayer needs only while it runs (projections,
-  // gates, attention outputs, router logits, expert outputs), carved in order from blocks the
-  // backend keeps, and handed back when the call's Scope ends. Not zero-filled per use (a new
-  // block's pages are faulted in once, by all threads): every user writes its buffer before
-  // reading it. A warm backend neither allocates nor faults in pages for them
-  // (std::vectors per call did both: on the H200 machine's 16 cores that was most of the step's
-  // untimed time, 56–64 ms of a 1024-token k3-mini prefill).
+  // An arena of floats carved in order from blocks it keeps: handed back to a mark when a Scope
+  // ends (scratch_: the buffers a sublayer needs only while it runs — projections, gates,
+  // attention outputs, router logits, expert outputs) or all at once by reset() (acts_: the step's
+  // activations, reset at begin_step). Not zero-filled per use (a new block's pages are faulted
+  // in once, by all threads): every user writes its buffer before reading it. A warm backend
+  // neither allocates nor faults in pages for them (std::vectors per call did both: on the H200
+  // machine's 16 cores that was most of the step's untimed time, 56–64 ms of a 1024-token k3-mini
+  // prefill).
   class Scratch {
    public:
     struct Buf {  // a float span with the vector calls the sublayers use
@@ -109,7 +110,6 @@ class CpuFastBackend final : public CpuHostBackend {
       size_t size() const { return n; }
       float* begin() const { return p; }
       float* end() const { return p + n; }
-      float& operator[](size_t i) const { return p[i]; }
     };
     class Scope {
      public:
@@ -123,6 +123,7 @@ class CpuFastBackend final : public CpuHostBackend {
       size_t block_, used_;
     };
     Buf take(size_t n);
+    void reset() { block_ = used_ = 0; }
 
    private:
     std::vector<std::unique_ptr<float[]>> blocks_;
@@ -132,13 +133,7 @@ class CpuFastBackend final : public CpuHostBackend {
 
   cpu::Bf16Linear lin_;
   FastBackendProfile prof_;
-  Scratch scratch_;
-  // Step arena: blocks handed out in order; begin_step merges them into one block sized for the
-  // whole of the last step, so a warm backend allocates nothing per step.
-  std::vector<std::unique_ptr<float[]>> blocks_;
-  std::vector<size_t> block_sizes_;
-  size_t block_used_ = 0;
-  size_t step_floats_ = 0;
+  Scratch scratch_, acts_;
   uint64_t steps_ = 0;  // begin_step calls since the telemetry's reset
   std::chrono::steady_clock::time_point step_t0_;
 };
