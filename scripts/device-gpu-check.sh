@@ -9,7 +9,7 @@ LIMIT=${LIMIT:-300}
 git log --oneline -1 2>/dev/null
 device_build strata test_kernels test_engine
 S=./build-gpu/strata
-($S synth --preset k3-slice --layers 8 --experts 64 -o /tmp/k3-slice8 -q > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log) &
+device_synth_slice8 $S &
 device_ctest_gpu 170 120
 wait; tail -1 $OUT/synth.log
 left=$(( LIMIT - ($(date +%s) - t0) ))

@@ -41,3 +41,10 @@ device_ctest_gpu() {
   echo "ctest $(( $(date +%s) - t0 )) s"
   return $rc
 }
+
+# device_synth_slice8 STRATA: the 8-layer k3-slice (64 experts, K3's widths) into /tmp/k3-slice8,
+# log and exit status in $OUT/synth.log (run it in the background beside the tests, then `wait`).
+device_synth_slice8() {
+  "$1" synth --preset k3-slice --layers 8 --experts 64 -o /tmp/k3-slice8 -q > "$OUT/synth.log" 2>&1
+  echo "synth rc=$?" >> "$OUT/synth.log"
+}
