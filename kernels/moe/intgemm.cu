@@ -59,10 +59,6 @@ constexpr int kBK = 128;                 // columns per pipeline stage
 constexpr int kKB = kBK / c::kBlock;     // 32-blocks per stage
 constexpr int kWarps = kBM / 16;         // one 16-row mma fragment per warp
 constexpr int kThreads = kWarps * 32;    // 256
-constexpr int kAStride = kBK / 2 + 16;   // bytes per weight row in shared memory (padded: the
-                                         // 8 rows a fragment load touches hit distinct banks)
-constexpr int kAStage = kBM * kAStride;  // 10,240 bytes
-
 static_assert(kBM * kKB == 2 * kThreads, "A stage: 2 chunks (one block of one row) per thread");
 
 // gemm_kernel's stages in shared memory, 16-byte chunks placed so that the 8 rows of an ldmatrix
@@ -137,13 +133,6 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// decode4 of contract_device.cuh with the tables of w2 · 2^sw (is::shifted_tables).
-__device__ __forceinline__ uint32_t decode4_shifted(uint32_t codes, const is::ShiftedTables& t) {
-  const uint32_t idx = codes & 0x7777u;
-  const uint32_t pos = __byte_perm(t.pos0, t.pos1, idx);
-  const uint32_t neg = __byte_perm(t.neg0, t.neg1, idx);
-  return __byte_perm(pos, neg, 0x3210u | ((codes & 0x8888u) >> 1));
-}
 // prmt.b32 in the default mode, without __byte_perm's masking of the selector (callers pass
 // selectors whose nibbles have bit 3 clear).
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -151,7 +140,8 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
 }
-// decode4_shifted for the 8 codes of a word at once: lo from codes 0–3, hi from codes 4–7. The
+// decode4 of contract_device.cuh with the tables of w2 · 2^sw (is::shifted_tables), for the 8
+// codes of a word at once: lo from codes 0–3, hi from codes 4–7. The
 // selector takes byte j of neg (index 4 + j) where code j's sign is set, else byte j of pos.
 __device__ __forceinline__ void decode8_shifted(uint32_t codes, const is::ShiftedTables& t,
                                                 uint32_t& lo, uint32_t& hi) {
@@ -196,28 +186,29 @@ __device__ __forceinline__ void row_source(const GemmArgs& a, const Mxfp4ExpertV
 // copies where rows allow — K3's 112 and 96 codes per row in the released layout — else 4-byte,
 // else plain loads), committed with the caller's first group.
 __device__ __forceinline__ void load_scale_codes(const GemmArgs& a, const Mxfp4ExpertView& v,
-                                                 int row0, int nb, uint8_t* sS, int tid) {
+                                                 int row0, int nb, uint8_t* sS, int tid,
+                                                 int nthreads) {
   const bool down = a.split == a.N;
   const auto aligned = [&](uintptr_t m) {
     const auto al = [m](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & m) == 0u; };
     return down ? al(v.w2_scale) : al(v.w1_scale) && al(v.w3_scale);
   };
   if (nb % 16 == 0 && aligned(15u)) {
-    for (int i = tid; i < kBM * (nb / 16); i += kThreads) {
+    for (int i = tid; i < kBM * (nb / 16); i += nthreads) {
       const int r = i / (nb / 16), j = i - r * (nb / 16);
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
       cp16(sS + r * nb + 16 * j, sc + 16 * j);
     }
   } else if (nb % 4 == 0 && aligned(3u)) {
-    for (int i = tid; i < kBM * (nb / 4); i += kThreads) {
+    for (int i = tid; i < kBM * (nb / 4); i += nthreads) {
       const int r = i / (nb / 4), j = i - r * (nb / 4);
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
       cp4(sS + r * nb + 4 * j, sc + 4 * j);
     }
   } else {
-    for (int i = tid; i < kBM * nb; i += kThreads) {
+    for (int i = tid; i < kBM * nb; i += nthreads) {
       const int r = i / nb, j = i - r * nb;
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
@@ -241,6 +232,34 @@ __device__ float strict_element(const uint8_t* pk, const uint8_t* sc, const int8
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
   return float(L);
+}
+
+// The strict path of a token tile, by warp w of a CTA (rows 16·w … 16·w + 15): the warp's rows
+// outside their window for every token of the tile, and its other rows for the tile's tokens
+// outside theirs (s_bad[0, nbad)). Warp-uniform loops; poisoned tokens are the epilogue's.
+__device__ void strict_rows(const GemmArgs& a, const Mxfp4ExpertView& v, int w, int lane, int row0,
+                            int pt, int cnt, const int32_t* s_rowok, const int32_t* s_tokst,
+                            const int32_t* s_tokrow, const int32_t* s_bad, int nbad) {
+  const unsigned badrows = __ballot_sync(0xffffffffu, lane < 16 && !s_rowok[w * 16 + lane]);
+  if (badrows == 0u && nbad == 0) return;
+  const int K = a.K, nb = K / c::kBlock;
+  for (int rr = 0; rr < 16; rr++) {
+    const int row = w * 16 + rr;
+    if (row0 + row >= a.N) break;
+    const bool rbad = (badrows >> rr) & 1u;
+    const int n = rbad ? cnt : nbad;
+    if (n == 0) continue;
+    const uint8_t *pk, *sc;
+    row_source(a, v, row0 + row, pk, sc);
+    for (int i = 0; i < n; i++) {
+      const int col = rbad ? i : s_bad[i];
+      if (s_tokst[col] == is::kTokenPoisoned) continue;
+      const size_t in_row = size_t(s_tokrow[col]);
+      const float val = strict_element(pk, sc, a.in.q + in_row * size_t(K),
+                                       a.in.e + in_row * size_t(nb), nb, lane);
+      if (lane == 0) a.out[size_t(pt + col) * a.N + row0 + row] = val;
+    }
+  }
 }
 
 // The window of weight row r (CTA row; rows past N count as inside): lanes 0–15 and 16–31 of the
@@ -313,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
 
   // The rows' scale codes into shared memory, issued ahead of the first weight stages; each warp
   // derives its own rows' windows once they have landed (first K step of the first tile).
-  load_scale_codes(a, v, row0, nb, sS, tid);
+  load_scale_codes(a, v, row0, nb, sS, tid, kThreads);
   bool windows_done = false;
 
   // Per-thread shared-memory offsets that the main loop needs at every stage, kept in shared
@@ -491,162 +510,105 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
       }
     }
 
-    // Strict path: this warp's rows outside their window (every token of the tile) and its other
-    // rows for the tile's tokens outside theirs. Warp-uniform loops.
-    const unsigned badrows = __ballot_sync(0xffffffffu, lane < 16 && !s_rowok[warp * 16 + lane]);
-    const int nbad = s_nbad;
-    if (badrows != 0u || nbad > 0) {
-      for (int rr = 0; rr < 16; rr++) {
-        const int row = warp * 16 + rr;
-        if (row0 + row >= a.N) break;
-        const bool rbad = (badrows >> rr) & 1u;
-        const int n = rbad ? cnt : nbad;
-        if (n == 0) continue;
-        const uint8_t *pk, *sc;
-        row_source(a, v, row0 + row, pk, sc);
-        for (int i = 0; i < n; i++) {
-          const int col = rbad ? i : s_bad[i];
-          if (s_tokst[col] == is::kTokenPoisoned) continue;
-          const size_t in_row = size_t(s_tokrow[col]);
-          const float val = strict_element(pk, sc, a.in.q + in_row * size_t(K),
-                                           a.in.e + in_row * size_t(nb), nb, lane);
-          if (lane == 0) a.out[size_t(pt + col) * a.N + row0 + row] = val;
-        }
-      }
-    }
+    strict_rows(a, v, warp, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
     __syncthreads();  // the next tile rewrites the token tables and the stages
   }
 }
 
-// ---- The wgmma form of the same kernel (ExpertPath::wgmma; sm_90a) ----
+// ---- The warp-specialized wgmma form of the same kernel (ExpertPath::wgmma; sm_90a) ----
 //
-// Same integer method, 128-row tiles, cp.async pipeline, window scan, epilogue and strict fallback
-// as gemm_kernel; the main loop's tensor-core instruction, the activation stage's layout, the
-// weight prefetch into L2 (below, before the kernel) and the token tiles (16 × 6 stages, 32 × 5,
-// 64 × 3 at two CTAs per SM; 128 × 4 at one, from a mean of 64 tokens per expert) differ. A
-// warpgroup (warps 4·wg … 4·wg+3) owns the CTA's rows 64·wg … 64·wg+63 and issues, per 32-column
-// block, two wgmma.mma_async m64nNk32 s32.s8.s8 (hi and lo planes) over the whole token tile:
-//   A (weights) from registers — the m16n8k32 A fragment per warp (lane: row gid / gid+8, columns
-//     4·tig… and 16+4·tig…), decoded from the packed nibbles in natural column order (no k-slot
-//     permutation: B is read by the hardware in natural order);
-//   B (the token planes) from shared memory, K-major without swizzle: core matrices of 8 tokens ×
-//     16 bytes stored as 128 contiguous bytes, the stage's 8 column chunks of one 8-token group
-//     next to each other (leading-dimension offset 128 B: the next 16 columns; stride offset
-//     1024 B: the next 8 tokens).
-// N is the tile's token count rounded up to a quarter of BN (BN/4, BN/2, 3·BN/4 or BN; 8 or 16
-// at BN = 16), so a ragged last tile or a small group costs the tensor cores in proportion;
-// columns past the tile's count read stale shared memory and are never stored.
-// Ordering: each thread's cp.async data is fenced into the async proxy (fence.proxy.async) before
-// the barrier that publishes a stage; a stage's wgmmas are waited for (wgmma.wait_group 0) before
-// the next barrier (after the next stage's copy wait, so the two overlap), so the pipeline never
-// refills a slot the tensor cores still read nor rewrites the A registers they still hold.
+// Same integer method, 128-row tiles, window scan, epilogue and strict fallback as gemm_kernel;
+// the work is split by roles instead of every warp doing everything:
+//   producer warpgroup (warps 0–3): streams the rows' packed weights through a ring of packed
+//     stages (bulk copies, PD stages ahead), decodes each 32-column block once into the shifted int8
+//     weights w' = w2 · 2^sw in a ring of A stages in shared memory, and copies the tile's tokens'
+//     two planes into the B half of the same stages; it publishes a stage on the stage's `full`
+//     mbarrier (after its copies have landed and a proxy fence);
+//   two consumer warpgroups (warps 4–7: rows 0–63, warps 8–11: rows 64–127): per 32-column block
+//     two wgmma.mma_async m64nNk32 s32.s8.s8 (hi and lo planes) with both operands read from shared
+//     memory by descriptors; a stage's slot is released on its `empty` mbarrier once the wgmmas
+//     of the following stage are issued and the stage's own have completed (wait_group 1).
+// So the decode, the copies and the tensor cores overlap: the decode costs the producer's issue
+// slots, not the consumers', and each weight is decoded once per token tile.
+// Shared-memory layouts (K-major, no swizzle; a core matrix is 8 rows × 16 bytes = 128 contiguous
+// bytes; descriptors: leading-dimension offset 128 B = the next 16 columns, stride offset 1024 B =
+// the next 8 rows or tokens):
+//   A stage (4 blocks of 4 KB, 4128 bytes apart): row r, column 32·kb + 16·kc + j at kb·4128 +
+//     (r / 8)·256 + kc·128 + (r mod 8)·16 + j (stride offset 256 B here); consumer warpgroup c
+//     starts 2048·c into each block. The 32-byte skew between blocks puts the 16-byte stores of a
+//     decode quarter-warp (2 rows × 4 blocks) in distinct banks;
+//   B stage: plane p, token t, column 16·ch + j (ch = 2·kb + kc) at p·BN·128 + (t / 8)·1024 +
+//     ch·128 + (t mod 8)·16 + j;
+//   packed stage (8 KB): row r's 64 packed bytes at r·64, one bulk copy (cp.async.bulk) per row
+//     completing on the slot's mbarrier — so the packed stream runs PD stages ahead whatever the
+//     planes' cp.async groups wait for.
+// N (tokens per wgmma) is the tile's count rounded up to a quarter of BN (8 or 16 at BN = 16);
+// columns past the count read stale shared memory and are never stored.
 template <int N>
-__device__ __forceinline__ void wgmma_s8(int* d, const uint32_t (&a)[4], uint64_t desc);
+__device__ __forceinline__ void wgmma_ss(int* d, uint64_t da, uint64_t db);
 template <>
-__device__ __forceinline__ void wgmma_s8<8>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<8>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, "
-      "p;\n}\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0, %1, %2, %3}, %4, %5, p;\n}\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      : "l"(da), "l"(db), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_s8<16>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<16>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, "
-      "%10, %11}, %12, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+      : "l"(da), "l"(db), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_s8<24>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<24>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11}, {%12, %13, %14, %15}, %16, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11])
+      : "l"(da), "l"(db), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_s8<32>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<32>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+      : "l"(da), "l"(db), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_s8<48>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<48>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, "
-      "%27}, %28, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-        "+r"(d[21]), "+r"(d[22]), "+r"(d[23])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23])
+      : "l"(da), "l"(db), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_s8<64>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<64>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-      "%28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
-        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_s8<96>(int* d, const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
-      "%46, %47}, {%48, %49, %50, %51}, %52, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
-        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
-        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
-        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(da), "l"(db), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_s8<128>(int* d, const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wgmma_ss<96>(int* d, uint64_t da, uint64_t db) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
-      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
-      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
-        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
-        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
-        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
-        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
-        "+r"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47])
+      : "l"(da), "l"(db), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<128>(int* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(da), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -654,139 +616,177 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return unsigned(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(b))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(b)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// The expected bytes of the slot's next phase, with this thread's arrival.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* b, unsigned bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+                   smem_u32(b)),
+               "r"(bytes)
+               : "memory");
+}
+// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) that completes on the
+// mbarrier's transaction count.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* b) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(b))
+      : "memory");
+}
+// Named barrier of `count` threads (ids 1 and 2; 0 is __syncthreads).
+__device__ __forceinline__ void bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // Shared-memory matrix descriptor (no swizzle): start address, leading- and stride-dimension byte
 // offsets, each in 16-byte units.
 __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
-  const uint32_t addr = unsigned(__cvta_generic_to_shared(p));
+  const uint32_t addr = smem_u32(p);
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
 }
 
-constexpr int kCoreBytes = 128;                   // one 8 × 16-byte core matrix
-constexpr int kChunks = kBK / 16;                 // 16-byte column chunks per stage
-constexpr int kCoreGroup = kChunks * kCoreBytes;  // one 8-token group of one stage: 1024 B
+constexpr int kCoreBytes = 128;    // one 8 × 16-byte core matrix
+constexpr int kCoreGroup = 1024;   // B: the next 8 tokens of one stage
+constexpr int kACoreGroup = 256;   // A: the next 8 rows of one block
+constexpr int kABlock = 4096 + 32;  // A: one block's 128 rows, skewed by 32 bytes
+constexpr int kWsProducers = 128;   // one warpgroup
+constexpr int kWsConsumers = 256;   // two warpgroups
+constexpr int kWsThreads = kWsProducers + kWsConsumers;
+constexpr int kWsAStage = kKB * kABlock;   // decoded int8 weights of a stage (16.1 KB)
+constexpr int kWsPkStage = kBM * kBK / 2;  // packed weights of a stage: 8 KB
+static_assert(kBM == kWsProducers && kKB == 4, "the producer's maps: a row per thread, 4 blocks");
+static_assert(kWsAStage % 128 == 0 && kABlock % 16 == 0, "descriptor alignment");
 
-template <int BN, int STAGES>
-struct WgTile {
-  static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes, unpadded core matrices
-  static constexpr int kBChunks = 2 * BN * kChunks / kThreads;
-  static_assert(kBChunks * kThreads == 2 * BN * kChunks, "B stage: whole chunks per thread");
-  // Valid s8 widths: 8, 16, 24, 32 and multiples of 16 up to 256; the quarters of BN = 32, 64 and
-  // 128, and 8 and 16 for BN = 16, are all such.
+// BN tokens per tile; SA decoded-weight stages (the decode runs one stage ahead of the wgmmas),
+// SB plane stages (copied SB − 1 stages ahead: their latency is an L2 or DRAM trip), packed
+// weights PD stages ahead in PD + 1 slots; MINB CTAs per SM.
+template <int BN, int SA, int SB, int PD, int MINB>
+struct WsTile {
+  static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes
+  static constexpr int kBChunks = 2 * BN * (kBK / 16) / kWsProducers;  // 16-byte copies / thread
+  static_assert(kBChunks * kWsProducers == 2 * BN * (kBK / 16), "B stage: whole chunks");
   static_assert(BN == 16 || BN == 32 || BN == 64 || BN == 128,
                 "wgmma N: the quarters of BN must be s8 widths");
-  static size_t smem(int nb) { return size_t(STAGES) * (kAStage + kBStage) + size_t(kBM) * nb; }
+  static_assert(SA >= 2 && SB >= 2 && PD >= 1, "two stages per ring at least");
+  static size_t smem(int nb) {
+    return size_t(SA) * kWsAStage + size_t(SB) * kBStage + size_t(PD + 1) * kWsPkStage +
+           size_t(kBM) * nb;
+  }
 };
 
-// One stage's wgmmas of one warpgroup: per 32-column block (kbn of them), the hi and the lo plane
-// against the same A fragment; N columns (tokens) of the accumulators.
+// One stage's wgmmas of one consumer warpgroup: per 32-column block (kbn of them) the hi and the
+// lo plane against the same A; N columns (tokens) of the accumulators.
 template <int N, int BN>
-__device__ __forceinline__ void wgmma_stage(int (&acc_hi)[BN / 2], int (&acc_lo)[BN / 2],
-                                            const uint32_t (&af)[kKB][4], const uint8_t* B,
-                                            int kbn) {
+__device__ __forceinline__ void wgmma_stage_ss(int (&acc_hi)[BN / 2], int (&acc_lo)[BN / 2],
+                                               const uint8_t* A, const uint8_t* B, int kbn) {
 #pragma unroll
   for (int kb = 0; kb < kKB; kb++) {
     if (kb >= kbn) break;
-    const uint8_t* bh = B + 2 * kb * kCoreBytes;
-    wgmma_s8<N>(acc_hi, af[kb], smem_desc(bh, kCoreBytes, kCoreGroup));
-    wgmma_s8<N>(acc_lo, af[kb], smem_desc(bh + BN * kBK, kCoreBytes, kCoreGroup));
+    const uint64_t da = smem_desc(A + kb * kABlock, kCoreBytes, kACoreGroup);
+    const uint8_t* bk = B + kb * 2 * kCoreBytes;
+    wgmma_ss<N>(acc_hi, da, smem_desc(bk, kCoreBytes, kCoreGroup));
+    wgmma_ss<N>(acc_lo, da, smem_desc(bk + BN * kBK, kCoreBytes, kCoreGroup));
   }
 }
 
-// Weight prefetch for the weight-streaming regime (few tokens per expert): a stage reads only 64
-// bytes of each of its 128 rows (rows 1792 bytes apart at K3's width), so the weight copies carry
-// the L2::256B hint (the L2 fetches the row's aligned 256 bytes, four stages' worth, in one DRAM
-// request), and the rows' bytes of later stages are prefetched into L2 ahead of the cp.async
-// pipeline by bulk prefetches (cp.async.bulk.prefetch.L2): the first kPfAhead stages at the tile's
-// start, then every kPfEvery stages the kPfEvery stages that lie kPfAhead ahead. Hints only: no
-// data or ordering depends on them.
-constexpr int kPfEvery = 4;              // stages per bulk prefetch of a row (256 bytes)
-constexpr int kPfAhead = 8;              // stages ahead of the one being consumed
-constexpr int kRowStageBytes = kBK / 2;  // packed bytes of one row in one stage
-
-__device__ __forceinline__ void cp16_l2_256(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(
-                   unsigned(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-// Row bytes of stages [first, first + n) (clamped to the row's end), into L2.
-__device__ __forceinline__ void prefetch_row_stages(const uint8_t* row, int row_bytes, int first,
-                                                    int n) {
-  const int off = first * kRowStageBytes;
-  if (off >= row_bytes) return;
-  prefetch_l2(row + off, unsigned(min(n * kRowStageBytes, row_bytes - off)));
-}
-
-template <int BN, int STAGES>
-__global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(GemmArgs a) {
-  using Tl = WgTile<BN, STAGES>;
-  constexpr int kBN = BN, kStages = STAGES, kBStage = Tl::kBStage, kAcc = BN / 2;
-  // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16; 4 and 12
-  // are no s8 widths).
+template <int BN, int SA, int SB, int PD, int MINB>
+__global__ void __launch_bounds__(kWsThreads, MINB) wgmma_kernel(GemmArgs a) {
+  using Tl = WsTile<BN, SA, SB, PD, MINB>;
+  constexpr int kBStage = Tl::kBStage, kAcc = BN / 2, kPk = PD + 1;
+  // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16).
   constexpr int kNq1 = BN == 16 ? 8 : BN / 4, kNq3 = BN == 16 ? 16 : 3 * BN / 4;
-  extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* const sA = smem;
-  uint8_t* const sB = smem + kStages * kAStage;  // kAStage is a multiple of 128
-  uint8_t* const sS = sB + kStages * kBStage;    // [kBM, nb] scale codes
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const sA = smem;                   // SA decoded stages
+  uint8_t* const sB = sA + SA * kWsAStage;    // SB plane stages
+  uint8_t* const sP = sB + SB * kBStage;      // kPk packed stages
+  uint8_t* const sS = sP + kPk * kWsPkStage;  // [kBM, nb] scale codes
+  // full[a]: stage in A slot a decoded and its planes landed (producers arrive); empty_a / empty_b:
+  // the consumers' wgmmas of the slot's stage are done; pk_full: a packed stage has landed.
+  __shared__ __align__(8) uint64_t full[SA], empty_a[SA], empty_b[SB], pk_full[kPk];
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
-  __shared__ int32_t s_tokrow[kBN], s_tokemin[kBN], s_tokst[kBN], s_bad[kBN];
+  __shared__ int32_t s_tokrow[BN], s_tokemin[BN], s_tokst[BN], s_bad[BN];
   __shared__ int32_t s_nbad;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = blockIdx.y, row0 = blockIdx.x * kBM;
   const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
   if (p1 <= p0 || row0 >= a.N) return;
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
-
-  // Scale codes, as gemm_kernel.
-  load_scale_codes(a, v, row0, nb, sS, tid);
-  bool windows_done = false;
-
-  const int ar = tid >> 2, ablk = tid & 3;
-  const uint8_t* apk[2];
-  {
-    const uint8_t* sc;
-    row_source(a, v, row0 + ar, apk[0], sc);
-    row_source(a, v, row0 + ar + 64, apk[1], sc);
+  // Warp-uniform by construction (a shuffle from lane 0), so that ptxas sees the roles' branches
+  // and the wgmma widths below as uniform and does not serialize the wgmmas.
+  const bool producer = __shfl_sync(0xffffffffu, tid / kWsProducers, 0) == 0;
+  if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
+  if (tid == 0) {
+    for (int s = 0; s < SA; s++) mbar_init(&full[s], kWsProducers), mbar_init(&empty_a[s], kWsConsumers);
+    for (int s = 0; s < SB; s++) mbar_init(&empty_b[s], kWsConsumers);
+    for (int s = 0; s < kPk; s++) mbar_init(&pk_full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  const int bpart = tid & 7;
-  // Threads 0..127 prefetch row tid of the tile into L2.
-  const uint8_t* pfrow = nullptr;
-  if (tid < kBM) {
-    const uint8_t* sc;
-    row_source(a, v, row0 + tid, pfrow, sc);
-  }
-  const int row_bytes = K / 2;
+  __syncthreads();
 
-  auto load_a = [&](int st, int kt) {
-    const int b = kt * kKB + ablk;
-    if (b < nb) {
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-        cp16_l2_256(sA + st * kAStage + (ar + 64 * h) * kAStride + ablk * 16,
-                    apk[h] + size_t(b) * 16);
-    }
+  // Producer thread t streams row t: stage kt of the tile (its sequence number it0 + kt in the
+  // CTA) is one bulk copy of the row's bytes of blocks 4·kt … into the packed slot; thread 0 also
+  // posts the slot's expected bytes.
+  const uint8_t* pk_row = nullptr;
+  if (producer) {
+    const uint8_t* sc;
+    row_source(a, v, row0 + tid, pk_row, sc);
+  }
+  auto issue_packed = [&](int it, int kt) {
+    const int slot = it % kPk;
+    const unsigned bytes = unsigned(16 * min(kKB, nb - kt * kKB));
+    if (tid == 0) mbar_arrive_expect_tx(&pk_full[slot], bytes * kBM);
+    bulk_copy(sP + slot * kWsPkStage + tid * (kBK / 2), pk_row + size_t(kt) * (kBK / 2), bytes,
+              &pk_full[slot]);
   };
 
-  for (int pt = p0; pt < p1; pt += kBN) {
-    const int cnt = min(kBN, p1 - pt);
-    const int nq = (cnt * 4 + kBN - 1) / kBN;  // the N = nq·BN/4 instruction covers the tile
-    if (pfrow) prefetch_row_stages(pfrow, row_bytes, 0, kPfAhead);
-#pragma unroll
-    for (int s = 0; s < kStages - 1; s++)
-      if (s < nkt) load_a(s, s);
-    if (tid < kBN) {
+  // The scale codes and the first tile's first packed stages, then the windows (consumer warps:
+  // 16 rows each; the producer decodes with the rewritten codes).
+  load_scale_codes(a, v, row0, nb, sS, tid, kWsThreads);
+  cp_commit();
+  if (producer)
+    for (int s = 0; s < PD && s < nkt; s++) issue_packed(s, s);
+  cp_wait<0>();
+  __syncthreads();
+  if (!producer)
+    scan_windows(sS, nb, (warp - 4) * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
+  __syncthreads();
+
+  int it0 = 0;  // stages of the CTA before this tile (both rings' sequence number)
+  for (int pt = p0; pt < p1; pt += BN) {
+    const int cnt = min(BN, p1 - pt);
+    // The N = nq·BN/4 instruction covers the tile.
+    const int nq = __shfl_sync(0xffffffffu, (cnt * 4 + BN - 1) / BN, 0);
+    if (tid < BN) {
       int row = 0, em = 0, st = is::kTokenOk;
       if (tid < cnt) {
         const int p = pt + tid;
@@ -798,143 +798,140 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 1 : 2) wgmma_kernel(Gemm
     }
     if (tid == 0) s_nbad = 0;
     __syncthreads();
-    if (tid < cnt && s_tokst[tid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = tid;
-    // This thread's B copies: chunk ch = tid + 256·i is plane ch / (8·BN), token (ch / 8) mod BN,
-    // column chunk ch mod 8 (= bpart); it lands in the token's row of core matrix (token / 8,
-    // chunk).
-    const int8_t* bsrc[Tl::kBChunks];
-    int bdst[Tl::kBChunks];
-#pragma unroll
-    for (int i = 0; i < Tl::kBChunks; i++) {
-      const int ch = tid + kThreads * i, pl = ch / (8 * kBN), t = (ch >> 3) % kBN;
-      const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
-      bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
-      bdst[i] = pl * kBN * kBK + (t >> 3) * kCoreGroup + bpart * kCoreBytes + (t & 7) * 16;
-    }
-    auto load_b = [&](int st, int kt) {
-      if (kt * kKB + (bpart >> 1) < nb) {
-#pragma unroll
-        for (int i = 0; i < Tl::kBChunks; i++)
-          if (bsrc[i]) cp16(sB + st * kBStage + bdst[i], bsrc[i] + size_t(kt) * kBK);
-      }
-    };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; s++) {
-      if (s < nkt) load_b(s, s);
-      cp_commit();
-    }
 
-    int acc_hi[kAcc], acc_lo[kAcc];
+    if (producer) {
+      // This thread's B copies: chunk ch = tid + 128·i is plane ch / (8·BN), token
+      // (ch / 8) mod BN, column chunk ch mod 8 (= tid mod 8) of the stage.
+      const int bpart = tid & 7;
+      const int8_t* bsrc[Tl::kBChunks];
+      int bdst[Tl::kBChunks];
 #pragma unroll
-    for (int r = 0; r < kAcc; r++) acc_hi[r] = 0, acc_lo[r] = 0;
-    const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
-
-    for (int kt = 0; kt < nkt; kt++) {
-      cp_wait<kStages - 2>();
-      fence_proxy_async();  // this thread's landed copies, visible to the tensor cores' reads
-      wgmma_wait0();        // the previous stage's wgmmas (overlapped with the copy wait) are
-                            // done before the barrier lets its slot be refilled
-      __syncthreads();
-      if (!windows_done) {
-        windows_done = true;
-        scan_windows(sS, nb, warp * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, false);
+      for (int i = 0; i < Tl::kBChunks; i++) {
+        const int ch = tid + kWsProducers * i, pl = ch / (8 * BN), t = (ch >> 3) % BN;
+        const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
+        bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
+        bdst[i] = pl * BN * kBK + (t >> 3) * kCoreGroup + bpart * kCoreBytes + (t & 7) * 16;
       }
-      if (pfrow && kt % kPfEvery == 0)
-        prefetch_row_stages(pfrow, row_bytes, kt + kPfAhead, kPfEvery);
-      if (kt + kStages - 1 < nkt) {
-        load_a((kt + kStages - 1) % kStages, kt + kStages - 1);
-        load_b((kt + kStages - 1) % kStages, kt + kStages - 1);
+      // Stage kt's planes into its B slot, once the consumers have released the slot.
+      auto issue_b = [&](int kt) {
+        const int it = it0 + kt;
+        mbar_wait(&empty_b[it % SB], ((it / SB) & 1) ^ 1);
+        if (kt * kKB + (bpart >> 1) < nb) {
+          uint8_t* const d = sB + (it % SB) * kBStage;
+#pragma unroll
+          for (int i = 0; i < Tl::kBChunks; i++)
+            if (bsrc[i]) cp16(d + bdst[i], bsrc[i] + size_t(kt) * kBK);
+        }
+      };
+      // Prologue: the planes of stages 0 … SB−2 in groups of their own, so stage kt's planes are
+      // in the SB−1'th newest group at iteration kt (after a later tile's first packed stages).
+      if (pt > p0)
+        for (int s = 0; s < PD && s < nkt; s++) issue_packed(it0 + s, s);
+      for (int s = 0; s < SB - 1; s++) {
+        if (s < nkt) issue_b(s);
+        cp_commit();
       }
-      cp_commit();
-      const int st = kt % kStages;
-      const uint8_t* A = sA + st * kAStage;
-      const uint8_t* B = sB + st * kBStage;
-      const int smin_lo = s_smin[r_lo], smin_hi = s_smin[r_hi];
-      const int kbn = min(kKB, nb - kt * kKB);  // blocks in this stage (CTA-uniform)
-      // Decode the stage's A fragments first (registers the wgmmas read), then issue.
-      uint32_t af[kKB][4];
+      // The decode's map: lane l of warp w decodes block l mod 4 of row
+      // 32·w + 8·i + 2·(l / 8) + (l mod 8) / 4 for i = 0 … 3 (a quarter-warp: 2 rows × 4 blocks,
+      // 128 contiguous packed bytes).
+      const int dkb = lane & 3, drow = 32 * warp + 2 * (lane >> 3) + ((lane & 7) >> 2);
+      for (int kt = 0; kt < nkt; kt++) {
+        const int it = it0 + kt;
+        cp_wait<SB - 2>();  // this thread's planes of stage kt have landed
+        mbar_wait(&pk_full[it % kPk], (it / kPk) & 1);  // the stage's packed weights too
+        mbar_wait(&empty_a[it % SA], ((it / SA) & 1) ^ 1);  // the A slot's last wgmmas are done
+        const int b = kt * kKB + dkb;
+        if (b < nb) {
+          const uint8_t* const P = sP + (it % kPk) * kWsPkStage;
+          uint8_t* const A = sA + (it % SA) * kWsAStage + dkb * kABlock;
 #pragma unroll
-      for (int kb = 0; kb < kKB; kb++) {
-        const int b = min(kt * kKB + kb, nb - 1);  // past nb: decoded, never issued
-        const is::ShiftedTables tl =
-            is::shifted_tables(min(int(sS[r_lo * nb + b]) - smin_lo, is::kMaxWeightShift));
-        const is::ShiftedTables th =
-            is::shifted_tables(min(int(sS[r_hi * nb + b]) - smin_hi, is::kMaxWeightShift));
-        // Columns 4·tig..4·tig+3 are bytes 2·tig, 2·tig+1 of the block's 16; 16+4·tig.. are 8
-        // bytes further.
-        const uint8_t* pl = A + r_lo * kAStride + kb * 16 + tig * 2;
-        const uint8_t* ph = A + r_hi * kAStride + kb * 16 + tig * 2;
-        const uint32_t wl0 = *reinterpret_cast<const uint16_t*>(pl);
-        const uint32_t wl1 = *reinterpret_cast<const uint16_t*>(pl + 8);
-        const uint32_t wh0 = *reinterpret_cast<const uint16_t*>(ph);
-        const uint32_t wh1 = *reinterpret_cast<const uint16_t*>(ph + 8);
-        af[kb][0] = decode4_shifted(wl0, tl), af[kb][2] = decode4_shifted(wl1, tl);
-        af[kb][1] = decode4_shifted(wh0, th), af[kb][3] = decode4_shifted(wh1, th);
+          for (int i = 0; i < 4; i++) {
+            const int r = drow + 8 * i;
+            const uint4 w = *reinterpret_cast<const uint4*>(P + r * (kBK / 2) + 16 * dkb);
+            const is::ShiftedTables t = shift_table(sS[r * nb + b]);
+            uint4 lo, hi;
+            decode8_shifted(w.x, t, lo.x, lo.y);
+            decode8_shifted(w.y, t, lo.z, lo.w);
+            decode8_shifted(w.z, t, hi.x, hi.y);
+            decode8_shifted(w.w, t, hi.z, hi.w);
+            uint8_t* const d = A + (r >> 3) * kACoreGroup + (r & 7) * 16;
+            *reinterpret_cast<uint4*>(d) = lo;
+            *reinterpret_cast<uint4*>(d + kCoreBytes) = hi;
+          }
+        }
+        fence_proxy_async();  // the planes and the decoded weights, visible to the wgmmas
+        mbar_arrive(&full[it % SA]);
+        // Refills: the packed slot of stage kt − 1 (every producer has decoded it, the barrier
+        // says), then the B slot of stage kt − 1, which the consumers release after issuing
+        // stage kt.
+        bar_sync(1, kWsProducers);
+        if (kt + PD < nkt) issue_packed(it + PD, kt + PD);
+        if (kt + SB - 1 < nkt) issue_b(kt + SB - 1);
+        cp_commit();
       }
-      wgmma_fence();
-      if (nq == 1)
-        wgmma_stage<kNq1, kBN>(acc_hi, acc_lo, af, B, kbn);
-      else if (nq == 2)
-        wgmma_stage<kBN / 2, kBN>(acc_hi, acc_lo, af, B, kbn);
-      else if (nq == 3)
-        wgmma_stage<kNq3, kBN>(acc_hi, acc_lo, af, B, kbn);
-      else
-        wgmma_stage<kBN, kBN>(acc_hi, acc_lo, af, B, kbn);
-      wgmma_commit();
-    }
-    wgmma_wait0();  // the accumulators are final
-    cp_wait<0>();
-
-    // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
-    // 8f + 2·tig + r%2).
+      cp_wait<0>();
+    } else {
+      const int ctid = tid - kWsProducers, cw = ctid >> 5, cg = ctid >> 7;
+      const int gid = lane >> 2, tig = lane & 3;
+      if (ctid < cnt && s_tokst[ctid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = ctid;
+      int acc_hi[kAcc], acc_lo[kAcc];
 #pragma unroll
-    for (int f = 0; f < kBN / 8; f++) {
-      if (8 * f >= cnt) continue;
-#pragma unroll
-      for (int r = 0; r < 4; r++) {
-        const int row = r >= 2 ? r_hi : r_lo, col = f * 8 + 2 * tig + (r & 1);
-        if (col >= cnt || row0 + row >= a.N) continue;
-        const int st = s_tokst[col];
-        float val;
-        if (st == is::kTokenPoisoned)
-          val = c::canonical_nan();
-        else if (st == is::kTokenOk && s_rowok[row])
-          val = is::finish(acc_hi[4 * f + r], acc_lo[4 * f + r], s_tokemin[col], s_smin[row]);
+      for (int r = 0; r < kAcc; r++) acc_hi[r] = 0, acc_lo[r] = 0;
+      for (int kt = 0; kt < nkt; kt++) {
+        const int it = it0 + kt;
+        mbar_wait(&full[it % SA], (it / SA) & 1);
+        const uint8_t* A = sA + (it % SA) * kWsAStage + cg * 8 * kACoreGroup;
+        const uint8_t* B = sB + (it % SB) * kBStage;
+        // Blocks in this stage (CTA-uniform).
+        const int kbn = __shfl_sync(0xffffffffu, min(kKB, nb - kt * kKB), 0);
+        wgmma_fence();
+        if (nq == 1)
+          wgmma_stage_ss<kNq1, BN>(acc_hi, acc_lo, A, B, kbn);
+        else if (nq == 2)
+          wgmma_stage_ss<BN / 2, BN>(acc_hi, acc_lo, A, B, kbn);
+        else if (nq == 3)
+          wgmma_stage_ss<kNq3, BN>(acc_hi, acc_lo, A, B, kbn);
         else
-          continue;
-        a.out[size_t(pt + col) * a.N + row0 + row] = val;
+          wgmma_stage_ss<BN, BN>(acc_hi, acc_lo, A, B, kbn);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmmas are done: release its slot
+        if (kt > 0) mbar_arrive(&empty_a[(it - 1) % SA]), mbar_arrive(&empty_b[(it - 1) % SB]);
       }
-    }
+      wgmma_wait<0>();
+      mbar_arrive(&empty_a[(it0 + nkt - 1) % SA]), mbar_arrive(&empty_b[(it0 + nkt - 1) % SB]);
+      bar_sync(2, kWsConsumers);  // s_bad, s_nbad
 
-    // Strict path, as gemm_kernel's.
-    const unsigned badrows = __ballot_sync(0xffffffffu, lane < 16 && !s_rowok[warp * 16 + lane]);
-    const int nbad = s_nbad;
-    if (badrows != 0u || nbad > 0) {
-      for (int rr = 0; rr < 16; rr++) {
-        const int row = warp * 16 + rr;
-        if (row0 + row >= a.N) break;
-        const bool rbad = (badrows >> rr) & 1u;
-        const int n = rbad ? cnt : nbad;
-        if (n == 0) continue;
-        const uint8_t *pk, *sc;
-        row_source(a, v, row0 + row, pk, sc);
-        for (int i = 0; i < n; i++) {
-          const int col = rbad ? i : s_bad[i];
-          if (s_tokst[col] == is::kTokenPoisoned) continue;
-          const size_t in_row = size_t(s_tokrow[col]);
-          const float val = strict_element(pk, sc, a.in.q + in_row * size_t(K),
-                                           a.in.e + in_row * size_t(nb), nb, lane);
-          if (lane == 0) a.out[size_t(pt + col) * a.N + row0 + row] = val;
+      // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
+      // 8f + 2·tig + r%2) of the warp's 16 rows.
+      const int r_lo = cw * 16 + gid, r_hi = r_lo + 8;
+#pragma unroll
+      for (int f = 0; f < BN / 8; f++) {
+        if (8 * f >= cnt) continue;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          const int row = r >= 2 ? r_hi : r_lo, col = f * 8 + 2 * tig + (r & 1);
+          if (col >= cnt || row0 + row >= a.N) continue;
+          const int st = s_tokst[col];
+          float val;
+          if (st == is::kTokenPoisoned)
+            val = c::canonical_nan();
+          else if (st == is::kTokenOk && s_rowok[row])
+            val = is::finish(acc_hi[4 * f + r], acc_lo[4 * f + r], s_tokemin[col], s_smin[row]);
+          else
+            continue;
+          a.out[size_t(pt + col) * a.N + row0 + row] = val;
         }
       }
+      strict_rows(a, v, cw, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
     }
-    __syncthreads();
+    it0 += nkt;
+    __syncthreads();  // the next tile rewrites the token tables
   }
 }
 
-// Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A, placed in registers
-// by wgmma_kernel's fragment map, with a known 32 × N B (N = 16 and 24), placed in shared memory
-// by its core-matrix map and descriptors, and stores D by its epilogue map: D[row][col] for the
+// Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A with a known 32 × N B
+// (N = 16 and 24), both placed in shared memory by wgmma_kernel's maps and descriptors (block 0 of
+// an A stage, columns 0–31 of a B stage), and stores D by its epilogue map: D[row][col] for the
 // host to compare with the plain product. Values: A(r, k) = (7r + 3k) mod 11 − 5,
 // B(k, t) = (5t + k) mod 13 − 6.
 __device__ __forceinline__ int probe_a(int r, int k) {
@@ -943,15 +940,14 @@ __device__ __forceinline__ int probe_a(int r, int k) {
 __device__ __forceinline__ int probe_b(int k, int t) {
   return (5 * t + k) % 13 - 6;
 }
-__device__ __forceinline__ uint32_t pack4(int v0, int v1, int v2, int v3) {
-  return uint32_t(uint8_t(v0)) | uint32_t(uint8_t(v1)) << 8 | uint32_t(uint8_t(v2)) << 16 |
-         uint32_t(uint8_t(v3)) << 24;
-}
 template <int N>
-__device__ void probe_one(int32_t* out, uint8_t* sB) {
+__device__ void probe_one(int32_t* out, uint8_t* sA, uint8_t* sB) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-  // B into core matrices: token t, column chunk c (16 columns) at (t/8)·kCoreGroup + c·128 +
-  // (t mod 8)·16, as wgmma_kernel's stage (chunks 0 and 1 of a stage).
+  for (int i = tid; i < 64 * 32; i += 128) {
+    const int r = i / 32, k = i % 32;
+    sA[(r >> 3) * kACoreGroup + (k >> 4) * kCoreBytes + (r & 7) * 16 + (k & 15)] =
+        uint8_t(probe_a(r, k));
+  }
   for (int i = tid; i < N * 32; i += 128) {
     const int t = i / 32, k = i % 32;
     sB[(t >> 3) * kCoreGroup + (k >> 4) * kCoreBytes + (t & 7) * 16 + (k & 15)] =
@@ -959,21 +955,14 @@ __device__ void probe_one(int32_t* out, uint8_t* sB) {
   }
   fence_proxy_async();
   __syncthreads();
-  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8, k0 = 4 * tig;
-  const uint32_t af[4] = {
-      pack4(probe_a(r_lo, k0), probe_a(r_lo, k0 + 1), probe_a(r_lo, k0 + 2), probe_a(r_lo, k0 + 3)),
-      pack4(probe_a(r_hi, k0), probe_a(r_hi, k0 + 1), probe_a(r_hi, k0 + 2), probe_a(r_hi, k0 + 3)),
-      pack4(probe_a(r_lo, k0 + 16), probe_a(r_lo, k0 + 17), probe_a(r_lo, k0 + 18),
-            probe_a(r_lo, k0 + 19)),
-      pack4(probe_a(r_hi, k0 + 16), probe_a(r_hi, k0 + 17), probe_a(r_hi, k0 + 18),
-            probe_a(r_hi, k0 + 19))};
   int acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; i++) acc[i] = 0;
   wgmma_fence();
-  wgmma_s8<N>(acc, af, smem_desc(sB, kCoreBytes, kCoreGroup));
+  wgmma_ss<N>(acc, smem_desc(sA, kCoreBytes, kACoreGroup), smem_desc(sB, kCoreBytes, kCoreGroup));
   wgmma_commit();
-  wgmma_wait0();
+  wgmma_wait<0>();
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
 #pragma unroll
   for (int f = 0; f < N / 8; f++)
 #pragma unroll
@@ -982,9 +971,10 @@ __device__ void probe_one(int32_t* out, uint8_t* sB) {
   __syncthreads();
 }
 __global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
+  __shared__ __align__(128) uint8_t sA[8 * kACoreGroup];
   __shared__ __align__(128) uint8_t sB[3 * kCoreGroup];
-  probe_one<16>(out, sB);
-  probe_one<24>(out + 64 * 16, sB);
+  probe_one<16>(out, sA, sB);
+  probe_one<24>(out + 64 * 16, sA, sB);
 }
 
 // Per input row: metadata (e_min, status) and, for rows inside the window, the two planes.
@@ -1051,28 +1041,27 @@ Status launch(const GemmArgs& a, int G, int P, void* stream) {
   return launch_tile<64, 3, 2>(a, G, stream);
 }
 
-template <int BN, int STAGES>
+template <int BN, int SA, int SB, int PD, int MINB>
 Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = WgTile<BN, STAGES>::smem(a.K / c::kBlock);
-  if (Status st = rt::allow_dynamic_smem(reinterpret_cast<const void*>(wgmma_kernel<BN, STAGES>),
-                                         int(smem));
+  const size_t smem = WsTile<BN, SA, SB, PD, MINB>::smem(a.K / c::kBlock);
+  if (Status st = rt::allow_dynamic_smem(
+          reinterpret_cast<const void*>(wgmma_kernel<BN, SA, SB, PD, MINB>), int(smem));
       !st.ok())
     return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  wgmma_kernel<BN, STAGES><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  wgmma_kernel<BN, SA, SB, PD, MINB>
+      <<<grid, kWsThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
 
-// The wgmma tiles: the unpadded activation stages leave room for a deeper pipeline at 32 tokens
-// (5 stages; 104 KB per CTA, two per SM). From a mean of 64 tokens per expert (prefill chunks of
-// 4096 tokens: 73) a 128-token tile, one CTA per SM (4 stages, 182 KB; 128 accumulator registers
-// per thread): each expert's weights are read and decoded once per 128 tokens instead of per 64.
-// Thresholds below 64 as the mma.sync path's; all to be measured.
+// The warp-specialized tiles by the mean tokens per expert (thresholds as the mma.sync path's, to
+// be measured). Two CTAs per SM for 16- and 32-token tiles (≤ 110 KB of shared memory each at
+// K3's widths), one for 64 and 128 (128: each expert's weights decoded once per 128 tokens).
 Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_wgmma_tile<16, 6>(a, G, stream);
-  if (P < 32 * G) return launch_wgmma_tile<32, 5>(a, G, stream);
-  if (P < 64 * G) return launch_wgmma_tile<64, 3>(a, G, stream);
-  return launch_wgmma_tile<128, 4>(a, G, stream);
+  if (P < 8 * G) return launch_wgmma_tile<16, 2, 6, 4, 2>(a, G, stream);
+  if (P < 32 * G) return launch_wgmma_tile<32, 2, 4, 3, 2>(a, G, stream);
+  if (P < 64 * G) return launch_wgmma_tile<64, 2, 4, 4, 1>(a, G, stream);
+  return launch_wgmma_tile<128, 2, 3, 4, 1>(a, G, stream);
 }
 
 Status not_supported() {

@@ -503,7 +503,7 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
 
 TEST_CASE("moe gpu: wgmma operand and result layouts on known values", "[gpu]") {
   strata::test::skip_without_gpu();
-  // One m64nNk32 s8 wgmma (N = 16, 24) with A in registers, B in shared memory and D stored by
+  // One m64nNk32 s8 wgmma (N = 16, 24) with A and B in shared memory and D stored by
   // the maps the wgmma path uses. If the op-checks of the path fail, this says which map: a wrong
   // A map shows as wrong rows (or all), a wrong B descriptor or D map as wrong columns.
   DeviceBuffer d_out(size_t(64) * (16 + 24) * 4);
