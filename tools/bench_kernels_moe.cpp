@@ -180,14 +180,16 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
     std::vector<Routed> bs;
     for (int s = 0; s < kExperts / 128; s++) bs.emplace_back(pool, 8 * M, rng, s * 128, 8);
     kernels::device_sync("bench setup");
-    for (moe::ExpertPath path : {moe::ExpertPath::gemv, moe::ExpertPath::gemm}) {
-      const bool gemv = path == moe::ExpertPath::gemv;
-      r.add(rotating_line(
-          bs, path, 128, 14, copy_gbps,
-          std::string("moe/mxfp4-batch M=") + std::to_string(M) + (gemv ? " gemv" : " gemm"),
-          "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
-          std::string(gemv ? "GEMV" : "GEMM") +
-              " path, weight bytes, cold (rotating 128 of 896 experts)"));
+    for (moe::ExpertPath path :
+         {moe::ExpertPath::gemv, moe::ExpertPath::gemm, moe::ExpertPath::wgmma}) {
+      const char* name = path == moe::ExpertPath::gemv   ? "gemv"
+                         : path == moe::ExpertPath::gemm ? "gemm"
+                                                         : "wgmma";
+      r.add(rotating_line(bs, path, 128, 14, copy_gbps,
+                          "moe/mxfp4-batch M=" + std::to_string(M) + " " + name,
+                          "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
+                          std::string(name) +
+                              " path, weight bytes, cold (rotating 128 of 896 experts)"));
     }
   }
 }

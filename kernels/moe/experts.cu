@@ -175,11 +175,12 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   // shapes the GEMM path does not take. A forced path never falls back: "not supported" is
   // reported as such.
   const bool automatic = path == ExpertPath::automatic;
-  if (automatic)
-    path = double(b.P) >= kGemmMinMeanPairsPerGroup * b.G && detail::gemm_supports(b.H) &&
-                   detail::gemm_supports(b.I)
-               ? ExpertPath::gemm
-               : ExpertPath::gemv;
+  if (automatic) {
+    const bool gemm = detail::gemm_supports(b.H) && detail::gemm_supports(b.I);
+    path = !gemm || double(b.P) < kGemmMinMeanPairsPerGroup * b.G ? ExpertPath::gemv
+           : b.P >= (long long)kWgmmaMinMeanPairsPerGroup * b.G   ? ExpertPath::wgmma
+                                                                  : ExpertPath::gemm;
+  }
 
   if (Status s = detail::quantize_rows(b.x, b.T, b.H, ws.x, stream); !s.ok()) return s;
   Status s;

@@ -13,9 +13,9 @@
 //                      merge_weighted in expert-id order (numerics.md §5).
 // The launcher picks the path: a warp-per-row GEMV that holds the weight row in registers and walks
 // the group's tokens (decode, few tokens per expert), or the grouped GEMM on int8 tensor cores with
-// one exact epilogue per output (prefill, many tokens per expert; intgemm.cu). The older IMMA path
-// (one mma k-step and one fp64 block term per 32-element block) and the GEMM path's wgmma form
-// (ExpertPath::wgmma, not yet measured) can be forced. All produce the same bits. The GEMM path's
+// one exact epilogue per output (prefill, many tokens per expert; intgemm.cu) — in its mma.sync
+// form, or from a mean of 64 tokens per expert in its warp-specialized wgmma form. The older IMMA
+// path (one mma k-step and one fp64 block term per 32-element block) can be forced. All produce the same bits. The GEMM path's
 // grids are sized from host counts (G, P): fine for prefill, which is not captured in CUDA graphs.
 //
 // Split plan from run (STYLE.md §9): experts_workspace_bytes() sizes the scratch the caller carves
@@ -42,8 +42,8 @@ struct ExpertBatch {
   GluParams glu;                             // SiTU (K3) or SiLU (Kimi-Linear)
 };
 
-// wgmma: the GEMM path's integer method with the Hopper warpgroup MMA (intgemm.cu); not chosen by
-// `automatic` until it is measured.
+// wgmma: the GEMM path's integer method with the Hopper warpgroup MMA in a warp-specialized kernel
+// (intgemm.cu); `automatic` takes it from kWgmmaMinMeanPairsPerGroup tokens per expert.
 enum class ExpertPath { automatic, gemv, imma, gemm, wgmma };
 
 // Scratch for one launch of at most T tokens, P pairs, widths H and I (bytes; 256-aligned parts).
@@ -61,6 +61,11 @@ inline constexpr int kImmaMinMeanPairsPerGroup = 12;
 // Like the grids, the GEMM's tile size is chosen from the host counts P and G (G the capacity when
 // the groups are built on the device).
 inline constexpr double kGemmMinMeanPairsPerGroup = 1.5;
+// Mean tokens per expert from which the automatic choice takes the GEMM path's warp-specialized
+// wgmma form (ExpertPath::wgmma, 128-token tiles there). Measured on the H200 (`strata bench
+// kernels --filter moe`): T = 4096 (a mean of 73) 28.26 ms against 33.74 for the mma.sync form;
+// below, the mma.sync form is faster (T = 1024, a mean of 18: 10.46 against 12.43 ms).
+inline constexpr int kWgmmaMinMeanPairsPerGroup = 64;
 
 // y = w2 · glu(w1 · x, w3 · x) for every pair. workspace: experts_workspace_bytes(T, P, H, I)
 // bytes of device memory. path: automatic (by P / G), or forced for tests/benches (a forced path

@@ -34,10 +34,10 @@
 // offsets of the decode tables for their shift (s_tab: one 16-byte load per row and block).
 //
 // A second form of the same kernel, wgmma_kernel (ExpertPath::wgmma; see its own comment below),
-// replaces the main loop's mma.sync by Hopper's warpgroup MMA with the planes read from shared
-// memory by the tensor cores, prefetches the weight rows into L2, and adds a 128-token tile; the
-// integer method, window scan, epilogue and strict fallback are gemm_kernel's, so its outputs are
-// the same bits.
+// is warp-specialized: a producer warpgroup decodes the weights once per token tile into shared
+// memory, and two consumer warpgroups run Hopper's warpgroup MMA on them and on the planes, both
+// operands from shared memory; the integer method, window scan, epilogue and strict fallback are
+// gemm_kernel's, so its outputs are the same bits.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -232,6 +232,25 @@ __device__ float strict_element(const uint8_t* pk, const uint8_t* sc, const int8
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) L = c::dadd(L, __shfl_down_sync(0xffffffffu, L, off));
   return float(L);
+}
+
+// One output of a token tile by the integer method (row of the CTA, col of the tile; the
+// accumulators' d_hi, d_lo): the canonical NaN for a poisoned token, nothing past the tile or the
+// matrix or outside the windows (the strict path's outputs), else the contract's value.
+__device__ __forceinline__ void store_output(const GemmArgs& a, int row0, int pt, int cnt, int row,
+                                             int col, int32_t d_hi, int32_t d_lo,
+                                             const int32_t* s_tokst, const int32_t* s_tokemin,
+                                             const int32_t* s_rowok, const int32_t* s_smin) {
+  if (col >= cnt || row0 + row >= a.N) return;
+  const int st = s_tokst[col];
+  float val;
+  if (st == is::kTokenPoisoned)
+    val = c::canonical_nan();
+  else if (st == is::kTokenOk && s_rowok[row])
+    val = is::finish(d_hi, d_lo, s_tokemin[col], s_smin[row]);
+  else
+    return;
+  a.out[size_t(pt + col) * a.N + row0 + row] = val;
 }
 
 // The strict path of a token tile, by warp w of a CTA (rows 16·w … 16·w + 15): the warp's rows
@@ -495,19 +514,9 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
     for (int f = 0; f < kFrags; f++) {
       if (f >= nfrag) continue;
 #pragma unroll
-      for (int r = 0; r < 4; r++) {
-        const int row = r >= 2 ? r_hi : r_lo, col = f * 8 + 2 * tig + (r & 1);
-        if (col >= cnt || row0 + row >= a.N) continue;
-        const int st = s_tokst[col];
-        float val;
-        if (st == is::kTokenPoisoned)
-          val = c::canonical_nan();
-        else if (st == is::kTokenOk && s_rowok[row])
-          val = is::finish(acc_hi[f][r], acc_lo[f][r], s_tokemin[col], s_smin[row]);
-        else
-          continue;  // strict path below
-        a.out[size_t(pt + col) * a.N + row0 + row] = val;
-      }
+      for (int r = 0; r < 4; r++)
+        store_output(a, row0, pt, cnt, r >= 2 ? r_hi : r_lo, f * 8 + 2 * tig + (r & 1),
+                     acc_hi[f][r], acc_lo[f][r], s_tokst, s_tokemin, s_rowok, s_smin);
     }
 
     strict_rows(a, v, warp, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
@@ -520,28 +529,27 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
 // Same integer method, 128-row tiles, window scan, epilogue and strict fallback as gemm_kernel;
 // the work is split by roles instead of every warp doing everything:
 //   producer warpgroup (warps 0–3): streams the rows' packed weights through a ring of packed
-//     stages (bulk copies, PD stages ahead), decodes each 32-column block once into the shifted int8
-//     weights w' = w2 · 2^sw in a ring of A stages in shared memory, and copies the tile's tokens'
-//     two planes into the B half of the same stages; it publishes a stage on the stage's `full`
-//     mbarrier (after its copies have landed and a proxy fence);
-//   two consumer warpgroups (warps 4–7: rows 0–63, warps 8–11: rows 64–127): per 32-column block
-//     two wgmma.mma_async m64nNk32 s32.s8.s8 (hi and lo planes) with both operands read from shared
-//     memory by descriptors; a stage's slot is released on its `empty` mbarrier once the wgmmas
-//     of the following stage are issued and the stage's own have completed (wait_group 1).
+//     stages (cp.async, PD stages ahead), decodes each 32-column block once into the shifted int8
+//     weights w' = w2 · 2^sw in a ring of SA A stages, and publishes a stage on its `full` mbarrier
+//     (after a proxy fence); past the row's end it writes zero weights, so every stage has 4 blocks;
+//   two consumer warpgroups (warps 4–7: rows 0–63, warps 8–11: rows 64–127): copy the tile's
+//     tokens' two planes into a ring of SB B stages (cp.async, SB − 2 stages ahead: a thread's
+//     queue holds only its own kind of copies, so each stream waits for its own), and per 32-column
+//     block issue two wgmma.mma_async m64nNk32 s32.s8.s8 (hi and lo planes) with both operands
+//     read from shared memory by descriptors; an A slot is released on its `empty` mbarrier once
+//     the next stage's wgmmas are issued and the slot's own have completed (wait_group 1).
 // So the decode, the copies and the tensor cores overlap: the decode costs the producer's issue
 // slots, not the consumers', and each weight is decoded once per token tile.
 // Shared-memory layouts (K-major, no swizzle; a core matrix is 8 rows × 16 bytes = 128 contiguous
-// bytes; descriptors: leading-dimension offset 128 B = the next 16 columns, stride offset 1024 B =
-// the next 8 rows or tokens):
+// bytes; descriptors: leading-dimension offset 128 B = the next 16 columns, stride offset = the
+// next 8 rows or tokens):
 //   A stage (4 blocks of 4 KB, 4128 bytes apart): row r, column 32·kb + 16·kc + j at kb·4128 +
-//     (r / 8)·256 + kc·128 + (r mod 8)·16 + j (stride offset 256 B here); consumer warpgroup c
-//     starts 2048·c into each block. The 32-byte skew between blocks puts the 16-byte stores of a
-//     decode quarter-warp (2 rows × 4 blocks) in distinct banks;
+//     (r / 8)·256 + kc·128 + (r mod 8)·16 + j (stride offset 256 B); consumer warpgroup c starts
+//     2048·c into each block. The 32-byte skew between blocks puts the 16-byte stores of a decode
+//     quarter-warp (2 rows × 4 blocks) in distinct banks;
 //   B stage: plane p, token t, column 16·ch + j (ch = 2·kb + kc) at p·BN·128 + (t / 8)·1024 +
-//     ch·128 + (t mod 8)·16 + j;
-//   packed stage (8 KB): row r's 64 packed bytes at r·64, one bulk copy (cp.async.bulk) per row
-//     completing on the slot's mbarrier — so the packed stream runs PD stages ahead whatever the
-//     planes' cp.async groups wait for.
+//     ch·128 + (t mod 8)·16 + j (stride offset 1024 B);
+//   packed stage (8 KB): row r's 64 packed bytes of the stage at r·64.
 // N (tokens per wgmma) is the tile's count rounded up to a quarter of BN (8 or 16 at BN = 16);
 // columns past the count read stale shared memory and are never stored.
 template <int N>
@@ -638,28 +646,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
   unsigned done;
   do {
     asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, 1000000;\n"
         "selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(smem_u32(b)), "r"(parity)
         : "memory");
   } while (!done);
 }
-// The expected bytes of the slot's next phase, with this thread's arrival.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* b, unsigned bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
-                   smem_u32(b)),
-               "r"(bytes)
-               : "memory");
-}
-// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) that completes on the
-// mbarrier's transaction count.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* b) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(b))
-      : "memory");
+// Pins an accumulator register around the wgmmas (no code): keeps ptxas from moving it between
+// them, which would need a compiler-inserted warpgroup.arrive.
+__device__ __forceinline__ void pin(int& r) {
+  asm volatile("" : "+r"(r)::"memory");
 }
 // Named barrier of `count` threads (ids 1 and 2; 0 is __syncthreads).
 __device__ __forceinline__ void bar_sync(int id, int count) {
@@ -677,50 +674,38 @@ constexpr int kCoreBytes = 128;    // one 8 × 16-byte core matrix
 constexpr int kCoreGroup = 1024;   // B: the next 8 tokens of one stage
 constexpr int kACoreGroup = 256;   // A: the next 8 rows of one block
 constexpr int kABlock = 4096 + 32;  // A: one block's 128 rows, skewed by 32 bytes
-constexpr int kWsProducers = 128;   // one warpgroup
 constexpr int kWsConsumers = 256;   // two warpgroups
-constexpr int kWsThreads = kWsProducers + kWsConsumers;
 constexpr int kWsAStage = kKB * kABlock;   // decoded int8 weights of a stage (16.1 KB)
 constexpr int kWsPkStage = kBM * kBK / 2;  // packed weights of a stage: 8 KB
-static_assert(kBM == kWsProducers && kKB == 4, "the producer's maps: a row per thread, 4 blocks");
+static_assert(kBM == 128 && kKB == 4, "the producer's maps: 16 passes of 8 rows × 4 blocks");
 static_assert(kWsAStage % 128 == 0 && kABlock % 16 == 0, "descriptor alignment");
 
-// BN tokens per tile; SA decoded-weight stages (the decode runs one stage ahead of the wgmmas),
-// SB plane stages (copied SB − 1 stages ahead: their latency is an L2 or DRAM trip), packed
-// weights PD stages ahead in PD + 1 slots; MINB CTAs per SM.
-template <int BN, int SA, int SB, int PD, int MINB>
+// BN tokens per tile; NPW producer warpgroups; SA decoded-weight stages (the decode runs up to
+// SA − 1 stages ahead of the wgmmas), SB plane stages (copied SB − 2 stages ahead: their latency is
+// an L2 or DRAM trip), packed weights PD stages ahead in PD + 1 slots; MINB CTAs per SM.
+template <int BN, int NPW, int SA, int SB, int PD, int MINB>
 struct WsTile {
+  static constexpr int kProducers = 128 * NPW, kThreads = kProducers + kWsConsumers;
+  static constexpr int kItems = 4 / NPW;  // (row, block) items a producer thread decodes per stage
+  static_assert(NPW == 1 || NPW == 2, "one or two producer warpgroups");
   static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes
-  static constexpr int kBChunks = 2 * BN * (kBK / 16) / kWsProducers;  // 16-byte copies / thread
-  static_assert(kBChunks * kWsProducers == 2 * BN * (kBK / 16), "B stage: whole chunks");
+  static constexpr int kBChunks = 2 * BN * (kBK / 16) / kWsConsumers;  // 16-byte copies / thread
+  static_assert(kBChunks * kWsConsumers == 2 * BN * (kBK / 16), "B stage: whole chunks");
   static_assert(BN == 16 || BN == 32 || BN == 64 || BN == 128,
                 "wgmma N: the quarters of BN must be s8 widths");
-  static_assert(SA >= 2 && SB >= 2 && PD >= 1, "two stages per ring at least");
+  static_assert(SA >= 2 && SB >= 3 && PD >= 1, "B slots: kt − 2 is refilled at stage kt");
   static size_t smem(int nb) {
     return size_t(SA) * kWsAStage + size_t(SB) * kBStage + size_t(PD + 1) * kWsPkStage +
            size_t(kBM) * nb;
   }
 };
 
-// One stage's wgmmas of one consumer warpgroup: per 32-column block (kbn of them) the hi and the
-// lo plane against the same A; N columns (tokens) of the accumulators.
-template <int N, int BN>
-__device__ __forceinline__ void wgmma_stage_ss(int (&acc_hi)[BN / 2], int (&acc_lo)[BN / 2],
-                                               const uint8_t* A, const uint8_t* B, int kbn) {
-#pragma unroll
-  for (int kb = 0; kb < kKB; kb++) {
-    if (kb >= kbn) break;
-    const uint64_t da = smem_desc(A + kb * kABlock, kCoreBytes, kACoreGroup);
-    const uint8_t* bk = B + kb * 2 * kCoreBytes;
-    wgmma_ss<N>(acc_hi, da, smem_desc(bk, kCoreBytes, kCoreGroup));
-    wgmma_ss<N>(acc_lo, da, smem_desc(bk + BN * kBK, kCoreBytes, kCoreGroup));
-  }
-}
-
-template <int BN, int SA, int SB, int PD, int MINB>
-__global__ void __launch_bounds__(kWsThreads, MINB) wgmma_kernel(GemmArgs a) {
-  using Tl = WsTile<BN, SA, SB, PD, MINB>;
-  constexpr int kBStage = Tl::kBStage, kAcc = BN / 2, kPk = PD + 1;
+template <int BN, int NPW, int SA, int SB, int PD, int MINB>
+__global__ void __launch_bounds__(WsTile<BN, NPW, SA, SB, PD, MINB>::kThreads, MINB)
+    wgmma_kernel(GemmArgs a) {
+  using Tl = WsTile<BN, NPW, SA, SB, PD, MINB>;
+  constexpr int kBStage = Tl::kBStage, kPk = PD + 1, kDB = SB - 2;
+  constexpr int kProducers = Tl::kProducers, kThreadsAll = Tl::kThreads, kItems = Tl::kItems;
   // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16).
   constexpr int kNq1 = BN == 16 ? 8 : BN / 4, kNq3 = BN == 16 ? 16 : 3 * BN / 4;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -728,9 +713,9 @@ __global__ void __launch_bounds__(kWsThreads, MINB) wgmma_kernel(GemmArgs a) {
   uint8_t* const sB = sA + SA * kWsAStage;    // SB plane stages
   uint8_t* const sP = sB + SB * kBStage;      // kPk packed stages
   uint8_t* const sS = sP + kPk * kWsPkStage;  // [kBM, nb] scale codes
-  // full[a]: stage in A slot a decoded and its planes landed (producers arrive); empty_a / empty_b:
-  // the consumers' wgmmas of the slot's stage are done; pk_full: a packed stage has landed.
-  __shared__ __align__(8) uint64_t full[SA], empty_a[SA], empty_b[SB], pk_full[kPk];
+  // full[a]: the stage in A slot a is decoded (producers arrive); empty[a]: the consumers' wgmmas
+  // of that stage are done.
+  __shared__ __align__(8) uint64_t full[SA], empty[SA];
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
   __shared__ int32_t s_tokrow[BN], s_tokemin[BN], s_tokst[BN], s_bad[BN];
   __shared__ int32_t s_nbad;
@@ -743,45 +728,48 @@ __global__ void __launch_bounds__(kWsThreads, MINB) wgmma_kernel(GemmArgs a) {
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
   // Warp-uniform by construction (a shuffle from lane 0), so that ptxas sees the roles' branches
   // and the wgmma widths below as uniform and does not serialize the wgmmas.
-  const bool producer = __shfl_sync(0xffffffffu, tid / kWsProducers, 0) == 0;
+  const bool producer = __shfl_sync(0xffffffffu, tid < kProducers, 0) != 0;
   if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
   if (tid == 0) {
-    for (int s = 0; s < SA; s++) mbar_init(&full[s], kWsProducers), mbar_init(&empty_a[s], kWsConsumers);
-    for (int s = 0; s < SB; s++) mbar_init(&empty_b[s], kWsConsumers);
-    for (int s = 0; s < kPk; s++) mbar_init(&pk_full[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < SA; s++) mbar_init(&full[s], kProducers), mbar_init(&empty[s], kWsConsumers);
   }
-  __syncthreads();
 
-  // Producer thread t streams row t: stage kt of the tile (its sequence number it0 + kt in the
-  // CTA) is one bulk copy of the row's bytes of blocks 4·kt … into the packed slot; thread 0 also
-  // posts the slot's expected bytes.
-  const uint8_t* pk_row = nullptr;
+  // Producer: its 16-byte packed chunks (rows tid / 4 + (32·NPW)·i, block tid mod 4 of each
+  // stage).
+  constexpr int kRowStep = kProducers / 4;
+  const uint8_t* pk_src[kItems];
+  const int pkb = tid & 3;
   if (producer) {
-    const uint8_t* sc;
-    row_source(a, v, row0 + tid, pk_row, sc);
+#pragma unroll
+    for (int i = 0; i < kItems; i++) {
+      const uint8_t* sc;
+      row_source(a, v, row0 + (tid >> 2) + kRowStep * i, pk_src[i], sc);
+      pk_src[i] += pkb * 16;
+    }
   }
-  auto issue_packed = [&](int it, int kt) {
-    const int slot = it % kPk;
-    const unsigned bytes = unsigned(16 * min(kKB, nb - kt * kKB));
-    if (tid == 0) mbar_arrive_expect_tx(&pk_full[slot], bytes * kBM);
-    bulk_copy(sP + slot * kWsPkStage + tid * (kBK / 2), pk_row + size_t(kt) * (kBK / 2), bytes,
-              &pk_full[slot]);
+  auto issue_packed = [&](int kt) {
+    if (kt * kKB + pkb < nb) {
+      uint8_t* const d = sP + (kt % kPk) * kWsPkStage + (tid >> 2) * (kBK / 2) + pkb * 16;
+#pragma unroll
+      for (int i = 0; i < kItems; i++)
+        cp16(d + kRowStep * i * (kBK / 2), pk_src[i] + size_t(kt) * (kBK / 2));
+    }
   };
 
   // The scale codes and the first tile's first packed stages, then the windows (consumer warps:
   // 16 rows each; the producer decodes with the rewritten codes).
-  load_scale_codes(a, v, row0, nb, sS, tid, kWsThreads);
-  cp_commit();
+  load_scale_codes(a, v, row0, nb, sS, tid, kThreadsAll);
   if (producer)
-    for (int s = 0; s < PD && s < nkt; s++) issue_packed(s, s);
+    for (int s = 0; s < PD && s < nkt; s++) issue_packed(s);
+  cp_commit();
   cp_wait<0>();
   __syncthreads();
   if (!producer)
-    scan_windows(sS, nb, (warp - 4) * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
+    scan_windows(sS, nb, (warp - 4 * NPW) * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok,
+                 true);
   __syncthreads();
 
-  int it0 = 0;  // stages of the CTA before this tile (both rings' sequence number)
+  int it0 = 0;  // stages of the CTA before this tile (the A ring's sequence number)
   for (int pt = p0; pt < p1; pt += BN) {
     const int cnt = min(BN, p1 - pt);
     // The N = nq·BN/4 instruction covers the tile.
@@ -800,53 +788,41 @@ __global__ void __launch_bounds__(kWsThreads, MINB) wgmma_kernel(GemmArgs a) {
     __syncthreads();
 
     if (producer) {
-      // This thread's B copies: chunk ch = tid + 128·i is plane ch / (8·BN), token
-      // (ch / 8) mod BN, column chunk ch mod 8 (= tid mod 8) of the stage.
-      const int bpart = tid & 7;
-      const int8_t* bsrc[Tl::kBChunks];
-      int bdst[Tl::kBChunks];
-#pragma unroll
-      for (int i = 0; i < Tl::kBChunks; i++) {
-        const int ch = tid + kWsProducers * i, pl = ch / (8 * BN), t = (ch >> 3) % BN;
-        const size_t off = size_t(s_tokrow[t]) * size_t(K) + size_t(bpart) * 16;
-        bsrc[i] = t < cnt ? (pl ? a.planes.lo : a.planes.hi) + off : nullptr;
-        bdst[i] = pl * BN * kBK + (t >> 3) * kCoreGroup + bpart * kCoreBytes + (t & 7) * 16;
-      }
-      // Stage kt's planes into its B slot, once the consumers have released the slot.
-      auto issue_b = [&](int kt) {
-        const int it = it0 + kt;
-        mbar_wait(&empty_b[it % SB], ((it / SB) & 1) ^ 1);
-        if (kt * kKB + (bpart >> 1) < nb) {
-          uint8_t* const d = sB + (it % SB) * kBStage;
-#pragma unroll
-          for (int i = 0; i < Tl::kBChunks; i++)
-            if (bsrc[i]) cp16(d + bdst[i], bsrc[i] + size_t(kt) * kBK);
+      // Packed stages PD ahead; this thread's cp.async queue holds only them, so stage kt's are
+      // in the PD'th newest group at iteration kt (a later tile's prologue: PD groups).
+      if (pt > p0) {
+        for (int s = 0; s < PD; s++) {
+          if (s < nkt) issue_packed(s);
+          cp_commit();
         }
-      };
-      // Prologue: the planes of stages 0 … SB−2 in groups of their own, so stage kt's planes are
-      // in the SB−1'th newest group at iteration kt (after a later tile's first packed stages).
-      if (pt > p0)
-        for (int s = 0; s < PD && s < nkt; s++) issue_packed(it0 + s, s);
-      for (int s = 0; s < SB - 1; s++) {
-        if (s < nkt) issue_b(s);
-        cp_commit();
       }
-      // The decode's map: lane l of warp w decodes block l mod 4 of row
-      // 32·w + 8·i + 2·(l / 8) + (l mod 8) / 4 for i = 0 … 3 (a quarter-warp: 2 rows × 4 blocks,
-      // 128 contiguous packed bytes).
-      const int dkb = lane & 3, drow = 32 * warp + 2 * (lane >> 3) + ((lane & 7) >> 2);
+      // The decode's map: lane l of warp w (of W = 4·NPW) decodes block l mod 4 of row
+      // 8·(w + W·i) + 2·(l / 8) + (l mod 8) / 4 for i < 4 / NPW (a quarter-warp: 2 rows × 4
+      // blocks, 128 contiguous packed bytes).
+      const int dkb = lane & 3, drow = 8 * warp + 2 * (lane >> 3) + ((lane & 7) >> 2);
+      constexpr int kPass = 8 * 4 * NPW;  // rows between a thread's items
       for (int kt = 0; kt < nkt; kt++) {
         const int it = it0 + kt;
-        cp_wait<SB - 2>();  // this thread's planes of stage kt have landed
-        mbar_wait(&pk_full[it % kPk], (it / kPk) & 1);  // the stage's packed weights too
-        mbar_wait(&empty_a[it % SA], ((it / SA) & 1) ^ 1);  // the A slot's last wgmmas are done
+        cp_wait<PD - 1>();          // this thread's packed chunks of stage kt have landed
+        bar_sync(1, kProducers);  // every producer's; and stage kt − 1 is decoded by all
+        if (kt + PD < nkt) issue_packed(kt + PD);  // into stage kt − 1's slot
+        cp_commit();
+        mbar_wait(&empty[it % SA], ((it / SA) & 1) ^ 1);  // the A slot's last wgmmas are done
         const int b = kt * kKB + dkb;
-        if (b < nb) {
-          const uint8_t* const P = sP + (it % kPk) * kWsPkStage;
-          uint8_t* const A = sA + (it % SA) * kWsAStage + dkb * kABlock;
+        uint8_t* const A = sA + (it % SA) * kWsAStage + dkb * kABlock;
+        if (b >= nb) {  // past the row's end (a partial last stage): zero weights
 #pragma unroll
-          for (int i = 0; i < 4; i++) {
-            const int r = drow + 8 * i;
+          for (int i = 0; i < kItems; i++) {
+            const int r = drow + kPass * i;
+            uint8_t* const d = A + (r >> 3) * kACoreGroup + (r & 7) * 16;
+            *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(d + kCoreBytes) = make_uint4(0u, 0u, 0u, 0u);
+          }
+        } else {
+          const uint8_t* const P = sP + (kt % kPk) * kWsPkStage;
+#pragma unroll
+          for (int i = 0; i < kItems; i++) {
+            const int r = drow + kPass * i;
             const uint4 w = *reinterpret_cast<const uint4*>(P + r * (kBK / 2) + 16 * dkb);
             const is::ShiftedTables t = shift_table(sS[r * nb + b]);
             uint4 lo, hi;
@@ -859,69 +835,115 @@ __global__ void __launch_bounds__(kWsThreads, MINB) wgmma_kernel(GemmArgs a) {
             *reinterpret_cast<uint4*>(d + kCoreBytes) = hi;
           }
         }
-        fence_proxy_async();  // the planes and the decoded weights, visible to the wgmmas
+        fence_proxy_async();  // the decoded weights, visible to the wgmmas
         mbar_arrive(&full[it % SA]);
-        // Refills: the packed slot of stage kt − 1 (every producer has decoded it, the barrier
-        // says), then the B slot of stage kt − 1, which the consumers release after issuing
-        // stage kt.
-        bar_sync(1, kWsProducers);
-        if (kt + PD < nkt) issue_packed(it + PD, kt + PD);
-        if (kt + SB - 1 < nkt) issue_b(kt + SB - 1);
-        cp_commit();
       }
       cp_wait<0>();
     } else {
-      const int ctid = tid - kWsProducers, cw = ctid >> 5, cg = ctid >> 7;
+      const int ctid = tid - kProducers, cw = ctid >> 5, cg = ctid >> 7;
       const int gid = lane >> 2, tig = lane & 3;
       if (ctid < cnt && s_tokst[ctid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = ctid;
-      int acc_hi[kAcc], acc_lo[kAcc];
+      // The consumers copy the planes themselves (their cp.async queue holds only these), kDB
+      // stages ahead: chunk ch = ctid + 256·i of a stage is plane ch / (8·BN), token
+      // (ch / 8) mod BN, column chunk ch mod 8 (= ctid mod 8). From BN = 32 on, a thread's chunks
+      // are tokens ctid / 8 + 32·j of both planes; the token's row comes from s_tokrow at each
+      // copy (the registers are the accumulators').
+      const int bpart = ctid & 7;
+      const uint32_t bdst0 =
+          uint32_t(((ctid >> 6) & 3) * kCoreGroup + bpart * kCoreBytes + ((ctid >> 3) & 7) * 16);
+      auto issue_b = [&](int kt) {
+        if (kt * kKB + (bpart >> 1) >= nb) return;
+        uint8_t* const d = sB + ((it0 + kt) % SB) * kBStage;
+        const size_t col = size_t(kt * kBK + bpart * 16);
+        if constexpr (BN >= 32) {
 #pragma unroll
-      for (int r = 0; r < kAcc; r++) acc_hi[r] = 0, acc_lo[r] = 0;
-      for (int kt = 0; kt < nkt; kt++) {
-        const int it = it0 + kt;
-        mbar_wait(&full[it % SA], (it / SA) & 1);
-        const uint8_t* A = sA + (it % SA) * kWsAStage + cg * 8 * kACoreGroup;
-        const uint8_t* B = sB + (it % SB) * kBStage;
-        // Blocks in this stage (CTA-uniform).
-        const int kbn = __shfl_sync(0xffffffffu, min(kKB, nb - kt * kKB), 0);
-        wgmma_fence();
-        if (nq == 1)
-          wgmma_stage_ss<kNq1, BN>(acc_hi, acc_lo, A, B, kbn);
-        else if (nq == 2)
-          wgmma_stage_ss<BN / 2, BN>(acc_hi, acc_lo, A, B, kbn);
-        else if (nq == 3)
-          wgmma_stage_ss<kNq3, BN>(acc_hi, acc_lo, A, B, kbn);
-        else
-          wgmma_stage_ss<BN, BN>(acc_hi, acc_lo, A, B, kbn);
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's wgmmas are done: release its slot
-        if (kt > 0) mbar_arrive(&empty_a[(it - 1) % SA]), mbar_arrive(&empty_b[(it - 1) % SB]);
-      }
-      wgmma_wait<0>();
-      mbar_arrive(&empty_a[(it0 + nkt - 1) % SA]), mbar_arrive(&empty_b[(it0 + nkt - 1) % SB]);
-      bar_sync(2, kWsConsumers);  // s_bad, s_nbad
-
-      // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
-      // 8f + 2·tig + r%2) of the warp's 16 rows.
-      const int r_lo = cw * 16 + gid, r_hi = r_lo + 8;
-#pragma unroll
-      for (int f = 0; f < BN / 8; f++) {
-        if (8 * f >= cnt) continue;
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-          const int row = r >= 2 ? r_hi : r_lo, col = f * 8 + 2 * tig + (r & 1);
-          if (col >= cnt || row0 + row >= a.N) continue;
-          const int st = s_tokst[col];
-          float val;
-          if (st == is::kTokenPoisoned)
-            val = c::canonical_nan();
-          else if (st == is::kTokenOk && s_rowok[row])
-            val = is::finish(acc_hi[4 * f + r], acc_lo[4 * f + r], s_tokemin[col], s_smin[row]);
-          else
-            continue;
-          a.out[size_t(pt + col) * a.N + row0 + row] = val;
+          for (int j = 0; j < BN / 32; j++) {
+            const int t = (ctid >> 3) + 32 * j;
+            if (t < cnt) {
+              const size_t off = size_t(s_tokrow[t]) * size_t(K) + col;
+              uint8_t* const dj = d + bdst0 + j * 4 * kCoreGroup;
+              cp16(dj, a.planes.hi + off);
+              cp16(dj + BN * kBK, a.planes.lo + off);
+            }
+          }
+        } else {  // BN = 16: one chunk per thread, threads 0–127 the hi plane, 128–255 the lo
+          const int t = (ctid >> 3) & 15;
+          if (t < cnt) {
+            const int pl = ctid >> 7;
+            cp16(d + pl * BN * kBK + (t >> 3) * kCoreGroup + bpart * kCoreBytes + (t & 7) * 16,
+                 (pl ? a.planes.lo : a.planes.hi) + size_t(s_tokrow[t]) * size_t(K) + col);
+          }
         }
+      };
+      for (int s = 0; s < kDB; s++) {
+        if (s < nkt) issue_b(s);
+        cp_commit();
       }
+      // The main loop and epilogue for one wgmma width N (the tile's count rounded up to a quarter
+      // of BN), instantiated per width so that every wgmma of a loop writes the same accumulator
+      // registers (a width chosen inside the loop made ptxas move them between stages).
+      const auto consume = [&](auto n_tag) {
+        constexpr int N = decltype(n_tag)::value;
+        int acc_hi[N / 2], acc_lo[N / 2];
+#pragma unroll
+        for (int r = 0; r < N / 2; r++) acc_hi[r] = 0, acc_lo[r] = 0;
+        for (int kt = 0; kt < nkt; kt++) {
+          const int it = it0 + kt;
+          cp_wait<kDB - 1>();   // this thread's planes of stage kt have landed
+          fence_proxy_async();  // visible to the wgmmas
+          mbar_wait(&full[it % SA], (it / SA) & 1);
+          // Every consumer's planes of stage kt are in; every consumer is past stage kt − 1's
+          // wgmma_wait<1>, so both warpgroups are done with stage kt − 2's B slot: refill it.
+          bar_sync(2, kWsConsumers);
+          if (kt + kDB < nkt) issue_b(kt + kDB);
+          cp_commit();
+          const uint8_t* A = sA + (it % SA) * kWsAStage + cg * 8 * kACoreGroup;
+          const uint8_t* B = sB + (it % SB) * kBStage;
+          // Every stage has kKB blocks: past nb the producer wrote zero weights, so the stale
+          // planes there add nothing.
+#pragma unroll
+          for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
+          wgmma_fence();
+#pragma unroll
+          for (int kb = 0; kb < kKB; kb++) {
+            const uint64_t da = smem_desc(A + kb * kABlock, kCoreBytes, kACoreGroup);
+            const uint8_t* bk = B + kb * 2 * kCoreBytes;
+            wgmma_ss<N>(acc_hi, da, smem_desc(bk, kCoreBytes, kCoreGroup));
+            wgmma_ss<N>(acc_lo, da, smem_desc(bk + BN * kBK, kCoreBytes, kCoreGroup));
+          }
+          wgmma_commit();
+#pragma unroll
+          for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
+          wgmma_wait<1>();  // the previous stage's wgmmas are done: release its A slot
+          if (kt > 0) mbar_arrive(&empty[(it - 1) % SA]);
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
+        mbar_arrive(&empty[(it0 + nkt - 1) % SA]);
+        cp_wait<0>();
+        bar_sync(2, kWsConsumers);  // s_bad, s_nbad
+
+        // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
+        // 8f + 2·tig + r%2) of the warp's 16 rows.
+        const int r_lo = cw * 16 + gid, r_hi = r_lo + 8;
+#pragma unroll
+        for (int f = 0; f < N / 8; f++) {
+#pragma unroll
+          for (int r = 0; r < 4; r++)
+            store_output(a, row0, pt, cnt, r >= 2 ? r_hi : r_lo, f * 8 + 2 * tig + (r & 1),
+                         acc_hi[4 * f + r], acc_lo[4 * f + r], s_tokst, s_tokemin, s_rowok,
+                         s_smin);
+        }
+      };
+      if (nq == 1)
+        consume(std::integral_constant<int, kNq1>{});
+      else if (nq == 2)
+        consume(std::integral_constant<int, BN / 2>{});
+      else if (nq == 3)
+        consume(std::integral_constant<int, kNq3>{});
+      else
+        consume(std::integral_constant<int, BN>{});
       strict_rows(a, v, cw, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
     }
     it0 += nkt;
@@ -1041,27 +1063,31 @@ Status launch(const GemmArgs& a, int G, int P, void* stream) {
   return launch_tile<64, 3, 2>(a, G, stream);
 }
 
-template <int BN, int SA, int SB, int PD, int MINB>
+template <int BN, int NPW, int SA, int SB, int PD, int MINB>
 Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = WsTile<BN, SA, SB, PD, MINB>::smem(a.K / c::kBlock);
+  using Tl = WsTile<BN, NPW, SA, SB, PD, MINB>;
+  const size_t smem = Tl::smem(a.K / c::kBlock);
   if (Status st = rt::allow_dynamic_smem(
-          reinterpret_cast<const void*>(wgmma_kernel<BN, SA, SB, PD, MINB>), int(smem));
+          reinterpret_cast<const void*>(wgmma_kernel<BN, NPW, SA, SB, PD, MINB>), int(smem));
       !st.ok())
     return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  wgmma_kernel<BN, SA, SB, PD, MINB>
-      <<<grid, kWsThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  wgmma_kernel<BN, NPW, SA, SB, PD, MINB>
+      <<<grid, Tl::kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
 
-// The warp-specialized tiles by the mean tokens per expert (thresholds as the mma.sync path's, to
-// be measured). Two CTAs per SM for 16- and 32-token tiles (≤ 110 KB of shared memory each at
-// K3's widths), one for 64 and 128 (128: each expert's weights decoded once per 128 tokens).
+// The warp-specialized tiles by the mean tokens per expert. 16- and 32-token tiles (weight
+// streaming): two CTAs per SM (≤ 105 KB of shared memory each at K3's widths), the decode one stage
+// ahead — measured on the H200 against one CTA per SM with two producer warpgroups and the decode
+// 3 stages ahead: T = 64 / 256 / 1024 lines 6.64 / 10.03 / 12.43 ms against 8.66 / 12.85 / 14.96
+// (docs/performance.md). 64- and 128-token tiles: one CTA per SM (187 and 222 KB), the decode up
+// to 3 (2) stages ahead: T = 4096 28.26 ms against 31.82 with 1 stage.
 Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_wgmma_tile<16, 2, 6, 4, 2>(a, G, stream);
-  if (P < 32 * G) return launch_wgmma_tile<32, 2, 4, 3, 2>(a, G, stream);
-  if (P < 64 * G) return launch_wgmma_tile<64, 2, 4, 4, 1>(a, G, stream);
-  return launch_wgmma_tile<128, 2, 3, 4, 1>(a, G, stream);
+  if (P < 8 * G) return launch_wgmma_tile<16, 1, 2, 4, 4, 2>(a, G, stream);
+  if (P < 32 * G) return launch_wgmma_tile<32, 1, 2, 4, 2, 2>(a, G, stream);
+  if (P < 64 * G) return launch_wgmma_tile<64, 1, 4, 4, 4, 1>(a, G, stream);
+  return launch_wgmma_tile<128, 1, 3, 4, 3, 1>(a, G, stream);
 }
 
 Status not_supported() {

@@ -497,6 +497,9 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
       check_gpu(p, moe::ExpertPath::wgmma);
+      // automatic: the mma.sync form below a mean of kWgmmaMinMeanPairsPerGroup tokens per
+      // expert, the wgmma form from it (the 128-token layouts: a mean of 73 and 100).
+      check_gpu(p, moe::ExpertPath::automatic);
     }
   }
 }
@@ -564,6 +567,9 @@ TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
       check_gpu(p, moe::ExpertPath::wgmma);
+      // automatic: the mma.sync form below a mean of kWgmmaMinMeanPairsPerGroup tokens per
+      // expert, the wgmma form from it (the 128-token layouts: a mean of 73 and 100).
+      check_gpu(p, moe::ExpertPath::automatic);
     }
   }
 }
