@@ -251,7 +251,8 @@ void bench_kda(const KernelBenchContext& ctx, BenchReport& r) {
       namespace rt = kernels::rt;
       void* stream = rt::stream_create();
       void* graph = nullptr;
-      ok(stream ? rt::begin_capture(stream) : kernels::Status{-1, "stream_create failed"}, "capture");
+      ok(stream ? rt::begin_capture(stream) : kernels::Status{-1, "stream_create failed"},
+         "capture");
       for (int i = 0; i < 20; i++)
         ok(kda::decode(s.p, rows.in, B, {S.as<float>(), conv.as<uint16_t>()},
                        rows.y->as<uint16_t>(), nullptr, stream),
@@ -262,8 +263,8 @@ void bench_kda(const KernelBenchContext& ctx, BenchReport& r) {
       l.note = "split " + std::to_string(chosen) + ", 20 steps in one CUDA graph, time per step";
       if (B == 1) l.note += ", target >= 2500 GB/s";
       l.shape = "H=96 d=128, state 6 MiB/seq";
-      l.time = stats(kernels::gpu_time([&] { ok(rt::graph_launch(graph, stream), "graph"); },
-                                       stream, 50, 5));
+      l.time = stats(
+          kernels::gpu_time([&] { ok(rt::graph_launch(graph, stream), "graph"); }, stream, 50, 5));
       l.time.median_s /= 20, l.time.min_s /= 20, l.time.max_s /= 20;
       l.bytes = 2.0 * double(state_bytes) * B + 2.0 * double(conv_bytes) * B;
       l.flops = double(B) * H * 128 * 128 * 7;

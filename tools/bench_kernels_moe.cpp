@@ -185,11 +185,10 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
       const char* name = path == moe::ExpertPath::gemv   ? "gemv"
                          : path == moe::ExpertPath::gemm ? "gemm"
                                                          : "wgmma";
-      r.add(rotating_line(bs, path, 128, 14, copy_gbps,
-                          "moe/mxfp4-batch M=" + std::to_string(M) + " " + name,
-                          "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
-                          std::string(name) +
-                              " path, weight bytes, cold (rotating 128 of 896 experts)"));
+      r.add(rotating_line(
+          bs, path, 128, 14, copy_gbps, "moe/mxfp4-batch M=" + std::to_string(M) + " " + name,
+          "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
+          std::string(name) + " path, weight bytes, cold (rotating 128 of 896 experts)"));
     }
   }
 }

@@ -15,8 +15,9 @@
 // the group's tokens (decode, few tokens per expert), or the grouped GEMM on int8 tensor cores with
 // one exact epilogue per output (prefill, many tokens per expert; intgemm.cu) — in its mma.sync
 // form, or from a mean of 64 tokens per expert in its warp-specialized wgmma form. The older IMMA
-// path (one mma k-step and one fp64 block term per 32-element block) can be forced. All produce the same bits. The GEMM path's
-// grids are sized from host counts (G, P): fine for prefill, which is not captured in CUDA graphs.
+// path (one mma k-step and one fp64 block term per 32-element block) can be forced. All produce the
+// same bits. The GEMM path's grids are sized from host counts (G, P): fine for prefill, which is
+// not captured in CUDA graphs.
 //
 // Split plan from run (STYLE.md §9): experts_workspace_bytes() sizes the scratch the caller carves
 // once; nothing is allocated per call.
