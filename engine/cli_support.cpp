@@ -77,6 +77,10 @@ bool parse_experts_quantize(const std::string& v) {
 }
 
 LoadOptions load_options(const InspectOptions& o) {
+  // The GPU flags' syntax, whatever device runs (a malformed value is an error on every machine;
+  // every command calls this before loading).
+  if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, 0, "--gpu-mem");
+  if (!o.gpu_experts.empty()) parse_gpu_expert_share(o.gpu_experts);
   LoadOptions lo;
   lo.quantize_experts = parse_experts_quantize(o.experts_quantize);
   lo.check_weights = o.check_weights;
@@ -131,6 +135,16 @@ void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
       if (s == abs) throw Error(flag + " " + path + ": another output option writes the same file");
     seen.push_back(abs);
   }
+}
+
+double parse_gpu_expert_share(const std::string& v) {
+  char* end = nullptr;
+  double share = std::strtod(v.c_str(), &end);
+  if (end && *end == '%') share /= 100.0, ++end;
+  if (v.empty() || !end || *end || !(share >= 0.0 && share <= 1.0))
+    throw Error("--gpu-experts: expected a share of the routed experts like 10% or 0.1, got '" +
+                v + "'");
+  return share;
 }
 
 int gpu_promote_interval(const std::string& v) {
@@ -212,16 +226,7 @@ std::unique_ptr<Backend> SessionSetup::make_backend(const Model& m, const Sessio
     co.promote = promote > 0;
     if (promote > 0) co.promote_interval = promote;
     if (!in_.gpu_mem.empty()) co.gpu_mem_bytes = parse_size(in_.gpu_mem, 0, "--gpu-mem");
-    if (!in_.gpu_experts.empty()) {
-      const std::string& g = in_.gpu_experts;
-      char* end = nullptr;
-      double v = std::strtod(g.c_str(), &end);
-      if (end && *end == '%') v /= 100.0, ++end;
-      if (g.empty() || !end || *end || !(v >= 0.0 && v <= 1.0))
-        throw Error("--gpu-experts: expected a share of the routed experts like 10% or 0.1, got '" +
-                    g + "'");
-      co.gpu_expert_share = v;
-    }
+    if (!in_.gpu_experts.empty()) co.gpu_expert_share = parse_gpu_expert_share(in_.gpu_experts);
     try {
       auto b = std::make_unique<CudaBackend>(m, so.backend(), co);
       device_line_ = b->name();

@@ -32,6 +32,9 @@ void check_device(const std::string& d);
 // --gpu-promote: on (the default interval), off (0) or a step interval N ≥ 1; the interval in
 // steps, 0 for off. Throws strata::Error naming the flag otherwise.
 int gpu_promote_interval(const std::string& v);
+// --gpu-experts: a share of the routed experts, "10%" or "0.1", in [0, 1]. Throws strata::Error
+// naming the flag otherwise.
+double parse_gpu_expert_share(const std::string& v);
 
 // The options every forward-running command accepts, as parsed by CLI11.
 struct InspectOptions {
@@ -59,7 +62,8 @@ struct InspectOptions {
 };
 
 // The LoadOptions those options ask for (--check-weights, --experts-quantize; progress lines on).
-// Throws strata::Error for an --experts-quantize other than mxfp4.
+// Throws strata::Error for an --experts-quantize other than mxfp4, and for a malformed --gpu-mem or
+// --gpu-experts (checked here, on every machine, since every command calls this before loading).
 LoadOptions load_options(const InspectOptions& o);
 // --experts-quantize's value: "" (off) or mxfp4 (true); anything else throws strata::Error.
 bool parse_experts_quantize(const std::string& v);

@@ -173,6 +173,12 @@ TEST_CASE("strata run/logits: bad inputs give one clear line and exit 1", "[engi
        "--gpu-promote: expected on, off or a step interval"},
       {"run " + m + " --ids " + (dir / "ok.json").string() + " --print-ids --gpu-promote often",
        "--gpu-promote: expected on, off or a step interval"},
+      // The GPU flags' syntax is checked on every machine, before loading (a CPU-only run used to
+      // ignore a malformed value).
+      {"run " + m + " --ids " + (dir / "ok.json").string() + " --print-ids --gpu-mem 12XB",
+       "--gpu-mem"},
+      {"logits " + m + " --ids " + (dir / "ok.json").string() + o + " --gpu-experts 150%",
+       "--gpu-experts: expected a share of the routed experts"},
   };
   for (const auto& c : cases) {
     Result r = run(c.args);

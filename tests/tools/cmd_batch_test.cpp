@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -165,6 +166,13 @@ TEST_CASE("strata batch: bad invocations exit 1 with one clear line", "[tools][b
               (d / "o.jsonl").string() + " --shard 2/2");
   CHECK(r.status == 1);
   CHECK(r.out.find("--shard '2/2'") != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "o.jsonl"));
+  // A malformed GPU budget is an error on a machine without a GPU too, before anything is written.
+  r = run_cli("batch -m " + m.string() + " --input " + (d / "in.jsonl").string() + " --output " +
+              (d / "o.jsonl").string() + " --gpu-mem 12XB");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("--gpu-mem") != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   CHECK_FALSE(fs::exists(d / "o.jsonl"));
 }
 
