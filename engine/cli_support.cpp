@@ -142,8 +142,8 @@ double parse_gpu_expert_share(const std::string& v) {
   double share = std::strtod(v.c_str(), &end);
   if (end && *end == '%') share /= 100.0, ++end;
   if (v.empty() || !end || *end || !(share >= 0.0 && share <= 1.0))
-    throw Error("--gpu-experts: expected a share of the routed experts like 10% or 0.1, got '" +
-                v + "'");
+    throw Error("--gpu-experts: expected a share of the routed experts like 10% or 0.1, got '" + v +
+                "'");
   return share;
 }
 

@@ -10,8 +10,8 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
 #include <map>
