@@ -274,6 +274,7 @@ std::function<int()> setup(CLI::App& app) {
       throw Error("--slots and --prefill-chunk must be >= 1, --docs >= 0");
     for (int64_t L : o->doc_tokens)
       if (L < 1) throw Error("--doc-tokens: expected positive lengths");
+    check_json_output(o->json);
     return run(*o);
   };
 }

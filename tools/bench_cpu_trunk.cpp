@@ -344,6 +344,7 @@ BenchSetup setup = [](CLI::App& app) {
       throw Error("bench cpu-trunk: --prompt, --decode, --repeats and --gemm-tokens must be ≥ 1");
     for (int t : o->tokens)
       if (t < 1) throw Error("bench cpu-trunk: --tokens: expected positive token counts");
+    check_json_output(o->json);
     return run(*o);
   };
 };

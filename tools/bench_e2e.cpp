@@ -268,6 +268,7 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
       if (b < 1 || b > 256) throw Error("--batch: expected 1..256, got " + std::to_string(b));
     for (int64_t p : o->prefill)
       if (p < 1) throw Error("--prefill: expected positive lengths");
+    check_json_output(o->json);
     return run(*o);
   };
 };

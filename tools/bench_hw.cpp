@@ -21,6 +21,7 @@
 #include "offload/hw_measure.h"
 #include "storage/config.h"
 #include "storage/error.h"
+#include "storage/files.h"
 #include "tools/bench.h"
 
 namespace strata::tools {
@@ -46,6 +47,9 @@ int run(const Options& o) {
   std::error_code ec;
   if (!o.save.empty() && !o.force && std::filesystem::exists(o.save, ec))
     throw Error(o.save + ": exists; not replacing it (remove it or pass --force)");
+  // Both outputs' directories writable, neither a directory, device or FIFO — before measuring.
+  if (!o.save.empty()) OutputPath("--save", o.save, {});
+  check_json_output(o.json);
   // -m: the model whose shapes the model-shape probes take (its config.json only), parsed
   // before anything is measured so a bad directory fails at once.
   ModelConfig model;

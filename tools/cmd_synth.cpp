@@ -23,10 +23,16 @@ strata::tools::CommandRun setup(CLI::App& app) {
   for (const auto& p : strata::synth_presets()) presets += (presets.empty() ? "" : "|") + p;
   app.add_option("--preset", a->opt.preset, "model preset: " + presets);
   app.add_option("--config", a->config, "any config.json to synthesise instead of a preset");
+  // Given, each must be ≥ 1 (left out, 0 internally keeps the preset's value); the config's own
+  // bounds (storage/config.h) are checked when the model is made.
+  constexpr int kMaxOverride = 1 << 30;
   app.add_option("--layers", a->opt.layers,
-                 "number of layers (default: the preset's; k3-slice: 2). The last layer is MLA");
-  app.add_option("--experts", a->opt.experts, "routed experts per MoE layer (top-k clamped)");
-  app.add_option("--vocab", a->opt.vocab, "vocabulary size override");
+                 "number of layers (default: the preset's; k3-slice: 2). The last layer is MLA")
+      ->check(CLI::Range(1, kMaxOverride));
+  app.add_option("--experts", a->opt.experts, "routed experts per MoE layer (top-k clamped)")
+      ->check(CLI::Range(1, kMaxOverride));
+  app.add_option("--vocab", a->opt.vocab, "vocabulary size override")
+      ->check(CLI::Range(1, kMaxOverride));
   app.add_option("--seed", a->opt.seed, "random seed (weights are a pure function of it)")
       ->default_val(1);
   app.add_option("--shard-mb", a->shard_mb,

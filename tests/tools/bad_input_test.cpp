@@ -148,6 +148,12 @@ TEST_CASE("bad input: numeric options out of range fail before any work", "[cli]
   require_one_line_error(cli("synth --preset k3-tiny --threads 100000 -o " + (s / "x").string()),
                          "--threads 100000");
   CHECK_FALSE(fs::exists(s / "x"));
+  // An explicit 0 is not "the preset's value" (synth used to write the preset's model for it).
+  for (const char* flag : {"--layers", "--experts", "--vocab"}) {
+    require_one_line_error(
+        cli("synth --preset k3-tiny " + std::string(flag) + " 0 -o " + (s / "x").string()), flag);
+    CHECK_FALSE(fs::exists(s / "x"));
+  }
   // bench io used to write its 2 GiB file first, then abort on --repeats 0; --file-gib nan wrote
   // until the disk was full.
   const std::string io = "bench io --dir " + s.string() + " ";
@@ -297,6 +303,18 @@ TEST_CASE("bad input: unwritable outputs fail before the model is loaded", "[cli
                          "the same file");
   // The model error itself, once the outputs are fine.
   require_one_line_error(cli(run), "model-00001-of-00004.safetensors");
+  // Benchmarks check their --json / --save targets before measuring (they used to fail after the
+  // whole run): broken_model() again proves the check came first for the ones that load a model.
+  const std::string none = (s / "no" / "such" / "dir.json").string();
+  require_one_line_error(cli("bench hw --no-disk --save " + none), "--save " + none);
+  require_one_line_error(cli("bench hw --no-disk --json " + none), "--json " + none);
+  require_one_line_error(cli("bench cpu-trunk --json " + none), "--json " + none);
+  require_one_line_error(
+      cli("bench e2e -m " + broken_model("unwritable_model").string() + " --json " + none),
+      "--json " + none);
+  require_one_line_error(
+      cli("bench batch -m " + broken_model("unwritable_model").string() + " --json " + none),
+      "--json " + none);
 }
 
 TEST_CASE("bad input: a host budget below one expert is refused before loading",
