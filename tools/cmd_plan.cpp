@@ -19,6 +19,7 @@
 #include "offload/plan.h"
 #include "storage/config.h"
 #include "storage/error.h"
+#include "storage/files.h"
 #include "tools/command.h"
 
 namespace strata::tools {
@@ -398,6 +399,13 @@ CommandRun setup(CLI::App& app) {
       CostAssumptions check;
       apply_assumption(check, kv);
     }
+    // The output files too: a directory that is missing or not writable, or a path that is a
+    // directory, is one line before the report (it used to come after the whole plan printed).
+    if (!o->json.empty()) OutputPath("--json", o->json, {});
+    if (!o->svg.empty()) OutputPath("--svg", o->svg, {});
+    if (!o->json.empty() && !o->svg.empty() &&
+        fs::weakly_canonical(o->json) == fs::weakly_canonical(o->svg))
+      throw Error("--svg " + o->svg + ": --json writes the same file");
     const fs::path cfg_path =
         o->model.empty() ? fs::path(o->config) : fs::path(o->model) / "config.json";
     std::error_code ec;

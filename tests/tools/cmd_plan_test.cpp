@@ -142,6 +142,16 @@ TEST_CASE("plan and bench hw: bad input is one line and exit 1", "[plan][cli][er
       {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) +
            " --experts-quantize fp8",
        fs::exists(cfg) ? "--experts-quantize: expected mxfp4, got 'fp8'" : "config.json"},
+      // Output files are checked before the plan is printed (the report used to come first).
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) + " --svg " +
+           q(dir / "no" / "x.svg"),
+       "--svg"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) + " --json " +
+           q(dir),
+       "--json"},
+      {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) + " --json " +
+           q(dir / "p.json") + " --svg " + q(dir / "p.json"),
+       "--json writes the same file"},
   };
   for (const Case& c : cases) {
     INFO(c.args);
