@@ -77,10 +77,17 @@ bool parse_experts_quantize(const std::string& v) {
 }
 
 LoadOptions load_options(const InspectOptions& o) {
-  // The GPU flags' syntax, whatever device runs (a malformed value is an error on every machine;
-  // every command calls this before loading).
+  // The GPU flags, whatever device runs (a malformed value is an error on every machine; every
+  // command calls this before loading).
   if (!o.gpu_mem.empty()) parse_size(o.gpu_mem, 0, "--gpu-mem");
   if (!o.gpu_experts.empty()) parse_gpu_expert_share(o.gpu_experts);
+  if (o.max_context < 1 || o.max_context > (int64_t(1) << 30))
+    throw Error("--max-context " + std::to_string(o.max_context) + ": expected 1..2^30 positions");
+  if (o.max_step_rows < 1 || o.max_step_rows > (1 << 20))
+    throw Error("--max-step-rows " + std::to_string(o.max_step_rows) + ": expected 1..1048576");
+  std::error_code ec;
+  if (!o.hardware.empty() && !std::filesystem::is_regular_file(o.hardware, ec))
+    throw Error("--hardware " + o.hardware + ": not found (a `strata bench hw --save` profile)");
   LoadOptions lo;
   lo.quantize_experts = parse_experts_quantize(o.experts_quantize);
   lo.check_weights = o.check_weights;

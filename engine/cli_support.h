@@ -62,8 +62,9 @@ struct InspectOptions {
 };
 
 // The LoadOptions those options ask for (--check-weights, --experts-quantize; progress lines on).
-// Throws strata::Error for an --experts-quantize other than mxfp4, and for a malformed --gpu-mem or
-// --gpu-experts (checked here, on every machine, since every command calls this before loading).
+// Throws strata::Error for an --experts-quantize other than mxfp4, and for a malformed --gpu-mem,
+// --gpu-experts, --max-context, --max-step-rows or a missing --hardware file (checked here, on
+// every machine, since every command calls this before loading).
 LoadOptions load_options(const InspectOptions& o);
 // --experts-quantize's value: "" (off) or mxfp4 (true); anything else throws strata::Error.
 bool parse_experts_quantize(const std::string& v);

@@ -179,6 +179,13 @@ TEST_CASE("strata run/logits: bad inputs give one clear line and exit 1", "[engi
        "--gpu-mem"},
       {"logits " + m + " --ids " + (dir / "ok.json").string() + o + " --gpu-experts 150%",
        "--gpu-experts: expected a share of the routed experts"},
+      {"run " + m + " --ids " + (dir / "ok.json").string() + " --print-ids --max-context 0",
+       "--max-context 0: expected 1..2^30"},
+      {"run " + m + " --ids " + (dir / "ok.json").string() + " --print-ids --max-step-rows -3",
+       "--max-step-rows -3"},
+      {"logits " + m + " --ids " + (dir / "ok.json").string() + o + " --hardware " +
+           (dir / "none.json").string(),
+       "none.json: not found"},
   };
   for (const auto& c : cases) {
     Result r = run(c.args);
