@@ -150,6 +150,14 @@ struct DenseShape {
   int64_t N, K;
 };
 
+// The path's name in the bench lines.
+const char* path_name(moe::ExpertPath p) {
+  return p == moe::ExpertPath::wgmma  ? "wgmma"
+         : p == moe::ExpertPath::gemm ? "gemm"
+         : p == moe::ExpertPath::imma ? "imma"
+                                      : "gemv";
+}
+
 // A line over disjoint routed sets of `experts` experts each on one path, one set per repeat in
 // turn (weights cold), against the copy peak: `repeats` timed calls after 3 warm-ups.
 BenchLine rotating_line(std::vector<Routed>& sets, moe::ExpertPath path, int experts, int repeats,
@@ -182,9 +190,7 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
     kernels::device_sync("bench setup");
     for (moe::ExpertPath path :
          {moe::ExpertPath::gemv, moe::ExpertPath::gemm, moe::ExpertPath::wgmma}) {
-      const char* name = path == moe::ExpertPath::gemv   ? "gemv"
-                         : path == moe::ExpertPath::gemm ? "gemm"
-                                                         : "wgmma";
+      const char* name = path_name(path);
       r.add(rotating_line(
           bs, path, 128, 14, copy_gbps, "moe/mxfp4-batch M=" + std::to_string(M) + " " + name,
           "128 experts x " + std::to_string(M) + " tokens, 3584->3072->3584",
@@ -207,12 +213,6 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
                         "weight bytes, cold (rotating 16 of 896 experts)"));
 
     // 2. Grouped experts at prefill scale, every path, each line against its own roofline.
-    const auto path_name = [](moe::ExpertPath p) {
-      return p == moe::ExpertPath::wgmma  ? "wgmma"
-             : p == moe::ExpertPath::gemm ? "gemm"
-             : p == moe::ExpertPath::imma ? "imma"
-                                          : "gemv";
-    };
     const auto grouped_line = [&](Routed& batch, int T, moe::ExpertPath path, const char* suffix,
                                   int repeats) {
       BenchLine g;
