@@ -133,10 +133,15 @@ void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
         std::filesystem::is_directory(dir) ? dir / "config.json" : dir;
     if (std::filesystem::exists(cfg)) check_offload_options(*offload, load_config(cfg));
   }
+  check_outputs(outputs, ids);
+}
+
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::vector<FileId>& inputs) {
   std::vector<std::filesystem::path> seen;
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
-    OutputPath out(flag, path, ids);
+    OutputPath out(flag, path, inputs);
     const std::filesystem::path abs = std::filesystem::weakly_canonical(path);
     for (const auto& s : seen)
       if (s == abs) throw Error(flag + " " + path + ": another output option writes the same file");

@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
 #include "engine/session.h"
+#include "storage/files.h"
 
 namespace strata::engine {
 
@@ -80,6 +82,12 @@ struct OffloadOptions;  // engine/offload_executor.h
 void check_before_load(const InspectOptions& o, const OffloadOptions* offload,
                        const std::string& model_dir, const std::vector<std::string>& inputs,
                        std::vector<std::pair<std::string, std::string>> outputs);
+
+// Output files (flag → path; empty paths skipped), checked before any work: each writable and not
+// one of `inputs` (storage/files.h OutputPath), and no two the same file. Throws strata::Error
+// naming the flag.
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::vector<FileId>& inputs);
 
 // How many positions a command runs through the model: a replayed routing must cover exactly
 // these (logits: min == max == T; run: the prompt, up to prompt + n − 1 decode positions).

@@ -19,7 +19,6 @@
 #include "offload/plan.h"
 #include "storage/config.h"
 #include "storage/error.h"
-#include "storage/files.h"
 #include "tools/command.h"
 
 namespace strata::tools {
@@ -401,11 +400,7 @@ CommandRun setup(CLI::App& app) {
     }
     // The output files too: a directory that is missing or not writable, or a path that is a
     // directory, is one line before the report (it used to come after the whole plan printed).
-    if (!o->json.empty()) OutputPath("--json", o->json, {});
-    if (!o->svg.empty()) OutputPath("--svg", o->svg, {});
-    if (!o->json.empty() && !o->svg.empty() &&
-        fs::weakly_canonical(o->json) == fs::weakly_canonical(o->svg))
-      throw Error("--svg " + o->svg + ": --json writes the same file");
+    engine::check_outputs({{"--json", o->json}, {"--svg", o->svg}}, {});
     const fs::path cfg_path =
         o->model.empty() ? fs::path(o->config) : fs::path(o->model) / "config.json";
     std::error_code ec;

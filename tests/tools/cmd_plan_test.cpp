@@ -151,7 +151,7 @@ TEST_CASE("plan and bench hw: bad input is one line and exit 1", "[plan][cli][er
        "--json"},
       {"plan --config " + q(any_cfg) + " --hardware " + q(hw("8xH200-2TB.json")) + " --json " +
            q(dir / "p.json") + " --svg " + q(dir / "p.json"),
-       "--json writes the same file"},
+       "another output option writes the same file"},
   };
   for (const Case& c : cases) {
     INFO(c.args);
