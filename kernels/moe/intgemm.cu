@@ -24,14 +24,15 @@
 // host counts — fine for prefill, which the engine does not capture in CUDA graphs) and walks the
 // group's tokens in tiles of BN; per token tile it streams the rows' packed weights and the
 // tokens' two planes through a cp.async pipeline of 128-column stages. BN and the depth are picked
-// from the mean tokens per expert: 16 tokens × 4 stages or 32 × 3 at three CTAs per SM, 64 × 3 at
-// two. Warp w computes rows 16w..16w+15 against the whole token tile: per 32-column block one A
-// fragment (two blocks' worth per ldmatrix.x4, decoded once), two mma.m16n8k32 (hi, lo planes) per
-// 8 tokens, skipping the 8-token fragments past the tile's count. The k-slot permutation of the
-// IMMA path (lane t: elements 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to
-// A and B alike, which leaves each dot product unchanged. The scale codes of the CTA's rows are
-// copied once into shared memory; each warp scans its rows' windows and rewrites the codes as
-// offsets of the decode tables for their shift (s_tab: one 16-byte load per row and block).
+// from the mean tokens per expert: 32 tokens × 3 stages at three CTAs per SM, 64 × 3 at two; below
+// a mean of 8, strip_kernel (its own comment below) takes the work. Warp w computes rows
+// 16w..16w+15 against the whole token tile: per 32-column block one A fragment (two blocks' worth
+// per ldmatrix.x4, decoded once), two mma.m16n8k32 (hi, lo planes) per 8 tokens, skipping the
+// 8-token fragments past the tile's count. The k-slot permutation of the IMMA path (lane t:
+// elements 8t..8t+3 in slots 4t..4t+3 and 8t+4..8t+7 in 16+4t..) is applied to A and B alike, which
+// leaves each dot product unchanged. The scale codes of the CTA's rows are copied once into shared
+// memory; each warp scans its rows' windows and rewrites the codes as offsets of the decode tables
+// for their shift (s_tab: one 16-byte load per row and block).
 //
 // A second form of the same kernel, wgmma_kernel (ExpertPath::wgmma; see its own comment below),
 // is warp-specialized: a producer warpgroup decodes the weights once per token tile into shared
@@ -521,6 +522,225 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
 
     strict_rows(a, v, warp, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
     __syncthreads();  // the next tile rewrites the token tables and the stages
+  }
+}
+
+// ---- The strip form of the same kernel, for few tokens per expert (batched decode) ----
+//
+// gemm_kernel at one or two tokens per expert issues ≈ 59 warp instructions per 16-row × 32-column
+// block step (ncu, moe-batch M = 2: IPC 2.17, the ALU pipe 61.5 % busy, 2.3 TB/s): the weights pass
+// through shared memory, every stage pays copies, barriers and per-block table lookups for all
+// four blocks of a lane, and the decode of a word takes 11 ALU instructions. strip_kernel keeps
+// the integer method, window scan, epilogue and strict fallback (the same bits) and issues ≈ 23
+// per step:
+//   - the tile's tokens' planes (≤ 8 tokens, the whole K) are copied into shared memory once per
+//     token tile; the packed weights go from global memory straight into registers (D stages of
+//     128 columns in a register ring, the rows' stages PF further on prefetched into L2), and each
+//     warp runs its 16 rows over the whole K without a barrier; a CTA takes R row tiles of its
+//     expert in turn (the planes stay; the next tile's first stages load during the epilogue);
+//   - the k slots of a mma.m16n8k32 are assigned by block: at step j of a stage, lane t holds
+//     elements 8j … 8j + 7 of block 4·kt + t (slots 4t … 4t + 3 and 16 + 4t …), for A and B
+//     alike. A lane thus needs one 16-byte load per row and stage, one scale code and one table
+//     per row and stage, and its B bytes of a stage are 32 contiguous bytes per plane;
+//   - the decode splits w' = p − n (p = |w'| where the sign bit is clear, else 0; n the other
+//     way round): p = prmt(pos, codes) with the selector's sign-replicate mode turning negative
+//     codes into 0 (the magnitudes' top bit is 0), n the same with the sign bits flipped — 7 ALU
+//     instructions per 8 codes instead of 11 — and four mma per step accumulate hi·p, hi·n,
+//     lo·p, lo·n; D = Σ·p − Σ·n is exact (each sum's bound is the method's, |.| < 2^31).
+// Rows, warps and the epilogue map are gemm_kernel's (128 rows per CTA, warp w rows 16w …).
+// What bounds it now (ncu, M = 2, before the L2 prefetch): the warps wait on their weight loads
+// (long scoreboard at the first use: 31 % of stall samples), 80 registers at three CTAs per SM
+// leave room for one stage in flight per warp besides the one computed; DRAM 62 %.
+constexpr int kStripTokens = 8;  // one n8 fragment per token tile
+constexpr int kStripPad = 16;    // bytes after each token's plane row: B loads bank-conflict free
+
+__host__ __device__ constexpr size_t strip_smem(int K) {
+  // hi and lo planes of the tile's tokens, the rows' scale codes, slack for the partial stage's
+  // (never used) reads past the last row
+  return size_t(2) * kStripTokens * size_t(K + kStripPad) + size_t(kBM) * size_t(K / c::kBlock) +
+         128;
+}
+
+// Brings the line at p into L2 (no registers held; strip_kernel's weight rows PF stages ahead).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// p and n of 8 codes: bytes of |w'| for codes 0–3 (lo) and 4–7 (hi) of a packed word.
+__device__ __forceinline__ void decode8_pn(uint32_t codes, uint32_t pos0, uint32_t pos1,
+                                           uint32_t& p_lo, uint32_t& p_hi, uint32_t& n_lo,
+                                           uint32_t& n_hi) {
+  const uint32_t flip = codes ^ 0x88888888u;
+  p_lo = prmt(pos0, pos1, codes);
+  p_hi = prmt(pos0, pos1, codes >> 16);
+  n_lo = prmt(pos0, pos1, flip);
+  n_hi = prmt(pos0, pos1, flip >> 16);
+}
+
+template <int D, int PF, int R>
+__global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int32_t s_smin[kBM], s_rowok[kBM];
+  __shared__ int32_t s_tokrow[kStripTokens], s_tokemin[kStripTokens], s_tokst[kStripTokens],
+      s_bad[kStripTokens];
+  __shared__ int32_t s_nbad;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int g = blockIdx.y, tile0 = blockIdx.x * R;
+  const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
+  if (p1 <= p0 || tile0 * kBM >= a.N) return;
+  const int ntiles = min(R, (a.N + kBM - 1) / kBM - tile0);
+  if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
+  const Mxfp4ExpertView v = a.experts[g];
+  const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB, prow = K + kStripPad;
+  uint8_t* const sHi = smem;
+  uint8_t* const sLo = sHi + kStripTokens * prow;
+  uint8_t* const sS = sLo + kStripTokens * prow;      // [kBM, nb] scale codes of the row tile
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;  // this lane's rows of a row tile
+
+  // The weight stream of this lane's two rows: ws_lo / ws_hi the next stage to load (block
+  // 4·kt + tig); checked: the last stage may be partial (past the row's end, zero codes decode to
+  // zero weights). start_rows points it at a row tile's first stage and loads D stages.
+  const uint8_t *ws_lo = nullptr, *ws_hi = nullptr;
+  int next_kt = 0;
+  uint4 wl[D], wh[D];
+  const auto load_w = [&](auto checked, uint4& l, uint4& h) {
+    if (!decltype(checked)::value || next_kt * kKB + tig < nb) {
+      l = __ldg(reinterpret_cast<const uint4*>(ws_lo));
+      h = __ldg(reinterpret_cast<const uint4*>(ws_hi));
+    } else {
+      l = make_uint4(0u, 0u, 0u, 0u), h = l;
+    }
+    ws_lo += kBK / 2, ws_hi += kBK / 2, next_kt++;
+  };
+  const std::true_type checked;
+  const std::false_type unchecked;
+  const auto start_rows = [&](int row0) {
+    const uint8_t* sc;
+    row_source(a, v, row0 + r_lo, ws_lo, sc);
+    row_source(a, v, row0 + r_hi, ws_hi, sc);
+    ws_lo += tig * 16, ws_hi += tig * 16, next_kt = 0;
+#pragma unroll
+    for (int d = 0; d < D; d++)
+      if (d < nkt) load_w(checked, wl[d], wh[d]);
+  };
+
+  for (int pt = p0; pt < p1; pt += kStripTokens) {
+    const int cnt = min(kStripTokens, p1 - pt);
+    // The first row tile's codes and weights, the token tables (warp 0: lane t for token t;
+    // s_bad by ballot, so no atomics) and the tile's planes (each copy looks its token's row up
+    // itself: no round trip through the tables first), then one wait and one barrier for all.
+    load_scale_codes(a, v, tile0 * kBM, nb, sS, tid, kThreads);
+    start_rows(tile0 * kBM);
+    if (warp == 0) {
+      int row = 0, em = 0, st = is::kTokenOk;
+      if (lane < cnt) {
+        const int p = pt + lane;
+        row = a.row_map ? __ldg(a.row_map + p) : p;
+        em = __ldg(a.planes.meta + 2 * size_t(row));
+        st = __ldg(a.planes.meta + 2 * size_t(row) + 1);
+      }
+      const bool bad = lane < cnt && st == is::kTokenSpan;
+      const unsigned m = __ballot_sync(0xffffffffu, bad);
+      if (bad) s_bad[__popc(m & ((1u << lane) - 1u))] = lane;
+      if (lane < kStripTokens) s_tokrow[lane] = row, s_tokemin[lane] = em, s_tokst[lane] = st;
+      if (lane == 0) s_nbad = __popc(m);
+    }
+    // Plane chunk i: 16-byte piece i mod (K/16) of token (i / (K/16)) mod cnt, plane
+    // i / (cnt·K/16).
+    {
+      const int cpr = K / 16, per_plane = cnt * cpr;
+      for (int i = tid; i < 2 * per_plane; i += kThreads) {
+        const int pl = i >= per_plane, j = pl ? i - per_plane : i;
+        const int t = j / cpr, ch = j - t * cpr;
+        const int row = a.row_map ? __ldg(a.row_map + pt + t) : pt + t;
+        const size_t src = size_t(row) * size_t(K) + size_t(ch) * 16;
+        cp16((pl ? sLo : sHi) + t * prow + ch * 16, (pl ? a.planes.lo : a.planes.hi) + src);
+      }
+    }
+    cp_commit();
+
+    for (int rt = 0; rt < ntiles; rt++) {
+      const int row0 = (tile0 + rt) * kBM;
+      if (rt > 0) load_scale_codes(a, v, row0, nb, sS, tid, kThreads), cp_commit();
+      cp_wait<0>();
+      __syncthreads();  // codes (and at rt = 0 the planes and token tables) have landed
+      scan_windows(sS, nb, warp * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
+
+      int hp[4] = {0, 0, 0, 0}, hn[4] = {0, 0, 0, 0}, lp[4] = {0, 0, 0, 0}, ln[4] = {0, 0, 0, 0};
+      // This lane's scale codes (offsets of their tables in s_tab after the window scan) and B
+      // bytes of the next stage to compute.
+      const uint8_t *cd_lo = sS + r_lo * nb + tig, *cd_hi = sS + r_hi * nb + tig;
+      const uint8_t *bh = sHi + gid * prow + tig * 32, *bl = sLo + gid * prow + tig * 32;
+      int stage_kt = 0;
+      // One stage: the lane's block 4·kt + tig of both rows, four steps of 8 elements.
+      const auto stage = [&](auto checked_tag, const uint4& w_lo, const uint4& w_hi) {
+        // Past the row's end (a partial last stage) the weights are zero: any table will do.
+        const bool in = !decltype(checked_tag)::value || stage_kt * kKB + tig < nb;
+        const uint8_t* const tab = reinterpret_cast<const uint8_t*>(s_tab);
+        const uint2 tl = *reinterpret_cast<const uint2*>(tab + (in ? *cd_lo : 0));
+        const uint2 th = *reinterpret_cast<const uint2*>(tab + (in ? *cd_hi : 0));
+        const uint32_t cl[4] = {w_lo.x, w_lo.y, w_lo.z, w_lo.w};
+        const uint32_t ch[4] = {w_hi.x, w_hi.y, w_hi.z, w_hi.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const uint4 qh = *reinterpret_cast<const uint4*>(bh + 16 * h);
+          const uint4 ql = *reinterpret_cast<const uint4*>(bl + 16 * h);
+#pragma unroll
+          for (int s = 0; s < 2; s++) {
+            const int j = 2 * h + s;
+            uint32_t pa0, pa2, na0, na2, pa1, pa3, na1, na3;
+            decode8_pn(cl[j], tl.x, tl.y, pa0, pa2, na0, na2);
+            decode8_pn(ch[j], th.x, th.y, pa1, pa3, na1, na3);
+            const uint32_t bh0 = s ? qh.z : qh.x, bh1 = s ? qh.w : qh.y;
+            const uint32_t bl0 = s ? ql.z : ql.x, bl1 = s ? ql.w : ql.y;
+            mma_s8(hp, pa0, pa1, pa2, pa3, bh0, bh1);
+            mma_s8(lp, pa0, pa1, pa2, pa3, bl0, bl1);
+            mma_s8(hn, na0, na1, na2, na3, bh0, bh1);
+            mma_s8(ln, na0, na1, na2, na3, bl0, bl1);
+          }
+        }
+        cd_lo += kKB, cd_hi += kKB, bh += kBK, bl += kBK, stage_kt++;
+      };
+      // D stages per trip: stage kt + d from slot d while the next D − 1 are in flight, then the
+      // slot takes kt + d + D; the rows' stages PF ahead of the loads are prefetched into L2.
+      // Whole stages (K a multiple of 128, K3's widths) run unchecked until the last D.
+      int kt = 0;
+      if (nb % kKB == 0) {
+        for (; kt + 2 * D <= nkt; kt += D) {
+#pragma unroll
+          for (int d = 0; d < D; d++) {
+            stage(unchecked, wl[d], wh[d]);
+            if (PF > 0 && tig == 0 && kt + d + D + PF < nkt) {
+              prefetch_l2(ws_lo + PF * (kBK / 2));
+              prefetch_l2(ws_hi + PF * (kBK / 2));
+            }
+            load_w(unchecked, wl[d], wh[d]);
+          }
+        }
+      }
+      for (; kt < nkt; kt += D) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+          if (kt + d < nkt) {
+            stage(checked, wl[d], wh[d]);
+            if (kt + d + D < nkt) load_w(checked, wl[d], wh[d]);
+          }
+        }
+      }
+      // The next row tile's first stages go out now, in flight during this tile's epilogue.
+      if (rt + 1 < ntiles) start_rows(row0 + kBM);
+
+        // Epilogue: element r is (row gid + 8·(r ≥ 2), token 2·tig + r%2), D = Σ·p − Σ·n per plane.
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+        store_output(a, row0, pt, cnt, r >= 2 ? r_hi : r_lo, 2 * tig + (r & 1), hp[r] - hn[r],
+                     lp[r] - ln[r], s_tokst, s_tokemin, s_rowok, s_smin);
+      strict_rows(a, v, warp, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
+      // The next row tile rewrites the codes and windows, the next token tile the token tables
+      // and planes; after the last, nothing waits.
+      if (rt + 1 < ntiles || pt + kStripTokens < p1) __syncthreads();
+    }
   }
 }
 
@@ -1092,13 +1312,26 @@ Status launch_tile(const GemmArgs& a, int G, void* stream) {
   return kernels::detail::launch_status();
 }
 
-// The tile by the mean tokens per expert (host counts; the per-group counts are on the device).
-// Thresholds are a first guess, to be measured: a group of up to ~1.5 means fits one tile. Three
-// CTAs per SM for 16- and 32-token tiles (measured on the H200, `strata bench kernels --filter moe
-// --tokens 256 1024 4096`: T = 256 8.52 ms against 8.59 at two CTAs of 16 × 6 stages, T = 1024
-// 12.2 against 13.4 at 32 × 4; docs/performance.md).
+template <int D, int PF, int R>
+Status launch_strip(const GemmArgs& a, int G, void* stream) {
+  const size_t smem = strip_smem(a.K);
+  if (Status st =
+          rt::allow_dynamic_smem(reinterpret_cast<const void*>(strip_kernel<D, PF, R>), int(smem));
+      !st.ok())
+    return st;
+  const dim3 grid(unsigned(((a.N + kBM - 1) / kBM + R - 1) / R), unsigned(G));
+  strip_kernel<D, PF, R><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  return kernels::detail::launch_status();
+}
+
+// The form and tile by the mean tokens per expert (host counts; the per-group counts are on the
+// device). Below a mean of 8 the strip form (measured on the H200, moe-batch M = 1–4: 0.76–0.82 ms
+// against 1.02–1.06 for gemm_kernel's 16-token tile; `--tokens 64 256`: 3.39 / 5.50 ms against
+// 4.61 / 7.12; a ring of D = 3 stages spilled and ran 5 % slower, the prefetch 8 stages ahead 1 %
+// slower than 4, R = 1 and 4 row tiles per CTA within 2 % of R = 2). Three CTAs per SM for the
+// 32-token tile (T = 1024 12.2 ms against 13.4 at 32 × 4 stages and two CTAs; docs/performance.md).
 Status launch(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_tile<16, 4, 3>(a, G, stream);
+  if (P < 8 * G) return launch_strip<2, 4, 2>(a, G, stream);
   if (P < 32 * G) return launch_tile<32, 3, 3>(a, G, stream);
   return launch_tile<64, 3, 2>(a, G, stream);
 }

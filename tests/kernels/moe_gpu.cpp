@@ -452,6 +452,42 @@ TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]"
   }
 }
 
+TEST_CASE("moe gpu: GEMM path's strip form at K3 shape (few tokens per expert)", "[gpu]") {
+  strata::test::skip_without_gpu();
+  // Below a mean of 8 pairs per group the GEMM path runs strip_kernel: token tiles of 8, the
+  // weights streamed into registers two stages ahead, the p/n decode. Groups of 1, 2, 3, 5 and 8
+  // tokens (one tile), 9 and 17 (a tile and one, two tiles and one), an empty group; 45 pairs over
+  // 8 groups. Token 3 spans > 7 binades (strict for its pairs), token 11 is poisoned, tokens 20
+  // and 21 have zero blocks; rows inside the window (scale_span 4), then with strict rows.
+  Case c;
+  c.H = 3584, c.I = 3072, c.T = 40, c.slots = 9, c.glu = situ();
+  c.scale_span = 4;
+  c.wide_token = 3;
+  c.poisoned_token = 11;
+  c.zero_blocks_token = {20, 21};
+  c.group_tokens = {{7},
+                    {3, 11},
+                    {20, 21, 22},
+                    {},
+                    {0, 1, 2, 3, 4},
+                    {11, 12, 13, 14, 15, 16, 17, 18},
+                    {20, 21, 22, 23, 24, 25, 26, 27, 28},
+                    {3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35}};
+  for (int g = 0; g < int(c.group_tokens.size()); g++) c.group_slot.push_back((g * 4 + 2) % 9);
+  Prepared p = prepare(c);
+  const moe::GemmWindowCounts wc = check_gpu(p, moe::ExpertPath::gemm);
+  CHECK(wc.x_wide == 1);
+  CHECK(wc.x_poisoned == 1);
+  CHECK(wc.h_poisoned == 3);  // token 11's pairs
+  // automatic takes the GEMM path from a mean of 1.5 pairs per group: the same kernel.
+  check_gpu(p, moe::ExpertPath::automatic);
+  SECTION("rows outside the weight window (strict rows in every tile position)") {
+    c.wide_rows = true;
+    Prepared pw = prepare(c);
+    check_gpu(pw, moe::ExpertPath::gemm);
+  }
+}
+
 TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu]") {
   strata::test::skip_without_gpu();
   struct Shape {
@@ -486,8 +522,8 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
   for (const auto& ex : extremes) {
     DYNAMIC_SECTION("extreme x_scale=" << ex.x_scale << " codes from " << ex.scale_base) {
       Case c;
-      // 22 pairs over 4 groups (two empty): a mean below 8, so the 16-token tile, and a group of
-      // 20 tokens spanning two of them.
+      // 22 pairs over 4 groups (two empty): a mean below 8, so the mma.sync form's strip kernel
+      // (token tiles of 8: a group of 20 spans three) and the wgmma form's 16-token tile (two).
       c.H = 256, c.I = 192, c.T = 20, c.slots = 4, c.glu = situ();
       c.x_scale = ex.x_scale, c.scale_base = ex.scale_base, c.scale_span = 4;
       c.group_slot = {2, 0, 1, 3};
@@ -535,7 +571,8 @@ TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full
   // The wgmma form issues N = the tile's token count rounded up to a quarter of BN (8 or 16 at
   // BN = 16); columns past the count read stale shared memory and must never be stored. Each
   // section picks one tile size by its mean pairs per group (16: below 8, 32: below 32, 64: below
-  // 64, 128 from 64 on the wgmma path; the mma.sync path runs its 64-token tile there) and has a
+  // 64, 128 from 64 on the wgmma path; the mma.sync path runs its strip kernel below 8 and its
+  // 64-token tile from 32) and has a
   // group for every width, each short of it (64: 13, 30, 45 and 100 = 64 + 36 tokens for N = 16,
   // 32, 48, 64). H = 320 (10 blocks: a partial last pipeline stage), I = 256, and K3's shape for
   // the 128-token tile (one CTA per SM, 28 stages).
