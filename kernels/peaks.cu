@@ -6,17 +6,11 @@
 #include <cstdio>
 
 #include "kernels/gpu_timer.h"
+#include "kernels/ops/launch.cuh"
 #include "kernels/peaks.h"
 
 namespace strata::kernels {
 namespace {
-
-Status cuda_status(cudaError_t e) {
-  Status s;
-  s.code = int(e);
-  s.message = e == cudaSuccess ? "ok" : cudaGetErrorString(e);
-  return s;
-}
 
 Status cublas_status(cublasStatus_t e, const char* what) {
   Status s;
@@ -50,14 +44,14 @@ PeakMeasurement measure_copy_bandwidth(int64_t bytes, int repeats) {
   if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
   if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
   if (e != cudaSuccess) {
-    m.status = cuda_status(e);
+    m.status = detail::status_of(e);
     cudaFree(a);
     cudaFree(b);
     return m;
   }
   GpuTimes t = gpu_time([&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, nullptr); },
                         nullptr, repeats, 2);
-  m.status = cuda_status(cudaError_t(t.code));
+  m.status = detail::status_of(cudaError_t(t.code));
   m.median_s = t.median_s;
   m.value = t.median_s > 0 ? 2.0 * double(bytes) / t.median_s / 1e9 : 0;
   cudaFree(a);
@@ -81,7 +75,7 @@ PeakMeasurement measure_host_copy(bool to_device, int64_t bytes, int repeats) {
     for (int64_t i = 0; i < bytes; i += 4096) static_cast<char*>(h)[i] = char(i);
   }
   if (e != cudaSuccess) {
-    m.status = cuda_status(e);
+    m.status = detail::status_of(e);
     cudaFreeHost(h);
     cudaFree(d);
     return m;
@@ -94,7 +88,7 @@ PeakMeasurement measure_host_copy(bool to_device, int64_t bytes, int repeats) {
           cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, nullptr);
       },
       nullptr, repeats, 2);
-  m.status = cuda_status(cudaError_t(t.code));
+  m.status = detail::status_of(cudaError_t(t.code));
   m.median_s = t.median_s;
   m.value = t.median_s > 0 ? double(bytes) / t.median_s / 1e9 : 0;
   cudaFreeHost(h);
@@ -132,7 +126,7 @@ PeakMeasurement measure_bf16_gemm(int64_t M, int64_t N, int64_t K, int repeats) 
   if (e == cudaSuccess) e = cudaMalloc(&D, M * N * 2);
   if (e == cudaSuccess) e = cudaMalloc(&ws, ws_bytes);
   if (e != cudaSuccess) {
-    m.status = cuda_status(e);
+    m.status = detail::status_of(e);
     cleanup();
     return m;
   }
@@ -170,7 +164,7 @@ PeakMeasurement measure_bf16_gemm(int64_t M, int64_t N, int64_t K, int repeats) 
   if (run != CUBLAS_STATUS_SUCCESS)
     m.status = cublas_status(run, "cuBLASLt: bf16 GEMM failed");
   else
-    m.status = cuda_status(cudaError_t(t.code));
+    m.status = detail::status_of(cudaError_t(t.code));
   m.median_s = t.median_s;
   m.value = t.median_s > 0 ? 2.0 * double(M) * double(N) * double(K) / t.median_s / 1e12 : 0;
   cleanup();

@@ -97,5 +97,9 @@ uint64_t pinned_allocations();
 // first caller's GPU; a call per launch costs a driver call each time).
 // Thread-safe; for the launchers in kernels/.
 Status allow_dynamic_smem(const void* kernel, int bytes);
+template <class... Params>
+Status allow_dynamic_smem(void (*kernel)(Params...), int bytes) {
+  return allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+}
 
 }  // namespace strata::kernels::rt

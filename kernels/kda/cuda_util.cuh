@@ -5,28 +5,10 @@
 
 #include <cstdint>
 
+#include "kernels/ops/launch.cuh"  // status_of, invalid, launch_status, warp_sum, warp_max
 #include "kernels/runtime.h"
 
 namespace strata::kernels::detail {
-
-inline Status status_of(cudaError_t e) {
-  Status s;
-  s.code = int(e);
-  s.message = e == cudaSuccess ? "ok" : cudaGetErrorString(e);
-  return s;
-}
-
-inline Status invalid(const char* why) {
-  Status s;
-  s.code = int(cudaErrorInvalidValue);
-  s.message = why;
-  return s;
-}
-
-// The last launch's error (launch configuration, too much shared memory, ...).
-inline Status launch_status() {
-  return status_of(cudaGetLastError());
-}
 
 __device__ __forceinline__ float bf(uint16_t b) {
   return __uint_as_float(uint32_t(b) << 16);
@@ -55,18 +37,6 @@ __device__ __forceinline__ float siluf_(float x) {
 // torch softplus with threshold 20.
 __device__ __forceinline__ float softplusf_(float x) {
   return x > 20.0f ? x : log1pf(expf(x));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 }  // namespace strata::kernels::detail

@@ -372,12 +372,8 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
   const int64_t nc = std::min<int64_t>(nch, int64_t(workspace_bytes / per_chunk));
   if (nc < 1) return invalid("kda prefill: workspace smaller than prefill_workspace_bytes(.., 1)");
   if (nc > 65535) return invalid("kda prefill: more than 65535 chunks per pass");
-  if (Status a = rt::allow_dynamic_smem(reinterpret_cast<const void*>(chunk_prep), int(kPrepSmem));
-      !a.ok())
-    return a;
-  if (Status a = rt::allow_dynamic_smem(reinterpret_cast<const void*>(chunk_scan), int(kScanSmem));
-      !a.ok())
-    return a;
+  if (Status a = rt::allow_dynamic_smem(chunk_prep, int(kPrepSmem)); !a.ok()) return a;
+  if (Status a = rt::allow_dynamic_smem(chunk_scan, int(kScanSmem)); !a.ok()) return a;
   float* ws = static_cast<float*>(workspace);
   for (int64_t c0 = 0; c0 < nch; c0 += nc) {
     const int n_this = int(std::min<int64_t>(nc, nch - c0));

@@ -464,9 +464,7 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
     return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Ws ws = carve(workspace, H, B, plan.splits);
-  if (Status a = rt::allow_dynamic_smem(reinterpret_cast<const void*>(attn_split), int(kSplitSmem));
-      !a.ok())
-    return a;
+  if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) return a;
   absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   attn_split<<<dim3(plan.splits, (H + HC - 1) / HC, B), kThreads, kSplitSmem, s>>>(

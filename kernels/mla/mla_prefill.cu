@@ -700,10 +700,7 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
     ct.st_ml = reinterpret_cast<float*>(scratch + kGemmScratch + state_o_bytes(H, T));
   }
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  if (Status a = rt::allow_dynamic_smem(reinterpret_cast<const void*>(attn_prefill<kWgmmaS>),
-                                        int(kAttnSmem2));
-      !a.ok())
-    return a;
+  if (Status a = rt::allow_dynamic_smem(attn_prefill<kWgmmaS>, int(kAttnSmem2)); !a.ok()) return a;
   const int64_t blocks = (T + kBQ2 - 1) / kBQ2 * H;
   for (int64_t c0 = 0; c0 < S; c0 += tile) {
     const int64_t n = std::min(tile, S - c0);

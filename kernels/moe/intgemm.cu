@@ -940,17 +940,18 @@ constexpr int kWsPkStage = kBM * kBK / 2;  // packed weights of a stage: 8 KB
 static_assert(kBM == 128 && kKB == 4, "the producer's maps: 16 passes of 8 rows × 4 blocks");
 static_assert(kWsAStage % 128 == 0 && kABlock % 16 == 0, "descriptor alignment");
 
-// BN tokens per tile; NPW producer warpgroups; SA decoded-weight stages (the decode runs up to
+// BN tokens per tile; one producer warpgroup; SA decoded-weight stages (the decode runs up to
 // SA − 1 stages ahead of the wgmmas), SB plane stages (copied SB − 2 stages ahead: their latency is
 // an L2 or DRAM trip), packed weights PD stages ahead in PD + 1 slots; MINB CTAs per SM.
-template <int BN, int NPW, int SA, int SB, int PD, int MINB>
+template <int BN, int SA, int SB, int PD, int MINB>
 struct WsTile {
-  static constexpr int kProducers = 128 * NPW, kThreads = kProducers + kWsConsumers;
-  static constexpr int kItems = 4 / NPW;  // (row, block) items a producer thread decodes per stage
-  static_assert(NPW == 1 || NPW == 2, "one or two producer warpgroups");
-  static constexpr int kBStage = 2 * BN * kBK;                         // hi and lo planes
-  static constexpr int kBChunks = 2 * BN * (kBK / 16) / kWsConsumers;  // 16-byte copies / thread
-  static_assert(kBChunks * kWsConsumers == 2 * BN * (kBK / 16), "B stage: whole chunks");
+  static constexpr int kProducers = 128, kThreads = kProducers + kWsConsumers;
+  static constexpr int kItems = 4;  // (row, block) items a producer thread decodes per stage
+  static constexpr int kBStage = 2 * BN * kBK;  // hi and lo planes
+  // The consumers' plane copies (issue_b): from BN = 32 on, 32 tokens of 8 chunks per pass of the
+  // 256 threads; at BN = 16 one chunk per thread.
+  static_assert(BN >= 32 ? kWsConsumers == 32 * (kBK / 16) : kWsConsumers == 2 * BN * (kBK / 16),
+                "the consumers' plane-copy map");
   static_assert(BN == 16 || BN == 32 || BN == 64 || BN == 128,
                 "wgmma N: the quarters of BN must be s8 widths");
   static_assert(SA >= 2 && SB >= 3 && PD >= 1, "B slots: kt − 2 is refilled at stage kt");
@@ -960,10 +961,10 @@ struct WsTile {
   }
 };
 
-template <int BN, int NPW, int SA, int SB, int PD, int MINB>
-__global__ void __launch_bounds__(WsTile<BN, NPW, SA, SB, PD, MINB>::kThreads, MINB)
+template <int BN, int SA, int SB, int PD, int MINB>
+__global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
     wgmma_kernel(GemmArgs a) {
-  using Tl = WsTile<BN, NPW, SA, SB, PD, MINB>;
+  using Tl = WsTile<BN, SA, SB, PD, MINB>;
   constexpr int kBStage = Tl::kBStage, kPk = PD + 1, kDB = SB - 2;
   constexpr int kProducers = Tl::kProducers, kThreadsAll = Tl::kThreads, kItems = Tl::kItems;
   // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16).
@@ -995,7 +996,7 @@ __global__ void __launch_bounds__(WsTile<BN, NPW, SA, SB, PD, MINB>::kThreads, M
       mbar_init(&full[s], kProducers), mbar_init(&empty[s], kWsConsumers);
   }
 
-  // Producer: its 16-byte packed chunks (rows tid / 4 + (32·NPW)·i, block tid mod 4 of each
+  // Producer: its 16-byte packed chunks (rows tid / 4 + 32·i, block tid mod 4 of each
   // stage).
   constexpr int kRowStep = kProducers / 4;
   const uint8_t* pk_src[kItems];
@@ -1026,8 +1027,7 @@ __global__ void __launch_bounds__(WsTile<BN, NPW, SA, SB, PD, MINB>::kThreads, M
   cp_wait<0>();
   __syncthreads();
   if (!producer)
-    scan_windows(sS, nb, (warp - 4 * NPW) * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok,
-                 true);
+    scan_windows(sS, nb, (warp - 4) * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
   __syncthreads();
 
   int it0 = 0;  // stages of the CTA before this tile (the A ring's sequence number)
@@ -1057,11 +1057,11 @@ __global__ void __launch_bounds__(WsTile<BN, NPW, SA, SB, PD, MINB>::kThreads, M
           cp_commit();
         }
       }
-      // The decode's map: lane l of warp w (of W = 4·NPW) decodes block l mod 4 of row
-      // 8·(w + W·i) + 2·(l / 8) + (l mod 8) / 4 for i < 4 / NPW (a quarter-warp: 2 rows × 4
-      // blocks, 128 contiguous packed bytes).
+      // The decode's map: lane l of warp w (of 4) decodes block l mod 4 of row
+      // 8·(w + 4·i) + 2·(l / 8) + (l mod 8) / 4 for i < 4 (a quarter-warp: 2 rows × 4 blocks,
+      // 128 contiguous packed bytes).
       const int dkb = lane & 3, drow = 8 * warp + 2 * (lane >> 3) + ((lane & 7) >> 2);
-      constexpr int kPass = 8 * 4 * NPW;  // rows between a thread's items
+      constexpr int kPass = 8 * 4;  // rows between a thread's items
       for (int kt = 0; kt < nkt; kt++) {
         const int it = it0 + kt;
         cp_wait<PD - 1>();        // this thread's packed chunks of stage kt have landed
@@ -1303,9 +1303,7 @@ Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void
 template <int BN, int STAGES, int MINB>
 Status launch_tile(const GemmArgs& a, int G, void* stream) {
   const size_t smem = Tile<BN, STAGES, MINB>::smem(a.K / c::kBlock);
-  if (Status st = rt::allow_dynamic_smem(
-          reinterpret_cast<const void*>(gemm_kernel<BN, STAGES, MINB>), int(smem));
-      !st.ok())
+  if (Status st = rt::allow_dynamic_smem(gemm_kernel<BN, STAGES, MINB>, int(smem)); !st.ok())
     return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
   gemm_kernel<BN, STAGES, MINB><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
@@ -1315,10 +1313,7 @@ Status launch_tile(const GemmArgs& a, int G, void* stream) {
 template <int D, int PF, int R>
 Status launch_strip(const GemmArgs& a, int G, void* stream) {
   const size_t smem = strip_smem(a.K);
-  if (Status st =
-          rt::allow_dynamic_smem(reinterpret_cast<const void*>(strip_kernel<D, PF, R>), int(smem));
-      !st.ok())
-    return st;
+  if (Status st = rt::allow_dynamic_smem(strip_kernel<D, PF, R>, int(smem)); !st.ok()) return st;
   const dim3 grid(unsigned(((a.N + kBM - 1) / kBM + R - 1) / R), unsigned(G));
   strip_kernel<D, PF, R><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
@@ -1336,16 +1331,14 @@ Status launch(const GemmArgs& a, int G, int P, void* stream) {
   return launch_tile<64, 3, 2>(a, G, stream);
 }
 
-template <int BN, int NPW, int SA, int SB, int PD, int MINB>
+template <int BN, int SA, int SB, int PD, int MINB>
 Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
-  using Tl = WsTile<BN, NPW, SA, SB, PD, MINB>;
+  using Tl = WsTile<BN, SA, SB, PD, MINB>;
   const size_t smem = Tl::smem(a.K / c::kBlock);
-  if (Status st = rt::allow_dynamic_smem(
-          reinterpret_cast<const void*>(wgmma_kernel<BN, NPW, SA, SB, PD, MINB>), int(smem));
-      !st.ok())
+  if (Status st = rt::allow_dynamic_smem(wgmma_kernel<BN, SA, SB, PD, MINB>, int(smem)); !st.ok())
     return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  wgmma_kernel<BN, NPW, SA, SB, PD, MINB>
+  wgmma_kernel<BN, SA, SB, PD, MINB>
       <<<grid, Tl::kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
@@ -1357,10 +1350,10 @@ Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
 // (docs/performance.md). 64- and 128-token tiles: one CTA per SM (187 and 222 KB), the decode up
 // to 3 (2) stages ahead: T = 4096 28.26 ms against 31.82 with 1 stage.
 Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_wgmma_tile<16, 1, 2, 4, 4, 2>(a, G, stream);
-  if (P < 32 * G) return launch_wgmma_tile<32, 1, 2, 4, 2, 2>(a, G, stream);
-  if (P < 64 * G) return launch_wgmma_tile<64, 1, 4, 4, 4, 1>(a, G, stream);
-  return launch_wgmma_tile<128, 1, 3, 4, 3, 1>(a, G, stream);
+  if (P < 8 * G) return launch_wgmma_tile<16, 2, 4, 4, 2>(a, G, stream);
+  if (P < 32 * G) return launch_wgmma_tile<32, 2, 4, 2, 2>(a, G, stream);
+  if (P < 64 * G) return launch_wgmma_tile<64, 4, 4, 4, 1>(a, G, stream);
+  return launch_wgmma_tile<128, 3, 4, 3, 1>(a, G, stream);
 }
 
 Status not_supported() {
