@@ -534,31 +534,44 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
 // the integer method, window scan, epilogue and strict fallback (the same bits) and issues ≈ 23
 // per step:
 //   - the tile's tokens' planes (≤ 8 tokens, the whole K) are copied into shared memory once per
-//     token tile; the packed weights go from global memory straight into registers (D stages of
-//     128 columns in a register ring, the rows' stages PF further on prefetched into L2), and each
-//     warp runs its 16 rows over the whole K without a barrier; a CTA takes R row tiles of its
-//     expert in turn (the planes stay; the next tile's first stages load during the epilogue);
-//   - the k slots of a mma.m16n8k32 are assigned by block: at step j of a stage, lane t holds
-//     elements 8j … 8j + 7 of block 4·kt + t (slots 4t … 4t + 3 and 16 + 4t …), for A and B
-//     alike. A lane thus needs one 16-byte load per row and stage, one scale code and one table
-//     per row and stage, and its B bytes of a stage are 32 contiguous bytes per plane;
+//     token tile; the packed weights go from global memory straight into registers (a ring of D
+//     stages of W·128 columns, the rows' stages PF further on prefetched into L2), and each warp
+//     runs its 16 rows over the whole K without a barrier; a CTA takes R row tiles of its expert
+//     in turn (the planes stay; the next tile's first stages load during the epilogue);
+//   - the k slots of a mma.m16n8k32 are assigned by block: lane t owns blocks W·t … W·t + W − 1
+//     of a stage (StripStage), and at step j of block b it holds elements 8j … 8j + 7 of b (slots
+//     4t … 4t + 3 and 16 + 4t …), for A and B alike. A lane thus needs one 16-byte load per row
+//     and block, one scale code and one table per row and block, and its B bytes of a block are 32
+//     contiguous bytes per plane; with W = 2 a row's 4 lanes read a whole 128-byte line per stage
+//     (W = 1: half lines, 8 % slower at M = 2 — L2 requests, not bytes, were part of the bound);
 //   - the decode splits w' = p − n (p = |w'| where the sign bit is clear, else 0; n the other
 //     way round): p = prmt(pos, codes) with the selector's sign-replicate mode turning negative
 //     codes into 0 (the magnitudes' top bit is 0), n the same with the sign bits flipped — 7 ALU
 //     instructions per 8 codes instead of 11 — and four mma per step accumulate hi·p, hi·n,
 //     lo·p, lo·n; D = Σ·p − Σ·n is exact (each sum's bound is the method's, |.| < 2^31).
 // Rows, warps and the epilogue map are gemm_kernel's (128 rows per CTA, warp w rows 16w …).
-// What bounds it now (ncu, M = 2, before the L2 prefetch): the warps wait on their weight loads
-// (long scoreboard at the first use: 31 % of stall samples), 80 registers at three CTAs per SM
-// leave room for one stage in flight per warp besides the one computed; DRAM 62 %.
+// What bounded the W = 1 form at three CTAs per SM (ncu, M = 2, before the L2 prefetch): the
+// warps waited on their weight loads (31 % of stall samples at the first use), DRAM 62 %, L2 81 %.
 constexpr int kStripTokens = 8;  // one n8 fragment per token tile
 constexpr int kStripPad = 16;    // bytes after each token's plane row: B loads bank-conflict free
 
-__host__ __device__ constexpr size_t strip_smem(int K) {
+// A stage of W·128 columns: lane t of a row owns blocks W·t … W·t + W − 1 of it. W = 2 makes a
+// row's 4 lanes read one whole 128-byte line per stage. Its B chunks (16 bytes) are swizzled,
+// chunk c of a token row at c ^ ((c / 8) mod 2), and rows padded by 32 bytes, so that a
+// quarter-warp's 16-byte B loads (2 tokens × 4 lanes) fall on 8 distinct bank groups.
+template <int W>
+struct StripStage {
+  static constexpr int kBlocks = 4 * W, kCols = kBK * W;
+  __host__ __device__ static constexpr int row(int K) { return K + (W == 2 ? 32 : kStripPad); }
+  __device__ static int chunk(int c) { return W == 2 ? c ^ ((c >> 3) & 1) : c; }
+};
+
+template <int W>
+constexpr size_t strip_smem(int K) {
   // hi and lo planes of the tile's tokens, the rows' scale codes, slack for the partial stage's
   // (never used) reads past the last row
-  return size_t(2) * kStripTokens * size_t(K + kStripPad) + size_t(kBM) * size_t(K / c::kBlock) +
-         128;
+  return size_t(2) * kStripTokens * size_t(StripStage<W>::row(K)) +
+         size_t(kBM) * size_t(K / c::kBlock) + 256;
 }
 
 // Brings the line at p into L2 (no registers held; strip_kernel's weight rows PF stages ahead).
@@ -577,8 +590,10 @@ __device__ __forceinline__ void decode8_pn(uint32_t codes, uint32_t pos0, uint32
   n_hi = prmt(pos0, pos1, flip >> 16);
 }
 
-template <int D, int PF, int R>
-__global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
+template <int D, int PF, int R, int MINB, int W>
+__global__ void __launch_bounds__(kThreads, MINB) strip_kernel(GemmArgs a) {
+  using Sw = StripStage<W>;
+  constexpr int kSK = Sw::kBlocks, kSBK = Sw::kCols;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
   __shared__ int32_t s_tokrow[kStripTokens], s_tokemin[kStripTokens], s_tokst[kStripTokens],
@@ -592,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
   const int ntiles = min(R, (a.N + kBM - 1) / kBM - tile0);
   if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
   const Mxfp4ExpertView v = a.experts[g];
-  const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB, prow = K + kStripPad;
+  const int K = a.K, nb = K / c::kBlock, nkt = (nb + kSK - 1) / kSK, prow = Sw::row(K);
   uint8_t* const sHi = smem;
   uint8_t* const sLo = sHi + kStripTokens * prow;
   uint8_t* const sS = sLo + kStripTokens * prow;      // [kBM, nb] scale codes of the row tile
@@ -603,15 +618,18 @@ __global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
   // zero weights). start_rows points it at a row tile's first stage and loads D stages.
   const uint8_t *ws_lo = nullptr, *ws_hi = nullptr;
   int next_kt = 0;
-  uint4 wl[D], wh[D];
-  const auto load_w = [&](auto checked, uint4& l, uint4& h) {
-    if (!decltype(checked)::value || next_kt * kKB + tig < nb) {
-      l = __ldg(reinterpret_cast<const uint4*>(ws_lo));
-      h = __ldg(reinterpret_cast<const uint4*>(ws_hi));
-    } else {
-      l = make_uint4(0u, 0u, 0u, 0u), h = l;
+  uint4 wl[D][W], wh[D][W];
+  const auto load_w = [&](auto checked, uint4(&l)[W], uint4(&h)[W]) {
+#pragma unroll
+    for (int u = 0; u < W; u++) {
+      if (!decltype(checked)::value || next_kt * kSK + W * tig + u < nb) {
+        l[u] = __ldg(reinterpret_cast<const uint4*>(ws_lo) + u);
+        h[u] = __ldg(reinterpret_cast<const uint4*>(ws_hi) + u);
+      } else {
+        l[u] = make_uint4(0u, 0u, 0u, 0u), h[u] = l[u];
+      }
     }
-    ws_lo += kBK / 2, ws_hi += kBK / 2, next_kt++;
+    ws_lo += kSBK / 2, ws_hi += kSBK / 2, next_kt++;
   };
   const std::true_type checked;
   const std::false_type unchecked;
@@ -619,7 +637,7 @@ __global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
     const uint8_t* sc;
     row_source(a, v, row0 + r_lo, ws_lo, sc);
     row_source(a, v, row0 + r_hi, ws_hi, sc);
-    ws_lo += tig * 16, ws_hi += tig * 16, next_kt = 0;
+    ws_lo += tig * 16 * W, ws_hi += tig * 16 * W, next_kt = 0;
 #pragma unroll
     for (int d = 0; d < D; d++)
       if (d < nkt) load_w(checked, wl[d], wh[d]);
@@ -655,7 +673,8 @@ __global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
         const int t = j / cpr, ch = j - t * cpr;
         const int row = a.row_map ? __ldg(a.row_map + pt + t) : pt + t;
         const size_t src = size_t(row) * size_t(K) + size_t(ch) * 16;
-        cp16((pl ? sLo : sHi) + t * prow + ch * 16, (pl ? a.planes.lo : a.planes.hi) + src);
+        cp16((pl ? sLo : sHi) + t * prow + Sw::chunk(ch) * 16,
+             (pl ? a.planes.lo : a.planes.hi) + src);
       }
     }
     cp_commit();
@@ -670,50 +689,57 @@ __global__ void __launch_bounds__(kThreads, 3) strip_kernel(GemmArgs a) {
       int hp[4] = {0, 0, 0, 0}, hn[4] = {0, 0, 0, 0}, lp[4] = {0, 0, 0, 0}, ln[4] = {0, 0, 0, 0};
       // This lane's scale codes (offsets of their tables in s_tab after the window scan) and B
       // bytes of the next stage to compute.
-      const uint8_t *cd_lo = sS + r_lo * nb + tig, *cd_hi = sS + r_hi * nb + tig;
-      const uint8_t *bh = sHi + gid * prow + tig * 32, *bl = sLo + gid * prow + tig * 32;
+      const uint8_t *cd_lo = sS + r_lo * nb + W * tig, *cd_hi = sS + r_hi * nb + W * tig;
+      // B: chunk e of the lane's 2·W chunks of a stage at 16·(e ^ sx) (Sw::chunk's swizzle).
+      const int sx = W == 2 ? (tig >> 1) : 0;
+      const uint8_t *bh = sHi + gid * prow + tig * 32 * W, *bl = sLo + gid * prow + tig * 32 * W;
       int stage_kt = 0;
-      // One stage: the lane's block 4·kt + tig of both rows, four steps of 8 elements.
-      const auto stage = [&](auto checked_tag, const uint4& w_lo, const uint4& w_hi) {
-        // Past the row's end (a partial last stage) the weights are zero: any table will do.
-        const bool in = !decltype(checked_tag)::value || stage_kt * kKB + tig < nb;
+      // One stage: the lane's W blocks W·(kSK/W·kt + tig) + u of both rows, four steps of 8
+      // elements each.
+      const auto stage = [&](auto checked_tag, const uint4(&w_lo)[W], const uint4(&w_hi)[W]) {
         const uint8_t* const tab = reinterpret_cast<const uint8_t*>(s_tab);
-        const uint2 tl = *reinterpret_cast<const uint2*>(tab + (in ? *cd_lo : 0));
-        const uint2 th = *reinterpret_cast<const uint2*>(tab + (in ? *cd_hi : 0));
-        const uint32_t cl[4] = {w_lo.x, w_lo.y, w_lo.z, w_lo.w};
-        const uint32_t ch[4] = {w_hi.x, w_hi.y, w_hi.z, w_hi.w};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const uint4 qh = *reinterpret_cast<const uint4*>(bh + 16 * h);
-          const uint4 ql = *reinterpret_cast<const uint4*>(bl + 16 * h);
+        for (int u = 0; u < W; u++) {
+          // Past the row's end (a partial last stage) the weights are zero: any table will do.
+          const bool in = !decltype(checked_tag)::value || stage_kt * kSK + W * tig + u < nb;
+          const uint2 tl = *reinterpret_cast<const uint2*>(tab + (in ? cd_lo[u] : 0));
+          const uint2 th = *reinterpret_cast<const uint2*>(tab + (in ? cd_hi[u] : 0));
+          const uint32_t cl[4] = {w_lo[u].x, w_lo[u].y, w_lo[u].z, w_lo[u].w};
+          const uint32_t ch[4] = {w_hi[u].x, w_hi[u].y, w_hi[u].z, w_hi[u].w};
 #pragma unroll
-          for (int s = 0; s < 2; s++) {
-            const int j = 2 * h + s;
-            uint32_t pa0, pa2, na0, na2, pa1, pa3, na1, na3;
-            decode8_pn(cl[j], tl.x, tl.y, pa0, pa2, na0, na2);
-            decode8_pn(ch[j], th.x, th.y, pa1, pa3, na1, na3);
-            const uint32_t bh0 = s ? qh.z : qh.x, bh1 = s ? qh.w : qh.y;
-            const uint32_t bl0 = s ? ql.z : ql.x, bl1 = s ? ql.w : ql.y;
-            mma_s8(hp, pa0, pa1, pa2, pa3, bh0, bh1);
-            mma_s8(lp, pa0, pa1, pa2, pa3, bl0, bl1);
-            mma_s8(hn, na0, na1, na2, na3, bh0, bh1);
-            mma_s8(ln, na0, na1, na2, na3, bl0, bl1);
+          for (int h = 0; h < 2; h++) {
+            const int e = (2 * u + h) ^ sx;
+            const uint4 qh = *reinterpret_cast<const uint4*>(bh + 16 * e);
+            const uint4 ql = *reinterpret_cast<const uint4*>(bl + 16 * e);
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+              const int j = 2 * h + s;
+              uint32_t pa0, pa2, na0, na2, pa1, pa3, na1, na3;
+              decode8_pn(cl[j], tl.x, tl.y, pa0, pa2, na0, na2);
+              decode8_pn(ch[j], th.x, th.y, pa1, pa3, na1, na3);
+              const uint32_t bh0 = s ? qh.z : qh.x, bh1 = s ? qh.w : qh.y;
+              const uint32_t bl0 = s ? ql.z : ql.x, bl1 = s ? ql.w : ql.y;
+              mma_s8(hp, pa0, pa1, pa2, pa3, bh0, bh1);
+              mma_s8(lp, pa0, pa1, pa2, pa3, bl0, bl1);
+              mma_s8(hn, na0, na1, na2, na3, bh0, bh1);
+              mma_s8(ln, na0, na1, na2, na3, bl0, bl1);
+            }
           }
         }
-        cd_lo += kKB, cd_hi += kKB, bh += kBK, bl += kBK, stage_kt++;
+        cd_lo += kSK, cd_hi += kSK, bh += kSBK, bl += kSBK, stage_kt++;
       };
       // D stages per trip: stage kt + d from slot d while the next D − 1 are in flight, then the
       // slot takes kt + d + D; the rows' stages PF ahead of the loads are prefetched into L2.
       // Whole stages (K a multiple of 128, K3's widths) run unchecked until the last D.
       int kt = 0;
-      if (nb % kKB == 0) {
+      if (nb % kSK == 0) {
         for (; kt + 2 * D <= nkt; kt += D) {
 #pragma unroll
           for (int d = 0; d < D; d++) {
             stage(unchecked, wl[d], wh[d]);
             if (PF > 0 && tig == 0 && kt + d + D + PF < nkt) {
-              prefetch_l2(ws_lo + PF * (kBK / 2));
-              prefetch_l2(ws_hi + PF * (kBK / 2));
+              prefetch_l2(ws_lo + PF * (kSBK / 2));
+              prefetch_l2(ws_hi + PF * (kSBK / 2));
             }
             load_w(unchecked, wl[d], wh[d]);
           }
@@ -1310,23 +1336,25 @@ Status launch_tile(const GemmArgs& a, int G, void* stream) {
   return kernels::detail::launch_status();
 }
 
-template <int D, int PF, int R>
+template <int D, int PF, int R, int MINB, int W>
 Status launch_strip(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = strip_smem(a.K);
-  if (Status st = rt::allow_dynamic_smem(strip_kernel<D, PF, R>, int(smem)); !st.ok()) return st;
+  const size_t smem = strip_smem<W>(a.K);
+  if (Status st = rt::allow_dynamic_smem(strip_kernel<D, PF, R, MINB, W>, int(smem)); !st.ok())
+    return st;
   const dim3 grid(unsigned(((a.N + kBM - 1) / kBM + R - 1) / R), unsigned(G));
-  strip_kernel<D, PF, R><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  strip_kernel<D, PF, R, MINB, W><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
 
 // The form and tile by the mean tokens per expert (host counts; the per-group counts are on the
-// device). Below a mean of 8 the strip form (measured on the H200, moe-batch M = 1–4: 0.76–0.82 ms
-// against 1.02–1.06 for gemm_kernel's 16-token tile; `--tokens 64 256`: 3.39 / 5.50 ms against
-// 4.61 / 7.12; a ring of D = 3 stages spilled and ran 5 % slower, the prefetch 8 stages ahead 1 %
-// slower than 4, R = 1 and 4 row tiles per CTA within 2 % of R = 2). Three CTAs per SM for the
-// 32-token tile (T = 1024 12.2 ms against 13.4 at 32 × 4 stages and two CTAs; docs/performance.md).
+// device). Below a mean of 8 the strip form, 256-column stages (W = 2) in a ring of 2, the L2
+// prefetch 2 stages ahead, 2 row tiles per CTA, two CTAs per SM (measured on the H200, moe-batch
+// M = 1–4: 0.70–0.77 ms against 1.02–1.06 for gemm_kernel's 16-token tile and 0.77–0.82 for the
+// W = 1 form at three CTAs; `--tokens 64 256`: 3.15 / 5.16 ms against 4.61 / 7.12; the variants
+// measured and dropped are in docs/performance.md). Three CTAs per SM for the 32-token tile
+// (T = 1024 12.2 ms against 13.4 at 32 × 4 stages and two CTAs).
 Status launch(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_strip<2, 4, 2>(a, G, stream);
+  if (P < 8 * G) return launch_strip<2, 2, 2, 2, 2>(a, G, stream);
   if (P < 32 * G) return launch_tile<32, 3, 3>(a, G, stream);
   return launch_tile<64, 3, 2>(a, G, stream);
 }
