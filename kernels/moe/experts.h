@@ -59,6 +59,8 @@ inline constexpr int kImmaMinMeanPairsPerGroup = 12;
 // GEMV 0.543 / 1.118 / 1.591 ms at M = 1 / 2 / 3, GEMM 1.002 / 1.025 / 1.041 ms — GEMV time grows
 // ≈ 0.5 ms per token, GEMM's stays near the weight stream; and at T = 64 (610 experts, a mean of
 // 1.7, most groups of 1 or 2) GEMM 4.58 against GEMV 4.96 ms. They cross between 1 and 1.7: 1.5.
+// Since the GEMM path's strip form (below a mean of 8): GEMM 0.700 / 0.730 ms at M = 1 / 2 against
+// GEMV 0.544 / 1.121, T = 64 3.14 against 4.99 ms — the crossing stays between 1 and 2.
 // Like the grids, the GEMM's tile size is chosen from the host counts P and G (G the capacity when
 // the groups are built on the device).
 inline constexpr double kGemmMinMeanPairsPerGroup = 1.5;
