@@ -313,7 +313,9 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
 }
 
 // `strata bench hw`: our GPU kernels' rates as weight GB/s at M tokens — grouped_experts over 128
-// K3 experts with exactly M tokens each (the automatic path, as the engine launches it), and the
+// K3 experts with exactly M tokens each (the automatic path, as the engine launches it: GEMV at 1,
+// the GEMM path's strip form at 2 and 4, its 32-token tile at 8 and 16, the wgmma form at 64 and
+// 256 — the curve bends between them, so each gets a point), and the
 // trunk's cuBLASLt GEMM (kda q/k/v/g_proj, 12288 × 7168, weights rotating through 3 GiB) at M
 // tokens. Fills hw.kernels.gpu_expert and gpu_trunk.
 void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick) {
@@ -323,7 +325,7 @@ void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool qui
     ExpertPool pool;
     constexpr int kGroups = 8;  // 128 experts = 2.2 GB per call, ≫ L2
     offload::RateCurve c;
-    for (int M : quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 4, 16, 64, 256}) {
+    for (int M : quick ? std::vector<int>{1, 16, 256} : std::vector<int>{1, 2, 4, 8, 16, 64, 256}) {
       Routed batch(pool, M * kGroups, rng, 0, kGroups);
       kernels::device_sync("bench setup");
       BenchLine g;
