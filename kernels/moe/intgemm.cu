@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
 // What bounded the W = 1 form at three CTAs per SM (ncu, M = 2, before the L2 prefetch): the
 // warps waited on their weight loads (31 % of stall samples at the first use), DRAM 62 %, L2 81 %.
 constexpr int kStripTokens = 8;  // one n8 fragment per token tile
-constexpr int kStripPad = 16;    // bytes after each token's plane row: B loads bank-conflict free
+constexpr int kStripPad = 16;    // bytes after a token's plane row at W = 1 (StripStage::row)
 
 // A stage of W·128 columns: lane t of a row owns blocks W·t … W·t + W − 1 of it. W = 2 makes a
 // row's 4 lanes read one whole 128-byte line per stage. Its B chunks (16 bytes) are swizzled,
@@ -613,9 +613,10 @@ __global__ void __launch_bounds__(kThreads, MINB) strip_kernel(GemmArgs a) {
   uint8_t* const sS = sLo + kStripTokens * prow;      // [kBM, nb] scale codes of the row tile
   const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;  // this lane's rows of a row tile
 
-  // The weight stream of this lane's two rows: ws_lo / ws_hi the next stage to load (block
-  // 4·kt + tig); checked: the last stage may be partial (past the row's end, zero codes decode to
-  // zero weights). start_rows points it at a row tile's first stage and loads D stages.
+  // The weight stream of this lane's two rows: ws_lo / ws_hi the next stage to load (blocks
+  // kSK·kt + W·tig + u, u < W); checked: the last stage may be partial (past the row's end, zero
+  // codes decode to zero weights). start_rows points it at a row tile's first stage and loads D
+  // stages.
   const uint8_t *ws_lo = nullptr, *ws_hi = nullptr;
   int next_kt = 0;
   uint4 wl[D][W], wh[D][W];
