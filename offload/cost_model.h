@@ -111,10 +111,13 @@ struct CostAssumptions {
   // The fast CPU trunk (issue 23, not written yet) streams weights at 80 % of memory read (its
   // target).
   double cpu_trunk_bf16_read_efficiency = 0.80;
-  // GPU grouped experts: decode GEMV at 80 % of HBM copy; grouped GEMM ≈ 35 TFLOP/s of ≈ 750
-  // (docs/performance.md "MXFP4 routed experts", DESIGN "Where the time of a job goes").
+  // GPU grouped experts when the hardware file has no measured curve (kernels.gpu_expert): the
+  // weight stream at 80 % of HBM copy (H200: the GEMV 97.7 % at one token per expert, the GEMM
+  // path's strip form 70–76 % at 1–4), the compute-bound regime at 19 % of the bf16 peak (the GEMM
+  // path's wgmma form at a mean of 73 tokens per expert: 152.6 of 803.9 TFLOP/s; it was 4.7 %, the
+  // IMMA path's rate, until 2026-12-02; docs/performance.md "MoE experts on the GPU").
   double gpu_expert_hbm_efficiency = 0.80;
-  double gpu_expert_gemm_efficiency = 0.047;
+  double gpu_expert_gemm_efficiency = 0.19;
   // GPU trunk: GEMV at 85 % of HBM copy, GEMM at 90 % of the bf16 peak (kernels/gemm measured).
   double gpu_trunk_hbm_efficiency = 0.85;
   double gpu_trunk_gemm_efficiency = 0.90;
