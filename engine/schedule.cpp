@@ -161,8 +161,9 @@ std::vector<std::vector<float>> Schedule::step(std::span<const SeqChunk> chunks)
   }
   if (!rows.empty()) {
     const int64_t V = c_.vocab_size;
-    std::vector<float> all(rows.size() * size_t(V));
-    head(st, rows, all.data());
+    if (logits_.size() < rows.size() * size_t(V)) logits_.resize(rows.size() * size_t(V));
+    const std::vector<float>& all = logits_;
+    head(st, rows, logits_.data());
     size_t r = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
       const int64_t n = chunks[i].all_logits ? s.seqs[i].T : chunks[i].want_logits ? 1 : 0;

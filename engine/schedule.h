@@ -63,9 +63,10 @@ class Schedule {
   Backend& b_;
   const ModelConfig& c_;
   ScheduleOptions opt_;
-  bool single_ = true;       // the current step has one sequence (dumps allowed)
-  Act x_, h_, a_;            // this step's scratch activations [rows, D]
-  std::vector<float> host_;  // dump staging
+  bool single_ = true;         // the current step has one sequence (dumps allowed)
+  Act x_, h_, a_;              // this step's scratch activations [rows, D]
+  std::vector<float> host_;    // dump staging
+  std::vector<float> logits_;  // the step's host logits, grown as needed and never zero-filled
 };
 
 }  // namespace strata::engine

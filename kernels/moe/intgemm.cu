@@ -1286,44 +1286,59 @@ __global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
   probe_one<24>(out + 64 * 16, sA, sB);
 }
 
-// Per input row: metadata (e_min, status) and, for rows inside the window, the two planes.
-// One warp per row.
-constexpr int kPlaneWarps = 8;
-__global__ void __launch_bounds__(kPlaneWarps * 32)
-    planes_kernel(QuantRows in, int rows, int K, Planes out) {
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kPlaneWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
+// Per input row: metadata (e_min, status) and, for rows inside the window, the two planes. One
+// CTA per row: its threads scan the row's blocks (min/max of the nonzero blocks' exponents,
+// poisoned?) and reduce them, then split 16 bytes each. A zero element splits to (0, 0) whatever
+// its block's exponent, so only nonzero elements are shifted (a zero block's exponent may lie
+// outside the window).
+constexpr int kPlaneThreads = 128;
+__global__ void __launch_bounds__(kPlaneThreads) planes_kernel(QuantRows in, int K, Planes out) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const size_t row = blockIdx.x;
   const int nb = K / c::kBlock;
-  const int8_t* q = in.q + size_t(row) * K;
-  const int32_t* e = in.e + size_t(row) * nb;
+  const int8_t* q = in.q + row * size_t(K);
+  const int32_t* e = in.e + row * size_t(nb);
   is::TokenScan s;
-  for (int b = lane; b < nb; b += 32) {
+  for (int b = tid; b < nb; b += kPlaneThreads) {
     const uint4* qb = reinterpret_cast<const uint4*>(q + size_t(b) * c::kBlock);
     const uint4 x0 = qb[0], x1 = qb[1];
     const bool nz = (x0.x | x0.y | x0.z | x0.w | x1.x | x1.y | x1.z | x1.w) != 0u;
     const int ex = e[b];
     is::token_scan_add(s, ex, nz, ex == kPoisonedBlock);
   }
+  __shared__ int32_t red[3][kPlaneThreads / 32];
   s.mn = __reduce_min_sync(0xffffffffu, s.mn);
   s.mx = __reduce_max_sync(0xffffffffu, s.mx);
-  s.poisoned = __any_sync(0xffffffffu, s.poisoned);
+  const bool poisoned = __any_sync(0xffffffffu, s.poisoned);
+  if (lane == 0) red[0][warp] = s.mn, red[1][warp] = s.mx, red[2][warp] = poisoned;
+  __syncthreads();
+  for (int w = 0; w < kPlaneThreads / 32; w++) {
+    s.mn = min(s.mn, red[0][w]);
+    s.mx = max(s.mx, red[1][w]);
+    s.poisoned = s.poisoned || red[2][w] != 0;
+  }
   const is::TokenMeta m = is::token_meta_finish(s);
-  if (lane == 0) out.meta[2 * size_t(row)] = m.e_min, out.meta[2 * size_t(row) + 1] = m.status;
+  if (tid == 0) out.meta[2 * row] = m.e_min, out.meta[2 * row + 1] = m.status;
   if (m.status != is::kTokenOk) return;  // planes unused: strict path or NaN
-  for (int b = 0; b < nb; b++) {
-    const size_t i = size_t(row) * K + size_t(b) * c::kBlock + lane;
-    const int qv = q[size_t(b) * c::kBlock + lane];
-    int8_t hi = 0, lo = 0;
-    if (__any_sync(0xffffffffu, qv != 0)) is::split_plane(qv, e[b] - m.e_min, hi, lo);
-    out.hi[i] = hi, out.lo[i] = lo;
+  for (int c16 = tid; c16 < K / 16; c16 += kPlaneThreads) {
+    const size_t i = row * size_t(K) + size_t(c16) * 16;
+    const int sx = e[c16 >> 1] - m.e_min;
+    alignas(16) int8_t v[16], hi[16], lo[16];
+    *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(q + size_t(c16) * 16);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      hi[j] = 0, lo[j] = 0;
+      if (v[j] != 0) is::split_plane(v[j], sx, hi[j], lo[j]);
+    }
+    *reinterpret_cast<uint4*>(out.hi + i) = *reinterpret_cast<const uint4*>(hi);
+    *reinterpret_cast<uint4*>(out.lo + i) = *reinterpret_cast<const uint4*>(lo);
   }
 }
 
 Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void* stream) {
   if (rows == 0) return {};
-  planes_kernel<<<unsigned((rows + kPlaneWarps - 1) / kPlaneWarps), kPlaneWarps * 32, 0,
-                  kernels::detail::as_stream(stream)>>>(in, rows, K, out);
+  planes_kernel<<<unsigned(rows), kPlaneThreads, 0, kernels::detail::as_stream(stream)>>>(in, K,
+                                                                                          out);
   return kernels::detail::launch_status();
 }
 

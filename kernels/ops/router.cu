@@ -66,29 +66,44 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     __syncwarp();
   }
-  if (lane == 0) {
-    int s[kMaxTopk];
-    for (int k = 0; k < rp.topk; k++) {  // insertion sort by increasing id
-      int v = sel[k], j = k;
-      while (j > 0 && s[j - 1] > v) s[j] = s[j - 1], j--;
-      s[j] = v;
+  // The picks in increasing id (the oracle sorts its pick list, duplicates included: a row of
+  // NaN or −∞ choices can pick an id twice): each expert's pick count, then one warp scan of the
+  // counts per 32 experts places its id count times. Weights in parallel, one lane per pick; the
+  // normaliser summed in that order by every lane (the oracle's order of additions).
+  int* count = reinterpret_cast<int*>(choice);
+  for (int e = lane; e < E; e += 32) count[e] = 0;
+  __syncwarp();
+  for (int k = lane; k < rp.topk; k += 32) atomicAdd(&count[sel[k]], 1);
+  __syncwarp();
+  int base = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int c = e0 + lane < E ? count[e0 + lane] : 0;
+    int incl = c;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int o = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += o;
     }
-    float w[kMaxTopk];
-    float sum = 0.0f;
-    for (int k = 0; k < rp.topk; k++) {
-      w[k] = rp.form == RouterForm::biased_in_place && rp.bias
-                 ? __fadd_rn(score[s[k]], rp.bias[s[k]])
-                 : score[s[k]];
-      sum = __fadd_rn(sum, w[k]);
-    }
-    const float denom = __fadd_rn(sum, 1e-20f);
-    int32_t* io = ids + t * rp.topk;
-    float* wo = weights + t * rp.topk;
-    for (int k = 0; k < rp.topk; k++) {
-      float v = rp.renormalize ? __fdiv_rn(w[k], denom) : w[k];
-      io[k] = s[k];
-      wo[k] = __fmul_rn(v, rp.scaling);
-    }
+    __syncwarp();
+    for (int j = incl - c; j < incl; j++) sel[base + j] = e0 + lane;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  __syncwarp();
+  float w = 0.0f;
+  int id = 0;
+  if (lane < rp.topk) {
+    id = sel[lane];
+    w = rp.form == RouterForm::biased_in_place && rp.bias ? __fadd_rn(score[id], rp.bias[id])
+                                                          : score[id];
+    choice[lane] = w;  // the counts are used up: the row holds the weights now
+  }
+  __syncwarp();
+  float sum = 0.0f;
+  for (int k = 0; k < rp.topk; k++) sum = __fadd_rn(sum, choice[k]);
+  const float denom = __fadd_rn(sum, 1e-20f);
+  if (lane < rp.topk) {
+    const float v = rp.renormalize ? __fdiv_rn(w, denom) : w;
+    ids[t * rp.topk + lane] = id;
+    weights[t * rp.topk + lane] = __fmul_rn(v, rp.scaling);
   }
 }
 

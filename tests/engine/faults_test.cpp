@@ -289,6 +289,15 @@ TEST_CASE("faults: check_finite names the first non-finite element", "[faults][n
   CHECK(first_non_finite(y.data(), int64_t(y.size())) == -1);
   y[4321] = -std::numeric_limits<float>::infinity();
   CHECK(first_non_finite(y.data(), int64_t(y.size())) == 4321);
+  // A batch's logits (above 1 Mi elements: scanned in pieces on the worker threads): the first
+  // failing element wins even when a later piece also fails; none → -1.
+  std::vector<float> z(size_t(8) * 163840 + 77, 0.25f);
+  CHECK(first_non_finite(z.data(), int64_t(z.size())) == -1);
+  z[z.size() - 1] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(first_non_finite(z.data(), int64_t(z.size())) == int64_t(z.size()) - 1);
+  z[900001] = std::numeric_limits<float>::infinity();
+  z[300000] = -std::numeric_limits<float>::infinity();
+  CHECK(first_non_finite(z.data(), int64_t(z.size())) == 300000);
   std::vector<uint16_t> h(9000, 0x3F80);  // bf16 1.0
   CHECK(first_non_finite_bf16(h.data(), int64_t(h.size())) == -1);
   h[8999] = 0xFF80;  // -Inf
