@@ -89,11 +89,6 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
   const int cta_row0 = rank * kCtaRows, row0 = cta_row0 + warp * kRows;  // first v of CTA, warp
   __shared__ __align__(16) float qn[D], kn[D], al[D];
   __shared__ float vv[kCtaRows], ss_qk[kWarps], ss_part[kSplit * kWarps];
-  // Launched as a programmatic dependent (launch below): the next step's grid may be scheduled
-  // now, and this one waits for the kernel before it (its inputs, the previous step's state) to
-  // finish before reading or writing anything.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   // 1. The state rows, before anything they do not depend on (split > 1).
   float* Sh = st.recurrent + (int64_t(b) * H + h) * D * D + int64_t(row0) * D;
@@ -240,18 +235,13 @@ Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, u
   cfg.gridDim = dim3(p.H * kSplit, B);
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
-  // Programmatic stream serialization: the grid may launch while the kernel before it drains
-  // (decode_step waits for it before touching memory), so in a captured decode step the launch
-  // and ramp-up overlap the previous kernel's tail.
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = kSplit;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kSplit;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = kSplit > 1 ? 2 : 1;
+  cfg.numAttrs = kSplit > 1 ? 1 : 0;
   return status_of(cudaLaunchKernelEx(&cfg, decode_step<kSplit>, p, in, st, y, o_raw));
 }
 
