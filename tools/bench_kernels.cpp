@@ -279,7 +279,8 @@ void bench_kda(const KernelBenchContext& ctx, BenchReport& r) {
 
 // ---- MLA ----------------------------------------------------------------------------------------
 
-void bench_mla(const KernelBenchContext& ctx, BenchReport& r) {
+// Two cases, "mla/decode" and "mla/prefill", so that --filter selects either (--filter mla both).
+void bench_mla_decode(const KernelBenchContext& ctx, BenchReport& r) {
   namespace mla = kernels::mla;
   const int H = 96;
   const size_t kvb_elems = size_t(H) * 256 * mla::kLatent;
@@ -307,7 +308,8 @@ void bench_mla(const KernelBenchContext& ctx, BenchReport& r) {
     };
     BenchLine l;
     l.name = "mla/decode B=" + std::to_string(c.B) + " S=" + std::to_string(c.S);
-    l.shape = "H=96 latent 512+64, absorbed";
+    l.shape = std::string("H=96 latent 512+64, absorbed, ") +
+              mla::decode_kernel_name(mla::default_decode_kernel()) + " kernel";
     l.time = stats(kernels::gpu_time(run, nullptr, ctx.repeats, 1));
     l.bytes = double(cache_elems) * 2 + double(kvb_elems) * 2;
     l.flops = 2.0 * c.B * double(c.S) * H * (mla::kCacheDim + mla::kLatent);
@@ -316,6 +318,14 @@ void bench_mla(const KernelBenchContext& ctx, BenchReport& r) {
     l.note = fmt("%.1f TFLOP/s; target >= 70%% of copy", l.tflops());
     r.add(l);
   }
+}
+
+void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
+  namespace mla = kernels::mla;
+  const int H = 96;
+  const size_t kvb_elems = size_t(H) * 256 * mla::kLatent;
+  Dev kvb(kvb_elems * 2);
+  fill_bf16(kvb.p, kvb_elems, 21, 1.f / 22.6f);
   // Prefill of a fresh prompt of T tokens (S = T).
   for (int64_t T : ctx.quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{4096, 16384}) {
     const int64_t S = T;
@@ -473,7 +483,8 @@ void bench_ops(const KernelBenchContext& ctx, BenchReport& r) {
 }
 
 STRATA_KERNEL_BENCH("kda", bench_kda);
-STRATA_KERNEL_BENCH("mla", bench_mla);
+STRATA_KERNEL_BENCH("mla/decode", bench_mla_decode);
+STRATA_KERNEL_BENCH("mla/prefill", bench_mla_prefill);
 STRATA_KERNEL_BENCH("ops", bench_ops);
 STRATA_KERNEL_BENCH("moe", [](const KernelBenchContext& ctx, BenchReport& r) {
   bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops, ctx.moe_tokens);

@@ -68,7 +68,19 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
                uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream);
 
-// Workspace of decode() for B sequences whose longest cache holds max_len positions.
+// The split-attention kernel of decode() and decode_device(): mma (the default: 48 heads per
+// block on mma.sync) or wgmma (64 heads per block on wgmma, the cache tile read from shared memory
+// once per 64 heads; correct, but slower on the H200 so far: 20.7-22.4 % of copy against
+// 26.3-29.1 %, docs/performance.md). Both give the same result up to fp32 summation order and the
+// bf16 rounding flips it causes; each is deterministic for a given (H, B, max_len) and lengths.
+// The process default is read once from the environment: STRATA_MLA_DECODE=wgmma selects the
+// wgmma kernel, anything else (or unset) mma.
+enum class DecodeKernel { wgmma, mma };
+DecodeKernel default_decode_kernel();
+const char* decode_kernel_name(DecodeKernel k);
+
+// Workspace of decode() for B sequences whose longest cache holds max_len positions (either
+// kernel).
 size_t decode_workspace_bytes(int H, int B, int64_t max_len);
 
 // One decode token for each of B sequences, absorbed form (spec §5.3): q_lat = bf16(W_UKᵀ q_nope),
@@ -78,7 +90,7 @@ size_t decode_workspace_bytes(int H, int B, int64_t max_len);
 // lens_host: B HOST int32 lengths (>= 1); out: [B, H, 128].
 Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
               const int32_t* lens_host, int B, const uint16_t* kv_b, uint16_t* out, void* workspace,
-              size_t workspace_bytes, void* stream);
+              size_t workspace_bytes, void* stream, DecodeKernel kernel = default_decode_kernel());
 
 // decode() for CUDA graphs: sequence b's new token is at position pos_dev[b] (device memory, read
 // when the kernels run), so it attends to cache rows 0 .. pos_dev[b]; the split plan and the grids
@@ -90,7 +102,8 @@ Status decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_str
 // Workspace: decode_workspace_bytes(H, B, max_len).
 Status decode_device(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
                      const int32_t* pos_dev, int B, int64_t max_len, const uint16_t* kv_b,
-                     uint16_t* out, void* workspace, size_t workspace_bytes, void* stream);
+                     uint16_t* out, void* workspace, size_t workspace_bytes, void* stream,
+                     DecodeKernel kernel = default_decode_kernel());
 
 // FLOPs of causal prefill attention (QKᵀ and PV, 2 per multiply-add) for T queries over S
 // positions; the kv expansion adds 2·S·512·H·256.

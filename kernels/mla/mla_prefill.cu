@@ -30,6 +30,7 @@
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mma.cuh"
+#include "kernels/mla/wgmma.cuh"
 
 namespace strata::kernels::mla {
 namespace {
@@ -87,10 +88,6 @@ constexpr size_t kAttnSmem2 =
 static_assert(kAttnSmem2 <= 227 * 1024, "attn_prefill tiles exceed sm_90 shared memory");
 static_assert(kBQ2 == 16 * kWarps2, "one warp per 16 query rows");
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
 // 16-byte global → shared copy that bypasses L1; a false `valid` writes 16 zero bytes instead.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -111,21 +108,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint3
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
-}
-
-// 2^x on the SFU (ex2.approx, relative error ~2^-22; results below 2^-126 flush to 0, far below
-// the bf16 resolution of P).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two floats → bf16x2 (round to nearest even): lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
-  uint32_t u;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(u) : "f"(hi), "f"(lo));
-  return u;
 }
 
 // Prefill attention variants, a compile-time choice. Measured on the H200 (strata bench kernels,
@@ -198,77 +180,6 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const uint16_t* kv_
   for (int i = 0; i < 2; i++)
     cp_async16(stage + uint32_t(k_chunk_offset<kMode>(lj, kNope / 8 + i * 4 + lc)), pe + i * 32,
                ok);
-}
-
-// wgmma helpers (sm_90a). The descriptor of a no-swizzle K-major operand: start address, leading
-// (K-direction) and stride (M/N-direction) byte offsets, each in 16-byte units.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lead_bytes,
-                                               uint32_t stride_bytes) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead_bytes >> 4) << 16) |
-         (uint64_t(stride_bytes >> 4) << 32);
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Makes later reads of the accumulators depend on the wait above (no hoisting past it).
-__device__ __forceinline__ void reg_fence(float& x) {
-  asm volatile("" : "+f"(x)::"memory");
-}
-// Generic-proxy writes (cp.async) → async-proxy reads (wgmma) of shared memory.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// D[64×64] += A[64×16] · B[16×64]: A from registers (each warp of the warpgroup holds its 16 rows
-// in the mma.m16n8k16 A layout), B from shared memory (descriptor); D in the m16n8 C layout per
-// 8-column block: d[4n..4n+3] = sc[n][0..3].
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[kBK2 / 8][4], const uint32_t* a,
-                                                uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-      "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-}
-
-// O[64×128] += P[64×16] · V[16×128]: P from registers (mma A layout per warp), V from shared
-// memory as an MN-major (transposed, imm-trans-b = 1) operand; O in the m16n8 C layout per 8-column
-// block.
-__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[kV / 8][4], const uint32_t* a,
-                                                    uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-      "{%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
-        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
-        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
-        "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
 // One 64-key tile of the online softmax for this thread's two rows (pos_lo, pos_hi): masks the

@@ -128,7 +128,8 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
 
 // cap > 0: decode_device, the positions (lens − 1, or `pos` when given) in device memory and the
 // plan for cap positions; with cap equal to the longest length the result must also be bitwise
-// the host-length decode's (the same plan).
+// the host-length decode's (the same plan). Every case runs both attention kernels (wgmma, the
+// default, and mma): each against the reference, and the two against each other.
 void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int64_t cap = 0,
                      std::vector<int32_t> pos = {}) {
   skip_without_gpu();
@@ -144,39 +145,46 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
       rows.bits[b * stride + i] = 0x7fc0;
       rows.f32[b * stride + i] = NAN;
     }
-  DevBuf<uint16_t> d_kvb(kvb.bits), d_q(q.bits), d_cache(rows.bits), d_out(int64_t(B) * H * km::kV);
-  d_out.fill_bytes(0xff);
+  DevBuf<uint16_t> d_kvb(kvb.bits), d_q(q.bits), d_cache(rows.bits);
   const size_t wsb = km::decode_workspace_bytes(H, B, Lmax);
-  DevBuf<uint8_t> ws(wsb);
-  ws.fill_bytes(0xff);
-  kernels::Status s;
-  if (cap > 0) {
-    if (pos.empty())
-      for (int32_t L : lens) pos.push_back(L - 1);
-    DevBuf<int32_t> d_pos(pos);
-    const size_t wsd = km::decode_workspace_bytes(H, B, cap);
-    DevBuf<uint8_t> wsc(wsd);
-    wsc.fill_bytes(0xff);
-    s = km::decode_device(H, d_q.p, d_cache.p, stride, d_pos.p, B, cap, d_kvb.p, d_out.p, wsc.p,
-                          wsd, nullptr);
-    INFO(s.message);
-    REQUIRE(s.ok());
-    CUDA_REQUIRE(cudaDeviceSynchronize());
-    if (cap == Lmax) {
-      DevBuf<uint16_t> d_host(int64_t(B) * H * km::kV);
-      s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_host.p, ws.p, wsb,
-                     nullptr);
+  if (cap > 0 && pos.empty())
+    for (int32_t L : lens) pos.push_back(L - 1);
+  auto run = [&](km::DecodeKernel kernel) {
+    INFO(km::decode_kernel_name(kernel) << " kernel");
+    DevBuf<uint16_t> d_out(int64_t(B) * H * km::kV);
+    d_out.fill_bytes(0xff);
+    DevBuf<uint8_t> ws(wsb);
+    ws.fill_bytes(0xff);
+    kernels::Status s;
+    if (cap > 0) {
+      DevBuf<int32_t> d_pos(pos);
+      const size_t wsd = km::decode_workspace_bytes(H, B, cap);
+      DevBuf<uint8_t> wsc(wsd);
+      wsc.fill_bytes(0xff);
+      s = km::decode_device(H, d_q.p, d_cache.p, stride, d_pos.p, B, cap, d_kvb.p, d_out.p, wsc.p,
+                            wsd, nullptr, kernel);
+      INFO(s.message);
       REQUIRE(s.ok());
       CUDA_REQUIRE(cudaDeviceSynchronize());
-      CHECK(d_host.download() == d_out.download());  // bit for bit
+      if (cap == Lmax) {
+        DevBuf<uint16_t> d_host(int64_t(B) * H * km::kV);
+        s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_host.p, ws.p, wsb,
+                       nullptr, kernel);
+        REQUIRE(s.ok());
+        CUDA_REQUIRE(cudaDeviceSynchronize());
+        CHECK(d_host.download() == d_out.download());  // bit for bit
+      }
+    } else {
+      s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb,
+                     nullptr, kernel);
+      INFO(s.message);
+      REQUIRE(s.ok());
+      CUDA_REQUIRE(cudaDeviceSynchronize());
     }
-  } else {
-    s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb,
-                   nullptr);
-    INFO(s.message);
-    REQUIRE(s.ok());
-    CUDA_REQUIRE(cudaDeviceSynchronize());
-  }
+    return widen(d_out.download());
+  };
+  const std::vector<float> got_wgmma = run(km::DecodeKernel::wgmma);
+  const std::vector<float> got_mma = run(km::DecodeKernel::mma);
   const auto d = dims(H);
   std::vector<float> out_ref(int64_t(B) * H * km::kV);
   const auto kv_view = ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent);
@@ -184,7 +192,16 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
     ref::mla_attention_absorbed(&q.f32[int64_t(b) * H * km::kQDim], &rows.f32[b * stride], lens[b],
                                 kv_view, d, &out_ref[int64_t(b) * H * km::kV], 1,
                                 ref::Precision::bf16);
-  check_out(widen(d_out.download()), out_ref, "decode out");
+  check_out(got_wgmma, out_ref, "decode out, wgmma kernel");
+  check_out(got_mma, out_ref, "decode out, mma kernel");
+  // The kernels differ in the fp32 summation order of the scores and ctx and in exp2 (ex2.approx
+  // against exp2f), which flips a rare bf16 P or output ulp (2^-8 relative): rel L2 ≤ 2e-3 holds
+  // even if every output flipped one ulp; a layout or masking mistake gives O(1).
+  const Diff ab = compare(got_wgmma, got_mma);
+  INFO("wgmma against mma: " << ab.str());
+  CHECK(ab.nonfinite_mismatch == 0);
+  CHECK(ab.rel_l2 <= 2e-3);
+  CHECK(ab.cosine >= 0.99999);
 }
 
 }  // namespace
@@ -248,7 +265,25 @@ TEST_CASE("mla gpu decode: K3 shape, 5 sequences: one row, tile edges, empty spl
   run_decode_case(96, {1, 63, 64, 65, 70001}, 35);
 }
 
-TEST_CASE("mla gpu decode: head count not a multiple of the 48-head block (100 heads)",
+TEST_CASE("mla gpu decode: K3 shape, B = 16 ragged lengths around the 64-row tiles", "[gpu][mla]") {
+  // One row, a tile minus / plus one, a half tile (the wgmma kernel's two warpgroups own 32 keys
+  // each: a last tile with keys only in the first half), and longer ragged caches.
+  run_decode_case(96, {1, 17, 31, 32, 33, 63, 64, 65, 127, 129, 1000, 2047, 2049, 4097, 6001, 9001},
+                  45);
+}
+
+TEST_CASE("mla gpu decode: K3 shape, one sequence of 128K positions (+37)", "[gpu][mla]") {
+  run_decode_case(96, {131072 + 37}, 46);
+}
+
+TEST_CASE("mla gpu decode: 64 heads (one full wgmma block), one tile of 64 rows", "[gpu][mla]") {
+  // The smallest case that fills every row and key of the wgmma tiles: a layout mistake shows
+  // here first.
+  run_decode_case(64, {64}, 47);
+  run_decode_case(64, {40}, 48);
+}
+
+TEST_CASE("mla gpu decode: head count not a multiple of the head block (100 heads: 48 and 64)",
           "[gpu][mla]") {
   run_decode_case(100, {3000, 17}, 36);
 }
