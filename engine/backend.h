@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/expert_executor.h"
+#include "engine/sampler.h"
 #include "engine/trace.h"
 
 namespace strata::engine {
@@ -118,6 +119,14 @@ class Backend {
   virtual void add(Act acc, Act b) = 0;  // acc = acc + b (a bf16 rounding point in bf16 mode)
   // logits[i, :] = lm_head · h[rows[i], :], fp32, written to host memory [rows.size(), V].
   virtual void logits(Act h, std::span<const int64_t> rows, float* out) = 0;
+  // ids[i] = the token drawn from lm_head · h[rows[i], :] with draws[i] (engine/sampler.h,
+  // pick_token), host memory. Throws the "logits" site's error of engine/finite_check.h when a
+  // logit is NaN/Inf. The default computes the logits into host memory (logits()) and picks there;
+  // a device backend picks where the logits are and moves only the ids — greedy draws give the
+  // same token, sampled ones the same token up to rounding at a cumulative-probability edge.
+  // V is the vocabulary (the width of logits()'s rows).
+  virtual void sample(Act h, std::span<const int64_t> rows, std::span<const TokenDraw> draws,
+                      int64_t V, int32_t* ids);
 
   // One line of what this backend did since start (experts per executor, time split), or "".
   virtual std::string telemetry_line() const { return {}; }

@@ -19,19 +19,20 @@ class ScheduleRunner final : public StepRunner {
   int slots() const override { return b_.slots(); }
   void reset(int slot) override { b_.reset_slot(slot); }
   int64_t max_step_rows() const override { return b_.max_step_rows(); }
-  std::vector<std::vector<float>> step(std::span<const StepChunk> chunks) override {
+  std::vector<int32_t> step(std::span<const StepChunk> chunks) override {
     chunks_.clear();
     for (const StepChunk& c : chunks) {
       SeqChunk q;
       q.slot = c.slot;
       q.ids = c.ids;
-      q.want_logits = c.want_logits;
+      q.want_logits = false;
+      q.draw = c.want_token ? &c.draw : nullptr;
       chunks_.push_back(q);
     }
-    std::vector<std::vector<float>> all = schedule_.step(chunks_);
-    std::vector<std::vector<float>> out;
+    const StepOutput& all = schedule_.step(chunks_);
+    std::vector<int32_t> out;
     for (size_t i = 0; i < chunks.size(); ++i)
-      if (chunks[i].want_logits) out.push_back(std::move(all[i]));
+      if (chunks[i].want_token) out.push_back(all.tokens[i]);
     return out;
   }
   std::string describe() const override {
@@ -223,7 +224,8 @@ bool BatchScheduler::run(const std::function<std::optional<GenRequest>()>& next,
       StepChunk c;
       c.slot = sp->slot;
       c.ids = std::span<const int32_t>(sp->feed);
-      c.want_logits = true;
+      c.want_token = true;
+      c.draw = sp->sampler.next_draw();
       ++rows;
       chunks.push_back(c);
     }
@@ -236,21 +238,22 @@ bool BatchScheduler::run(const std::function<std::optional<GenRequest>()>& next,
       c.slot = s.slot;
       c.ids = std::span<const int32_t>(s.req.prompt.data() + s.prefilled, n);
       s.prefilled += n;
-      c.want_logits = s.prefilled == s.req.prompt.size();
+      c.want_token = s.prefilled == s.req.prompt.size();
+      if (c.want_token) c.draw = s.sampler.next_draw();
       prompt_rows += int64_t(n);
       rows += int64_t(n);
       chunks.push_back(c);
     }
     for (const StepChunk& c : chunks)
-      if (c.want_logits) wants.push_back(slots[size_t(c.slot)].get());
-    std::vector<std::vector<float>> logits = runner_.step(chunks);
-    STRATA_ASSERT(logits.size() == wants.size());
+      if (c.want_token) wants.push_back(slots[size_t(c.slot)].get());
+    const std::vector<int32_t> drawn = runner_.step(chunks);
+    STRATA_ASSERT(drawn.size() == wants.size());
     ++stats_.steps;
     stats_.rows += rows;
     stats_.prompt_tokens += prompt_rows;
     for (size_t i = 0; i < wants.size(); ++i) {
       Seq& s = *wants[i];
-      const int32_t id = s.sampler.sample(logits[i]);
+      const int32_t id = drawn[i];
       s.tokens.push_back(id);
       ++stats_.generated_tokens;
       auto& owner = slots[size_t(s.slot)];

@@ -26,12 +26,13 @@
 
 namespace strata::engine {
 
-// One sequence's part of a step: new tokens for `slot`; want_logits asks for the logits of the
-// last of them.
+// One sequence's part of a step: new tokens for `slot`; want_token asks for the token drawn with
+// `draw` from the logits of the last of them.
 struct StepChunk {
   int slot = 0;
   std::span<const int32_t> ids;
-  bool want_logits = false;
+  bool want_token = false;
+  TokenDraw draw;
 };
 
 // What the scheduler steps: a fixed number of slots of per-sequence state.
@@ -40,8 +41,8 @@ class StepRunner {
   virtual ~StepRunner() = default;
   virtual int slots() const = 0;
   virtual void reset(int slot) = 0;  // a fresh sequence
-  // Runs one step; returns the logits [V] of each chunk that wants them, in chunk order.
-  virtual std::vector<std::vector<float>> step(std::span<const StepChunk> chunks) = 0;
+  // Runs one step; returns the drawn token of each chunk that wants one, in chunk order.
+  virtual std::vector<int32_t> step(std::span<const StepChunk> chunks) = 0;
   virtual int64_t max_step_rows() const { return INT64_MAX; }  // rows one step may hold
   virtual std::string describe() const = 0;
 };

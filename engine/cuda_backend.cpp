@@ -38,6 +38,7 @@
 #include "kernels/moe/groups.h"
 #include "kernels/ops/ops.h"
 #include "kernels/runtime.h"
+#include "kernels/sample/sample.h"
 #include "offload/cost_model.h"
 #include "offload/hardware.h"
 #include "offload/hw_measure.h"
@@ -213,6 +214,10 @@ struct CudaBackend::Impl {
   // the H200: 0.8 ms of a B=8 decode step at K3's vocabulary), logits_rows rows at a time.
   float* logits_pin = nullptr;
   int64_t logits_rows = 0;
+  // Draws on the device (CudaBackend::sample): the uniforms up, the ids down, one per slot.
+  float* sample_u_pin = nullptr;
+  int32_t* sample_id_pin = nullptr;
+  int64_t sample_rows = 0;
   // Non-finite guard: the device record (kernels::ops::finite_scan) and its pinned copy; the
   // pinned word after it holds kFiniteClean, the value a step starts from.
   uint64_t* finite_dev = nullptr;
@@ -289,6 +294,7 @@ struct CudaBackend::Impl {
     rt::pinned_free(stage_pin);
     rt::pinned_free(pinned);
     rt::pinned_free(logits_pin);
+    rt::pinned_free(sample_u_pin);
     if (copy_stream) rt::stream_destroy(copy_stream);
     if (stream) rt::stream_destroy(stream);
   }
@@ -563,6 +569,9 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
         std::max(kernels::mla::prefill_workspace_bytes_bounded(int(Hm), R),
                  kernels::mla::decode_workspace_bytes(int(Hm), cuda_.slots, cuda_.max_context)));
   arena += align_up(size_t(E) * sizeof(Mxfp4ExpertView)) + 8 * align_up(size_t(R * Kt + E + 1) * 4);
+  // Draws on the device (sample): a decode step's logits, one row per slot, and the sort's space.
+  arena += align_up(size_t(cuda_.slots) * size_t(V) * 4) + 2 * align_up(size_t(cuda_.slots) * 4) +
+           align_up(kernels::sample::sample_workspace_bytes(cuda_.slots, int(V)));
   const uint64_t pinned = uint64_t(R * Kt * L) * 4 + uint64_t(R * std::max(L, D)) * 4 +
                           uint64_t(R * Kt) * 24 + uint64_t(E) * sizeof(Mxfp4ExpertView) +
                           uint64_t(2 * E + R + 2) * 8 + uint64_t(R) * 4 +
@@ -840,6 +849,11 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   im.logits_pin = static_cast<float*>(rt::pinned_alloc(logits_pinned, &why));
   if (!im.logits_pin) throw Error("CUDA backend: cannot allocate pinned logits staging: " + why);
   im.logits_rows = logits_rows;
+  // One draw per slot: uniforms then ids.
+  im.sample_u_pin = static_cast<float*>(rt::pinned_alloc(size_t(cuda_.slots) * 8, &why));
+  if (!im.sample_u_pin) throw Error("CUDA backend: cannot allocate pinned draw staging: " + why);
+  im.sample_id_pin = reinterpret_cast<int32_t*>(im.sample_u_pin + cuda_.slots);
+  im.sample_rows = cuda_.slots;
   im.finite_pin = reinterpret_cast<uint64_t*>(im.pinned + ((pinned - kAlign) & ~uint64_t(7)));
   im.finite_pin[0] = im.finite_pin[1] = kops::kFiniteClean;
   im.finite_dev = static_cast<uint64_t*>(up.device(kAlign, "non-finite record"));
@@ -1098,7 +1112,7 @@ Act CudaBackend::alloc(int64_t rows, int64_t cols) {
 
 void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* site) {
   ProfScope prof_scope(*this, Profile::finite);
-  finite_sites_.push_back({layer, site, a.cols});
+  finite_sites_.push_back({layer, site, a.cols, nullptr});
   if (!graphable()) return;
   check(kops::finite_scan(a.data, a.size(), uint32_t(finite_sites_.size() - 1), impl_->finite_dev,
                           impl_->stream),
@@ -1121,10 +1135,9 @@ void CudaBackend::finite_verdict() {
   STRATA_ASSERT(site < finite_sites_.size());
   const FiniteSite& f = finite_sites_[site];
   const float inf = std::numeric_limits<float>::infinity();
-  fail_at(cls == 0   ? std::numeric_limits<float>::quiet_NaN()
-          : cls == 1 ? inf
-                     : -inf,
-          i, f.cols, finite_shape_, f.layer, f.site);
+  const float x = cls == 0 ? std::numeric_limits<float>::quiet_NaN() : cls == 1 ? inf : -inf;
+  if (f.unit) fail_row(x, i, f.cols, f.layer, f.site, f.unit);
+  fail_at(x, i, f.cols, finite_shape_, f.layer, f.site);
 }
 
 void CudaBackend::commit_step(const StepShape& s) {
@@ -1389,12 +1402,12 @@ void grouped_launch(CudaBackend::Impl& im, kernels::moe::ExpertBatch b, const cp
 }
 }  // namespace
 
-void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
-  ProfScope prof_scope(*this, Profile::logits);
-  eager_point();
-  Impl& im = *impl_;
-  Scratch sc(im.arena);
-  const int64_t D = c_.hidden_size, V = c_.vocab_size, n = int64_t(rows.size());
+namespace {
+// lm_head · h[rows] into scratch [rows.size(), V] fp32: the rows gathered (one copy per run of
+// consecutive rows), rounded to bf16, one GEMM.
+float* head_logits(CudaBackend::Impl& im, Scratch& sc, const ModelConfig& c, Act h,
+                   std::span<const int64_t> rows) {
+  const int64_t D = c.hidden_size, V = c.vocab_size, n = int64_t(rows.size());
   auto* g = sc.take<float>(n * D, "head rows");
   for (int64_t i = 0; i < n;) {  // runs of consecutive rows, one copy each
     int64_t j = i + 1;
@@ -1407,6 +1420,17 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
   uint16_t* gb = to_bf16(im, sc, g, n * D);
   auto* y = sc.take<float>(n * V, "logits");
   gemm_f32(im, gb, im.lm_head, y, n);
+  return y;
+}
+}  // namespace
+
+void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
+  ProfScope prof_scope(*this, Profile::logits);
+  eager_point();
+  Impl& im = *impl_;
+  Scratch sc(im.arena);
+  const int64_t V = c_.vocab_size, n = int64_t(rows.size());
+  float* y = head_logits(im, sc, c_, h, rows);
   // Through the pinned staging, logits_rows rows at a time; the verdict comes before the host
   // reads a value.
   for (int64_t r0 = 0; r0 < n; r0 += im.logits_rows) {
@@ -1419,6 +1443,69 @@ void CudaBackend::logits(Act h, std::span<const int64_t> rows, float* out) {
     parallel_copy(out + r0 * V, im.logits_pin, size_t(m * V) * 4);
   }
   tel_.d2h_bytes += double(n * V) * 4;
+}
+
+void CudaBackend::sample(Act h, std::span<const int64_t> rows, std::span<const TokenDraw> draws,
+                         int64_t V, int32_t* ids) {
+  STRATA_ASSERT(rows.size() == draws.size() && V == c_.vocab_size);
+  const int64_t n = int64_t(rows.size());
+  if (n == 0) return;
+  Impl& im = *impl_;
+  if (n > im.sample_rows) {  // more rows than the staging holds: through the host logits
+    Backend::sample(h, rows, draws, V, ids);
+    return;
+  }
+  ProfScope prof_scope(*this, Profile::logits);
+  eager_point();
+  Scratch sc(im.arena);
+  float* y = head_logits(im, sc, c_, h, rows);
+  // NaN/Inf in the logits: the device scan, its verdict after the sync below (named as the host
+  // check names them: the index among the rows drawn).
+  finite_sites_.push_back({-1, "logits", V, "logits row "});
+  check(kops::finite_scan(y, n * V, uint32_t(finite_sites_.size() - 1), im.finite_dev, im.stream),
+        "non-finite scan");
+  auto* u_dev = sc.take<float>(n, "draw uniforms");
+  auto* id_dev = sc.take<int32_t>(n, "drawn ids");
+  bool random = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const TokenDraw& d = draws[size_t(i)];
+    random = random || !d.greedy();
+    // fp32 below 1 (a double just under 1 would round up to 1.0f).
+    im.sample_u_pin[i] = std::min(float(d.u), 0x1.fffffep-1f);
+  }
+  void* ws = nullptr;
+  size_t wsb = 0;
+  if (random) {
+    check(rt::copy_async(u_dev, im.sample_u_pin, size_t(n) * 4, im.stream), "draw uniforms");
+    wsb = kernels::sample::sample_workspace_bytes(int(n), int(V));
+    ws = sc.take<uint8_t>(int64_t(wsb), "sampling workspace");
+  }
+  // One launch per run of rows with the same rule.
+  auto params = [](const TokenDraw& d) {
+    kernels::sample::SamplingParams p;
+    p.temperature = d.greedy() ? 0.0f : d.temperature;
+    p.top_k = d.top_k;
+    p.top_p = d.top_p;
+    return p;
+  };
+  for (int64_t i = 0; i < n;) {
+    const kernels::sample::SamplingParams p = params(draws[size_t(i)]);
+    int64_t j = i + 1;
+    for (; j < n; ++j) {
+      const kernels::sample::SamplingParams q = params(draws[size_t(j)]);
+      if (q.temperature != p.temperature || q.top_k != p.top_k || q.top_p != p.top_p) break;
+    }
+    check(kernels::sample::sample(y + i * V, int(j - i), int(V), p, u_dev + i, id_dev + i, ws, wsb,
+                                  im.stream),
+          "sample");
+    i = j;
+  }
+  check(rt::copy_async(im.sample_id_pin, id_dev, size_t(n) * 4, im.stream), "drawn ids");
+  finite_download();
+  check(rt::stream_sync(im.stream), "sample");
+  finite_verdict();
+  std::copy(im.sample_id_pin, im.sample_id_pin + n, ids);
+  tel_.d2h_bytes += double(n) * 4;
 }
 
 // --------------------------------------------------------------------------------------------

@@ -115,6 +115,9 @@ class CudaBackend final : public Backend {
   void ffn(int layer, const StepShape& s, Act x, Act out) override;
   void add(Act acc, Act b) override;
   void logits(Act h, std::span<const int64_t> rows, float* out) override;
+  // The draws on the device (kernels/sample): only the ids come to the host.
+  void sample(Act h, std::span<const int64_t> rows, std::span<const TokenDraw> draws, int64_t V,
+              int32_t* ids) override;
   void to_host(Act a, float* dst) override;
   void from_host(const float* src, Act a) override;
   // Deferred: a scan kernel on the stream (inside the decode graphs), the verdict read at the
@@ -163,6 +166,7 @@ class CudaBackend final : public Backend {
     int layer;
     const char* site;
     int64_t cols;
+    const char* unit = nullptr;  // set: rows named by index and unit (fail_row), not by position
   };
   std::vector<FiniteSite> finite_sites_;
   size_t finite_read_ = 0;

@@ -58,6 +58,10 @@ void CudaBackend::add(Act, Act) {
 void CudaBackend::logits(Act, std::span<const int64_t>, float*) {
   STRATA_ASSERT(false);
 }
+void CudaBackend::sample(Act, std::span<const int64_t>, std::span<const TokenDraw>, int64_t,
+                         int32_t*) {
+  STRATA_ASSERT(false);
+}
 std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() const {
   STRATA_ASSERT(false);
   return {};

@@ -83,6 +83,10 @@ int64_t first_non_finite_bf16(const uint16_t* x, int64_t n) {
   return first_bad<uint16_t, bad16, 4096>(x, n);
 }
 
+void fail_row(float v, int64_t i, int64_t cols, int layer, const char* site, const char* unit) {
+  fail(v, layer, site, i / cols, i % cols, unit);
+}
+
 void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* site, int64_t pos0,
                   const char* unit) {
   const int64_t i = first_non_finite(x, T * D);

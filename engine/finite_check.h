@@ -31,6 +31,10 @@ void check_finite(const float* x, int64_t T, int64_t D, int layer, const char* s
 // The schedule's form: a [s.rows, D] in the backend's memory (Backend::first_non_finite decides
 // which rows it scans), the position (and slot, for several sequences) named from the step shape.
 void check_finite(Backend& b, Act a, const StepShape& s, int layer, const char* site);
+// The error for element i (row · cols + col) of a [rows, cols] array whose rows are named by `unit`
+// and their index (check_finite's form with pos0 = 0).
+[[noreturn]] void fail_row(float v, int64_t i, int64_t cols, int layer, const char* site,
+                           const char* unit);
 // The error for element i (row · cols + col) of a [s.rows, cols] activation holding v.
 [[noreturn]] void fail_at(float v, int64_t i, int64_t cols, const StepShape& s, int layer,
                           const char* site);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/backend.h"
+#include "engine/finite_check.h"
 #include "storage/error.h"
 
 namespace strata::engine {
@@ -37,40 +39,53 @@ double Sampler::next_uniform() {
   return double(z >> 11) * 0x1.0p-53;
 }
 
+TokenDraw Sampler::next_draw() {
+  TokenDraw d;
+  d.temperature = config_.temperature;
+  d.top_k = config_.top_k;
+  d.top_p = config_.top_p;
+  if (!d.greedy()) d.u = next_uniform();
+  return d;
+}
+
 int Sampler::sample(std::span<const float> logits) {
-  if (config_.temperature == 0.0f || config_.top_k == 1) return argmax(logits);
-  candidates_.clear();
+  return pick_token(logits, next_draw(), candidates_);
+}
+
+int pick_token(std::span<const float> logits, const TokenDraw& d,
+               std::vector<std::pair<float, int>>& candidates) {
+  if (d.greedy()) return argmax(logits);
+  candidates.clear();
   for (size_t i = 0; i < logits.size(); ++i)
-    if (!std::isnan(logits[i])) candidates_.emplace_back(logits[i], int(i));
-  if (candidates_.empty()) return 0;
+    if (!std::isnan(logits[i])) candidates.emplace_back(logits[i], int(i));
+  if (candidates.empty()) return 0;
   // Order by logit descending, ties → lower id, so the candidate set is well defined.
   auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
-  size_t n = candidates_.size();
-  if (config_.top_k > 0 && size_t(config_.top_k) < n) {
-    std::partial_sort(candidates_.begin(), candidates_.begin() + config_.top_k, candidates_.end(),
-                      better);
-    n = size_t(config_.top_k);
+  size_t n = candidates.size();
+  if (d.top_k > 0 && size_t(d.top_k) < n) {
+    std::partial_sort(candidates.begin(), candidates.begin() + d.top_k, candidates.end(), better);
+    n = size_t(d.top_k);
   } else {
-    std::sort(candidates_.begin(), candidates_.end(), better);
+    std::sort(candidates.begin(), candidates.end(), better);
   }
   // Softmax over the kept candidates in double (the max first so exp never overflows).
-  const double inv_t = 1.0 / double(config_.temperature);
-  const double top = double(candidates_[0].first);
+  const double inv_t = 1.0 / double(d.temperature);
+  const double top = double(candidates[0].first);
   std::vector<double> p(n);
   double sum = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    p[i] = std::exp((double(candidates_[i].first) - top) * inv_t);
+    p[i] = std::exp((double(candidates[i].first) - top) * inv_t);
     sum += p[i];
   }
   // Nucleus: the smallest prefix whose probability mass reaches top_p (at least one token).
-  if (config_.top_p < 1.0f) {
+  if (d.top_p < 1.0f) {
     double mass = 0.0;
     size_t keep = n;
     for (size_t i = 0; i < n; ++i) {
       mass += p[i] / sum;
-      if (mass >= double(config_.top_p)) {
+      if (mass >= double(d.top_p)) {
         keep = i + 1;
         break;
       }
@@ -79,12 +94,27 @@ int Sampler::sample(std::span<const float> logits) {
     sum = 0.0;
     for (size_t i = 0; i < n; ++i) sum += p[i];
   }
-  double r = next_uniform() * sum;
+  double r = d.u * sum;
   for (size_t i = 0; i < n; ++i) {
     r -= p[i];
-    if (r < 0.0) return candidates_[i].second;
+    if (r < 0.0) return candidates[i].second;
   }
-  return candidates_[n - 1].second;
+  return candidates[n - 1].second;
+}
+
+void Backend::sample(Act h, std::span<const int64_t> rows, std::span<const TokenDraw> draws,
+                     int64_t V, int32_t* ids) {
+  STRATA_ASSERT(rows.size() == draws.size());
+  if (rows.empty()) return;
+  const int64_t n = int64_t(rows.size());
+  thread_local std::vector<float> logits_buf;  // grown once, never zero-filled
+  thread_local std::vector<std::pair<float, int>> scratch;
+  if (logits_buf.size() < size_t(n * V)) logits_buf.resize(size_t(n * V));
+  logits(h, rows, logits_buf.data());
+  engine::check_finite(logits_buf.data(), n, V, -1, "logits", 0, "logits row ");
+  for (int64_t i = 0; i < n; ++i)
+    ids[i] = pick_token(std::span<const float>(logits_buf.data() + i * V, size_t(V)),
+                        draws[size_t(i)], scratch);
 }
 
 bool StopRules::is_eos(int id) const {

@@ -16,11 +16,31 @@ struct SamplerConfig {
   uint64_t seed = 1;
 };
 
+// One token's draw: the sampling rule and the uniform number it consumes (0 when greedy). A draw
+// is what a backend needs to pick the token where the logits are (Backend::sample): the random
+// stream stays on the host, so a seed gives the same draws on every backend.
+struct TokenDraw {
+  float temperature = 0.0f;  // ≤ 0 (or top_k == 1): greedy
+  int top_k = 0;
+  float top_p = 1.0f;
+  double u = 0.0;  // in [0, 1)
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+};
+
+// Picks the token of one row of logits [vocab] for draw d: the arg-max when greedy; otherwise the
+// candidates sorted by decreasing logit (ties → lower id), cut to top_k, softmax(logit / T) in
+// double, cut to the shortest prefix reaching top_p, and the first candidate whose cumulative
+// probability exceeds u · Σ. scratch is reused between calls (no allocation per token).
+int pick_token(std::span<const float> logits, const TokenDraw& d,
+               std::vector<std::pair<float, int>>& scratch);
+
 class Sampler {
  public:
   explicit Sampler(const SamplerConfig& config);
 
-  // Picks the next token from one row of logits [vocab].
+  // The next token's draw: consumes one number of the stream unless the rule is greedy.
+  TokenDraw next_draw();
+  // Picks the next token from one row of logits [vocab] (pick_token with next_draw()).
   int sample(std::span<const float> logits);
 
   const SamplerConfig& config() const { return config_; }

@@ -117,7 +117,9 @@ void Schedule::run_layer(int l, const StepShape& s, ActStream& st) {
   dump(l, "out", st.P, {D});
 }
 
-void Schedule::head(const ActStream& st, std::span<const int64_t> rows, float* out) {
+void Schedule::head(const ActStream& st, std::span<const int64_t> rows, float* out,
+                    std::span<const int64_t> draw_rows, std::span<const TokenDraw> draws,
+                    int32_t* draw_ids) {
   const int64_t D = c_.hidden_size;
   Act h = st.P;
   if (c_.has_attn_res()) {  // final AttnRes mix over [B…, P]
@@ -129,49 +131,71 @@ void Schedule::head(const ActStream& st, std::span<const int64_t> rows, float* o
   dump("final_mix", h, {D});
   b_.norm(-1, NormSite::final, h, h_);
   dump("final_norm", h_, {D});
-  b_.logits(h_, rows, out);
-  // Host logits, every row (named by its index among the rows asked for, and the token id).
-  check_finite(out, int64_t(rows.size()), c_.vocab_size, -1, "logits", 0, "logits row ");
-  if (opt_.dumper && single_ && opt_.dumper->wants("logits"))
-    opt_.dumper->add("logits", out, int64_t(rows.size()), {c_.vocab_size});
+  if (!rows.empty()) {
+    b_.logits(h_, rows, out);
+    // Host logits, every row (named by its index among the rows asked for, and the token id).
+    check_finite(out, int64_t(rows.size()), c_.vocab_size, -1, "logits", 0, "logits row ");
+    if (opt_.dumper && single_ && opt_.dumper->wants("logits"))
+      opt_.dumper->add("logits", out, int64_t(rows.size()), {c_.vocab_size});
+  }
+  if (!draw_rows.empty()) b_.sample(h_, draw_rows, draws, c_.vocab_size, draw_ids);
 }
 
-std::vector<std::vector<float>> Schedule::step(std::span<const SeqChunk> chunks) {
+const StepOutput& Schedule::step(std::span<const SeqChunk> chunks) {
   StepShape s = shape(chunks);
   std::vector<int32_t> ids;
   ids.reserve(size_t(s.rows));
   for (const SeqChunk& ch : chunks) ids.insert(ids.end(), ch.ids.begin(), ch.ids.end());
   ActStream st = embed(s, ids);
-  std::vector<std::vector<float>> out(chunks.size());
+  out_.logits.assign(chunks.size(), {});
+  out_.tokens.assign(chunks.size(), -1);
   for (int l = 0; l < c_.num_layers; ++l) {
     run_layer(l, s, st);
     if (l == opt_.stop_after_layer) {
       b_.commit_step(s);
-      return out;
+      return out_;
     }
   }
-  // Rows whose logits are wanted, in chunk order; one head call for all of them.
-  std::vector<int64_t> rows;
+  // Rows whose logits are wanted, in chunk order, and rows whose token is drawn; one head call.
+  rows_.clear();
+  draw_rows_.clear();
+  draws_.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const SeqSpan& q = s.seqs[i];
-    if (chunks[i].all_logits)
-      for (int64_t t = 0; t < q.T; ++t) rows.push_back(q.row0 + t);
-    else if (chunks[i].want_logits)
-      rows.push_back(q.row0 + q.T - 1);
+    if (chunks[i].draw) {
+      draw_rows_.push_back(q.row0 + q.T - 1);
+      draws_.push_back(*chunks[i].draw);
+    } else if (chunks[i].all_logits) {
+      for (int64_t t = 0; t < q.T; ++t) rows_.push_back(q.row0 + t);
+    } else if (chunks[i].want_logits) {
+      rows_.push_back(q.row0 + q.T - 1);
+    }
   }
-  if (!rows.empty()) {
+  if (!rows_.empty() || !draw_rows_.empty()) {
     const int64_t V = c_.vocab_size;
-    if (logits_.size() < rows.size() * size_t(V)) logits_.resize(rows.size() * size_t(V));
-    const std::vector<float>& all = logits_;
-    head(st, rows, logits_.data());
-    size_t r = 0;
+    if (logits_.size() < rows_.size() * size_t(V)) logits_.resize(rows_.size() * size_t(V));
+    draw_ids_.resize(draw_rows_.size());
+    head(st, rows_, logits_.data(), draw_rows_, draws_, draw_ids_.data());
+    size_t r = 0, k = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i].draw) {
+        out_.tokens[i] = draw_ids_[k++];
+        continue;
+      }
       const int64_t n = chunks[i].all_logits ? s.seqs[i].T : chunks[i].want_logits ? 1 : 0;
-      out[i].assign(all.begin() + int64_t(r) * V, all.begin() + int64_t(r + size_t(n)) * V);
+      out_.logits[i] = std::span<const float>(logits_.data() + int64_t(r) * V, size_t(n * V));
       r += size_t(n);
     }
   }
   b_.commit_step(s);
+  return out_;
+}
+
+std::vector<std::vector<float>> Schedule::step_logits(std::span<const SeqChunk> chunks) {
+  const StepOutput& o = step(chunks);
+  std::vector<std::vector<float>> out;
+  out.reserve(o.logits.size());
+  for (std::span<const float> l : o.logits) out.emplace_back(l.begin(), l.end());
   return out;
 }
 

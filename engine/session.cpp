@@ -57,15 +57,29 @@ Session::Session(const Model& model, Backend& backend, int slot, SessionOptions 
 }
 
 std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logits) {
+  std::vector<float> out;
+  run_chunks(ids, all_logits, nullptr, [&](const StepOutput& o) {
+    out.insert(out.end(), o.logits[0].begin(), o.logits[0].end());
+  });
+  return out;
+}
+
+int32_t Session::forward_token(std::span<const int32_t> ids, const TokenDraw& draw) {
+  int32_t id = -1;
+  run_chunks(ids, false, &draw, [&](const StepOutput& o) { id = o.tokens[0]; });
+  return id;
+}
+
+void Session::run_chunks(std::span<const int32_t> ids, bool all_logits, const TokenDraw* draw,
+                         const std::function<void(const StepOutput&)>& take) {
   // A shard truncated, rewritten or replaced since load stops the run here, with its name,
   // before any weight of it is read again (a truncated mapping would raise SIGBUS).
   model_.checkpoint().check_unchanged();
   backend_->set_trace(&trace_);
   // Prompts longer than one step of the backend run in chunks (chunked prefill); only the last
-  // chunk's last row gives logits unless all rows are wanted.
+  // chunk's last row gives logits (or the draw) unless all rows are wanted.
   if (ids.empty()) throw Error("forward: empty token list");
   const int64_t R = std::max<int64_t>(1, backend_->max_step_rows());
-  std::vector<float> out;
   for (size_t at = 0; at < ids.size(); at += size_t(R)) {
     SeqChunk ch;
     ch.slot = slot_;
@@ -73,10 +87,9 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logit
     const bool last = at + ch.ids.size() >= ids.size();
     ch.all_logits = all_logits;
     ch.want_logits = last || all_logits;
-    std::vector<float> l = std::move(schedule_.step(std::span<const SeqChunk>(&ch, 1))[0]);
-    out.insert(out.end(), l.begin(), l.end());
+    ch.draw = last ? draw : nullptr;
+    take(schedule_.step(std::span<const SeqChunk>(&ch, 1)));
   }
-  return out;
 }
 
 StepShape Session::shape(int64_t T) const {

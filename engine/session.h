@@ -65,6 +65,10 @@ class Session {
   // Runs `ids` at the next positions and advances. Returns logits [T, V] when all_logits, else
   // the last row [V]; empty when options().stop_after_layer stopped the pass.
   std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = false);
+  // Runs `ids` like forward() and returns the token drawn from the last row's logits with `draw`
+  // (Backend::sample: on a device backend only the id leaves the device). −1 when
+  // options().stop_after_layer stopped the pass.
+  int32_t forward_token(std::span<const int32_t> ids, const TokenDraw& draw);
 
   // The pieces of forward(), in order, on a host copy of the stream. run_layer advances layer l's
   // state over s.T tokens at positions position()…; advance() then moves position().
@@ -84,6 +88,9 @@ class Session {
 
  private:
   StepShape shape(int64_t T) const;
+  // forward()'s chunk loop: each step's output to `take`; the last chunk draws with `draw` if set.
+  void run_chunks(std::span<const int32_t> ids, bool all_logits, const TokenDraw* draw,
+                  const std::function<void(const StepOutput&)>& take);
   ActStream upload(const StepShape& s, const Stream& st);
   void download(const ActStream& a, Stream& st);
 

@@ -84,12 +84,12 @@ class TimedRunner final : public engine::StepRunner {
   void reset(int slot) override { inner_.reset(slot); }
   int64_t max_step_rows() const override { return inner_.max_step_rows(); }
   std::string describe() const override { return inner_.describe(); }
-  std::vector<std::vector<float>> step(std::span<const engine::StepChunk> chunks) override {
+  std::vector<int32_t> step(std::span<const engine::StepChunk> chunks) override {
     const double t0 = now_s();
     auto out = inner_.step(chunks);
     const double dt = now_s() - t0;
     bool decode = true;
-    for (const auto& c : chunks) decode = decode && c.ids.size() == 1 && c.want_logits;
+    for (const auto& c : chunks) decode = decode && c.ids.size() == 1 && c.want_token;
     if (decode) decode_steps.push_back({dt, int(chunks.size())});
     return out;
   }

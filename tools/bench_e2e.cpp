@@ -45,6 +45,9 @@ struct Options {
   // token per sequence (the protocol before 2026-12-01 21:30, whose repeated routing lets a host
   // expert cache serve what the roofline sends to disk).
   std::string decode_tokens = "random";
+  // Each decode step returns every sequence's logits to the host (a caller that keeps them)
+  // instead of drawing its token on the backend.
+  bool decode_logits = false;
 };
 
 using PlacementSpec = offload::BenchPlacement;  // one list with `strata plan --bench-e2e`
@@ -177,12 +180,16 @@ int run(const Options& o) {
       }
       std::vector<int32_t> tok(static_cast<size_t>(B));
       std::vector<engine::SeqChunk> chunks(static_cast<size_t>(B));
+      // Every step draws each sequence's next token as `strata run` does (greedy, on the backend:
+      // Backend::sample); the tokens fed are --decode-tokens'.
+      const engine::TokenDraw greedy;
       uint64_t step_no = 0;
       auto step = [&]() {
         ++step_no;
         for (int b = 0; b < B; ++b) {
           tok[size_t(b)] = decode_token(o.decode_tokens, step_no, b, c.vocab_size);
-          chunks[size_t(b)] = engine::SeqChunk{b, std::span(&tok[size_t(b)], 1), true, false};
+          chunks[size_t(b)] = engine::SeqChunk{b, std::span(&tok[size_t(b)], 1), true, false,
+                                               o.decode_logits ? nullptr : &greedy};
         }
         sched.step(chunks);
       };
@@ -254,6 +261,9 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
                  "every step)")
       ->check(CLI::IsMember({"random", "repeat"}))
       ->capture_default_str();
+  app.add_flag("--decode-logits", o->decode_logits,
+               "decode steps return every sequence's logits to the host instead of drawing the "
+               "next token on the backend (what `strata run` does)");
   app.add_flag("--profile", o->profile,
                "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
   app.add_option("--experts-quantize", o->experts_quantize,

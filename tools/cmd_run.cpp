@@ -141,10 +141,12 @@ int run_generate(const RunOptions& o) {
   // Prefill.
   auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = engine::process_cpu_seconds();
-  std::vector<float> logits = session.forward(prompt, false);
+  // Each forward draws the next token where the logits are (Backend::sample: on the GPU only the
+  // id comes back); the draws come from the one seeded stream, so a seed repeats a run.
+  int32_t id = session.forward_token(prompt, sampler.next_draw());
   const double prefill_s = seconds_since(t0);
   const double prefill_cpu = engine::process_cpu_seconds() - cpu0;
-  if (logits.empty()) {  // --stop-after-layer: nothing to sample
+  if (id < 0) {  // --stop-after-layer: nothing to sample
     setup.finish();
     std::fprintf(stderr, "strata run: stopped after layer %d (%zu prompt tokens, %.3f s)\n",
                  o.inspect.stop_after_layer, prompt.size(), prefill_s);
@@ -160,7 +162,6 @@ int run_generate(const RunOptions& o) {
   const double cpu1 = engine::process_cpu_seconds();
   int decode_steps = 0;
   for (int i = 0; i < o.n_predict; ++i) {
-    const int32_t id = sampler.sample(logits);
     if (stop.is_eos(id)) break;
     generated.push_back(id);
     bool stop_now = false;
@@ -179,7 +180,8 @@ int run_generate(const RunOptions& o) {
       stop_now = cut != std::string::npos;
     }
     if (stop_now || i + 1 == o.n_predict) break;
-    logits = session.forward(std::span<const int32_t>(&id, 1), false);
+    const int32_t fed = id;
+    id = session.forward_token(std::span<const int32_t>(&fed, 1), sampler.next_draw());
     ++decode_steps;
   }
   const double decode_s = seconds_since(t1);

@@ -32,20 +32,20 @@ class ScriptedRunner final : public StepRunner {
     resets.push_back(slot);
   }
   int64_t max_step_rows() const override { return max_rows_; }
-  std::vector<std::vector<float>> step(std::span<const StepChunk> chunks) override {
+  std::vector<int32_t> step(std::span<const StepChunk> chunks) override {
     steps.emplace_back(chunks.begin(), chunks.end());
-    std::vector<std::vector<float>> out;
+    std::vector<int32_t> out;
     int64_t rows = 0;
     for (const StepChunk& c : chunks) {
       auto& h = hist_[size_t(c.slot)];
       h.insert(h.end(), c.ids.begin(), c.ids.end());
       rows += int64_t(c.ids.size());
-      if (c.want_logits) {
+      if (c.want_token) {
         int64_t s = int64_t(h.size());
         for (int32_t id : h) s += id;
         std::vector<float> l(size_t(V_), 0.0f);
         l[size_t(s % V_)] = 1.0f;
-        out.push_back(std::move(l));
+        out.push_back(pick_token(l, c.draw, scratch_));
       }
     }
     step_rows.push_back(rows);
@@ -59,6 +59,7 @@ class ScriptedRunner final : public StepRunner {
 
  private:
   std::vector<std::vector<int32_t>> hist_;
+  std::vector<std::pair<float, int>> scratch_;
   int64_t max_rows_;
   int V_;
 };
@@ -225,7 +226,7 @@ TEST_CASE("sequence memory: the formula's state and cache equal the CPU referenc
   CHECK(b.state_bytes(0) == fixed_state_bytes(c));
   auto runner = make_schedule_runner(b, c);
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7};
-  StepChunk ch{0, ids, true};
+  StepChunk ch{0, ids, true, {}};
   runner->step(std::span(&ch, 1));
   CHECK(b.state_bytes(0) == fixed_state_bytes(c) + 7 * cache_bytes_per_token(c));
   const SequenceMemory m = sequence_memory(c, 7, 4);

@@ -202,35 +202,37 @@ TEST_CASE("fast CPU backend: several sequences in one step, each on its own stat
   CpuFastBackend be(*model, o, 4);
   Schedule sched(be, model->config());
   const std::vector<int32_t> p = {5, 17, 300, 2, 999, 41, 7}, p2 = {9, 8, 7, 6, 5, 4, 3, 2};
-  for (int slot : {0, 1}) sched.step(std::vector<SeqChunk>{{slot, std::span(p), true, false}});
-  sched.step(std::vector<SeqChunk>{{2, std::span(p2), true, false}});
+  for (int slot : {0, 1})
+    sched.step_logits(std::vector<SeqChunk>{{slot, std::span(p), true, false, nullptr}});
+  sched.step_logits(std::vector<SeqChunk>{{2, std::span(p2), true, false, nullptr}});
   // Steps of at most 4 rows: from 5 rows the GEMV takes the AMX kernel where there is one (other
   // sums; slot 0 against slot 3 below then differs by bf16 noise, 0.02 at k3-tiny, too close to
   // the 0.048 of a mis-offset row to tell them apart).
   const std::vector<int32_t> t = {3}, two = {11, 12};
-  auto out = sched.step(std::vector<SeqChunk>{{2, std::span(t), true, false},
-                                              {0, std::span(t), true, false},
-                                              {1, std::span(t), true, false}});
+  auto out = sched.step_logits(std::vector<SeqChunk>{{2, std::span(t), true, false, nullptr},
+                                                     {0, std::span(t), true, false, nullptr},
+                                                     {1, std::span(t), true, false, nullptr}});
   REQUIRE(out.size() == 3);
   CHECK(out[1] == out[2]);
   CHECK(out[0] != out[1]);
   CHECK(be.position(0) == int64_t(p.size()) + 1);
   CHECK(be.position(2) == int64_t(p2.size()) + 1);
   // A 2-row chunk (slot 2) first, then the pair in swapped order.
-  out = sched.step(std::vector<SeqChunk>{{2, std::span(two), true, false},
-                                         {1, std::span(two).subspan(0, 1), true, false},
-                                         {0, std::span(two).subspan(0, 1), true, false}});
+  out = sched.step_logits(
+      std::vector<SeqChunk>{{2, std::span(two), true, false, nullptr},
+                            {1, std::span(two).subspan(0, 1), true, false, nullptr},
+                            {0, std::span(two).subspan(0, 1), true, false, nullptr}});
   CHECK(out[1] == out[2]);
   CHECK(be.position(2) == int64_t(p2.size()) + 3);
   // Slot 0 continued alone against slot 3 fed the same tokens one sequence at a time. The rows of
   // a batched step may take other GEMV paths (other sums): within bf16 noise, not bitwise in
   // general (at k3-tiny's widths both paths sum alike and this is 0; MLA latent rows read at the
   // wrong offset gave 0.048).
-  sched.step(std::vector<SeqChunk>{{3, std::span(p), true, false}});
-  sched.step(std::vector<SeqChunk>{{3, std::span(t), true, false}});
-  sched.step(std::vector<SeqChunk>{{3, std::span(two).subspan(0, 1), true, false}});
-  const auto a = sched.step(std::vector<SeqChunk>{{0, std::span(t), true, false}});
-  const auto b = sched.step(std::vector<SeqChunk>{{3, std::span(t), true, false}});
+  sched.step_logits(std::vector<SeqChunk>{{3, std::span(p), true, false, nullptr}});
+  sched.step_logits(std::vector<SeqChunk>{{3, std::span(t), true, false, nullptr}});
+  sched.step_logits(std::vector<SeqChunk>{{3, std::span(two).subspan(0, 1), true, false, nullptr}});
+  const auto a = sched.step_logits(std::vector<SeqChunk>{{0, std::span(t), true, false, nullptr}});
+  const auto b = sched.step_logits(std::vector<SeqChunk>{{3, std::span(t), true, false, nullptr}});
   const double d = rel_l2(a[0], b[0]);
   INFO("slot 0 after batched steps against slot 3 alone: rel L2 " << d);
   CHECK(d < 5e-3);

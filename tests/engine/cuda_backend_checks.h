@@ -244,15 +244,15 @@ inline void check_graphs(const Model& model, const std::string& what, const Refe
     CudaBackend gb(model, bf16_contract(), co);
     Schedule sched(gb, model.config());
     for (int seq = 0; seq < 2; ++seq) {  // a step each: prompts up to max_step_rows
-      SeqChunk pre{seq, ref.ids, true, false};
-      runs[graphs].push_back(sched.step(std::span(&pre, 1))[0]);
+      SeqChunk pre{seq, ref.ids, true, false, nullptr};
+      runs[graphs].push_back(sched.step_logits(std::span(&pre, 1))[0]);
     }
     for (size_t i = 0; i < ref.tokens.size(); ++i) {
-      SeqChunk one{0, std::span(&ref.tokens[i], 1), true, false};
-      runs[graphs].push_back(sched.step(std::span(&one, 1))[0]);
-      std::vector<SeqChunk> two = {{0, std::span(&ref.tokens[i], 1), true, false},
-                                   {1, std::span(&ref.tokens[i], 1), true, false}};
-      for (auto& l : sched.step(two)) runs[graphs].push_back(l);
+      SeqChunk one{0, std::span(&ref.tokens[i], 1), true, false, nullptr};
+      runs[graphs].push_back(sched.step_logits(std::span(&one, 1))[0]);
+      std::vector<SeqChunk> two = {{0, std::span(&ref.tokens[i], 1), true, false, nullptr},
+                                   {1, std::span(&ref.tokens[i], 1), true, false, nullptr}};
+      for (auto& l : sched.step_logits(two)) runs[graphs].push_back(l);
     }
     launches[graphs] = gb.telemetry().graph_launches;
     captures[graphs] = gb.telemetry().graph_captures;

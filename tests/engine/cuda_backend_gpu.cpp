@@ -82,18 +82,18 @@ TEST_CASE("cuda backend: several sequences per step give each sequence its own l
   Schedule s(gb, model->config());
   const int V = model->config().vocab_size;
   const std::vector<int32_t> a = prompt(9, V), b = prompt(5, V);
-  SeqChunk ca{0, a, true, false};
-  const std::vector<float> a_alone = s.step(std::span(&ca, 1))[0];
+  SeqChunk ca{0, a, true, false, nullptr};
+  const std::vector<float> a_alone = s.step_logits(std::span(&ca, 1))[0];
   gb.reset_slot(0);
-  std::vector<SeqChunk> both = {{1, b, true, false}, {0, a, true, false}};
-  const auto out = s.step(both);
+  std::vector<SeqChunk> both = {{1, b, true, false, nullptr}, {0, a, true, false, nullptr}};
+  const auto out = s.step_logits(both);
   // Batch-size-dependent GEMM tilings may change low bits; the sequences must not mix.
   CHECK(rel_rms(out[1], a_alone) < 1e-2);
   // Decode of two consecutive slots in one step (the batched KDA/MLA decode path).
   const int32_t t0 = 11, t1 = 12;
-  std::vector<SeqChunk> dec = {{0, std::span(&t0, 1), true, false},
-                               {1, std::span(&t1, 1), true, false}};
-  const auto d = s.step(dec);
+  std::vector<SeqChunk> dec = {{0, std::span(&t0, 1), true, false, nullptr},
+                               {1, std::span(&t1, 1), true, false, nullptr}};
+  const auto d = s.step_logits(dec);
   REQUIRE(d[0].size() == size_t(model->config().vocab_size));
   REQUIRE(d[1].size() == size_t(model->config().vocab_size));
   CHECK(gb.position(0) == 10);
@@ -131,14 +131,14 @@ TEST_CASE("cuda backend: promotions into the GPU expert cache change no bit and 
           budgeted || line.find(on ? "(4 experts every 2 steps)" : "(off)") != std::string::npos;
     CHECK(budgeted);
     Schedule sched(gb, c);
-    std::vector<SeqChunk> pre = {{0, ids, true, false}, {1, ids, true, false}};
-    for (auto& l : sched.step(pre)) runs[on].push_back(l);
+    std::vector<SeqChunk> pre = {{0, ids, true, false, nullptr}, {1, ids, true, false, nullptr}};
+    for (auto& l : sched.step_logits(pre)) runs[on].push_back(l);
     const uint64_t dev0 = kernels::rt::device_allocations(),
                    pin0 = kernels::rt::pinned_allocations();
     for (int i = 0; i < kSteps; ++i) {
-      std::vector<SeqChunk> two = {{0, std::span(&tok, 1), true, false},
-                                   {1, std::span(&tok, 1), true, false}};
-      for (auto& l : sched.step(two)) runs[on].push_back(l);
+      std::vector<SeqChunk> two = {{0, std::span(&tok, 1), true, false, nullptr},
+                                   {1, std::span(&tok, 1), true, false, nullptr}};
+      for (auto& l : sched.step_logits(two)) runs[on].push_back(l);
     }
     INFO("promotions " << (on ? "on" : "off"));
     CHECK(kernels::rt::device_allocations() == dev0);  // nothing allocated in the decode loop
@@ -173,11 +173,11 @@ TEST_CASE("cuda backend: promotions into the GPU expert cache change no bit and 
     off = off || line.find("promotions 0.00 GiB (off)") != std::string::npos;
   CHECK(off);
   Schedule sched(gb, c);
-  SeqChunk one{0, ids, true, false};
-  sched.step(std::span(&one, 1));
+  SeqChunk one{0, ids, true, false, nullptr};
+  sched.step_logits(std::span(&one, 1));
   for (int i = 0; i < 4; ++i) {
-    SeqChunk d{0, std::span(&tok, 1), true, false};
-    sched.step(std::span(&d, 1));
+    SeqChunk d{0, std::span(&tok, 1), true, false, nullptr};
+    sched.step_logits(std::span(&d, 1));
   }
   CHECK(gb.telemetry().promotions == 0);
 }
@@ -270,4 +270,85 @@ TEST_CASE("cuda backend: a non-finite activation stops the step naming the CPU's
   CHECK_THAT(eg, Catch::StartsWith("non-finite activation (NaN) at blk.3.mla_out (position 0, "));
   CHECK(eg == ec);
   CHECK(gpu.position() == 0);  // the failed step committed nothing
+}
+
+// Backend::sample on the device (kernels/sample): only the ids leave the GPU. Against the host's
+// pick_token on the same backend's logits (a second backend, same inputs: the GPU is
+// deterministic), greedy and sampled rows alike over a prompt and decode steps from CUDA graphs;
+// sampled rows may differ only at a cumulative-probability edge (fp32 sums on the device, double
+// on the host), which these draws do not meet. And a NaN logit stops the step with the host
+// check's message.
+TEST_CASE("cuda backend: tokens drawn on the device are the host's draws from the same logits",
+          "[gpu][engine]") {
+  test::skip_without_gpu();
+  auto model = Model::load(mini("draw"));
+  const int V = model->config().vocab_size;
+  CudaBackend ga(*model, bf16_contract(), quiet(-1, 3)), gb(*model, bf16_contract(), quiet(-1, 3));
+  Schedule sa(ga, model->config()), sb(gb, model->config());
+  // Slot 0 greedy, slot 1 temperature 0.8 with top-k 40, slot 2 temperature 1 with top-p 0.9.
+  std::vector<Sampler> samplers;
+  samplers.emplace_back(SamplerConfig{});
+  samplers.emplace_back(SamplerConfig{0.8f, 40, 1.0f, 7});
+  samplers.emplace_back(SamplerConfig{1.0f, 0, 0.9f, 9});
+  std::vector<std::vector<int32_t>> feed = {prompt(7, V), prompt(4, V), prompt(9, V)};
+  std::vector<std::pair<float, int>> scratch;
+  int drawn = 0, sampled_differ = 0;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<TokenDraw> draws;
+    std::vector<SeqChunk> ca, cb;
+    for (int b = 0; b < 3; ++b) draws.push_back(samplers[size_t(b)].next_draw());
+    for (int b = 0; b < 3; ++b) {
+      ca.push_back({b, feed[size_t(b)], true, false, nullptr});
+      cb.push_back({b, feed[size_t(b)], false, false, &draws[size_t(b)]});
+    }
+    const std::vector<std::vector<float>> la = sa.step_logits(ca);
+    const StepOutput& ob = sb.step(cb);
+    for (int b = 0; b < 3; ++b) {
+      INFO("step " << step << " slot " << b);
+      REQUIRE(la[size_t(b)].size() == size_t(V));
+      CHECK(ob.logits[size_t(b)].empty());
+      const int32_t host = pick_token(la[size_t(b)], draws[size_t(b)], scratch);
+      const int32_t dev = ob.tokens[size_t(b)];
+      if (b == 0)
+        CHECK(dev == host);
+      else
+        sampled_differ += dev != host;
+      ++drawn;
+      feed[size_t(b)].assign(1, host);
+    }
+  }
+  INFO("sampled rows that differ: " << sampled_differ);
+  CHECK(sampled_differ == 0);
+  CHECK(drawn == 24);
+  CHECK(gb.telemetry().graph_launches > 0);
+}
+
+TEST_CASE("cuda backend: a NaN logit stops a device draw with the host check's message",
+          "[gpu][engine]") {
+  test::skip_without_gpu();
+  const std::filesystem::path d = test::scratch_dir("gpu_k3_mini_nan_head") / "model";
+  SynthOptions o;
+  o.preset = "k3-mini";
+  o.tokenizer = false;
+  synth_checkpoint(o, d);
+  int64_t D = 0;
+  {
+    Checkpoint ck(d);
+    D = ck.get("language_model.lm_head.weight").shape[1];
+  }
+  poke_bf16_nan(d, "language_model.lm_head.weight", 123 * D + 4);  // logit 123 of every row
+  LoadOptions unscanned;
+  unscanned.small_tensor_bytes = 0;
+  auto model = Model::load(d, unscanned);
+  const std::vector<int32_t> ids = prompt(5, model->config().vocab_size);
+  CudaBackend gb(*model, bf16_contract(), quiet());
+  Session gpu(*model, gb, 0);
+  Session cpu(*model, bf16_session());
+  const TokenDraw greedy;
+  const std::string eg = error_of([&] { gpu.forward_token(ids, greedy); });
+  const std::string ec = error_of([&] { cpu.forward_token(ids, greedy); });
+  INFO("gpu: " << eg << "\ncpu: " << ec);
+  CHECK_THAT(eg, Catch::StartsWith("non-finite activation (NaN) at logits (logits row 0, element "
+                                   "123)"));
+  CHECK(eg == ec);
 }
