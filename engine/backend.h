@@ -122,8 +122,9 @@ class Backend {
   // ids[i] = the token drawn from lm_head · h[rows[i], :] with draws[i] (engine/sampler.h,
   // pick_token), host memory. Throws the "logits" site's error of engine/finite_check.h when a
   // logit is NaN/Inf. The default computes the logits into host memory (logits()) and picks there;
-  // a device backend picks where the logits are and moves only the ids — greedy draws give the
-  // same token, sampled ones the same token up to rounding at a cumulative-probability edge.
+  // a device backend picks where the logits are and moves only the ids — the same token (its sums
+  // in double too, in another order: a draw can differ only where u falls within ~1e-16 of the
+  // mass of an edge between two candidates).
   // V is the vocabulary (the width of logits()'s rows).
   virtual void sample(Act h, std::span<const int64_t> rows, std::span<const TokenDraw> draws,
                       int64_t V, int32_t* ids);

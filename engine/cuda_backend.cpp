@@ -215,7 +215,7 @@ struct CudaBackend::Impl {
   float* logits_pin = nullptr;
   int64_t logits_rows = 0;
   // Draws on the device (CudaBackend::sample): the uniforms up, the ids down, one per slot.
-  float* sample_u_pin = nullptr;
+  double* sample_u_pin = nullptr;
   int32_t* sample_id_pin = nullptr;
   int64_t sample_rows = 0;
   // Non-finite guard: the device record (kernels::ops::finite_scan) and its pinned copy; the
@@ -570,7 +570,7 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
                  kernels::mla::decode_workspace_bytes(int(Hm), cuda_.slots, cuda_.max_context)));
   arena += align_up(size_t(E) * sizeof(Mxfp4ExpertView)) + 8 * align_up(size_t(R * Kt + E + 1) * 4);
   // Draws on the device (sample): a decode step's logits, one row per slot, and the sort's space.
-  arena += align_up(size_t(cuda_.slots) * size_t(V) * 4) + 2 * align_up(size_t(cuda_.slots) * 4) +
+  arena += align_up(size_t(cuda_.slots) * size_t(V) * 4) + 2 * align_up(size_t(cuda_.slots) * 8) +
            align_up(kernels::sample::sample_workspace_bytes(cuda_.slots, int(V)));
   const uint64_t pinned = uint64_t(R * Kt * L) * 4 + uint64_t(R * std::max(L, D)) * 4 +
                           uint64_t(R * Kt) * 24 + uint64_t(E) * sizeof(Mxfp4ExpertView) +
@@ -850,7 +850,7 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   if (!im.logits_pin) throw Error("CUDA backend: cannot allocate pinned logits staging: " + why);
   im.logits_rows = logits_rows;
   // One draw per slot: uniforms then ids.
-  im.sample_u_pin = static_cast<float*>(rt::pinned_alloc(size_t(cuda_.slots) * 8, &why));
+  im.sample_u_pin = static_cast<double*>(rt::pinned_alloc(size_t(cuda_.slots) * 12, &why));
   if (!im.sample_u_pin) throw Error("CUDA backend: cannot allocate pinned draw staging: " + why);
   im.sample_id_pin = reinterpret_cast<int32_t*>(im.sample_u_pin + cuda_.slots);
   im.sample_rows = cuda_.slots;
@@ -1464,19 +1464,18 @@ void CudaBackend::sample(Act h, std::span<const int64_t> rows, std::span<const T
   finite_sites_.push_back({-1, "logits", V, "logits row "});
   check(kops::finite_scan(y, n * V, uint32_t(finite_sites_.size() - 1), im.finite_dev, im.stream),
         "non-finite scan");
-  auto* u_dev = sc.take<float>(n, "draw uniforms");
+  auto* u_dev = sc.take<double>(n, "draw uniforms");
   auto* id_dev = sc.take<int32_t>(n, "drawn ids");
   bool random = false;
   for (int64_t i = 0; i < n; ++i) {
     const TokenDraw& d = draws[size_t(i)];
     random = random || !d.greedy();
-    // fp32 below 1 (a double just under 1 would round up to 1.0f).
-    im.sample_u_pin[i] = std::min(float(d.u), 0x1.fffffep-1f);
+    im.sample_u_pin[i] = d.u;
   }
   void* ws = nullptr;
   size_t wsb = 0;
   if (random) {
-    check(rt::copy_async(u_dev, im.sample_u_pin, size_t(n) * 4, im.stream), "draw uniforms");
+    check(rt::copy_async(u_dev, im.sample_u_pin, size_t(n) * 8, im.stream), "draw uniforms");
     wsb = kernels::sample::sample_workspace_bytes(int(n), int(V));
     ws = sc.take<uint8_t>(int64_t(wsb), "sampling workspace");
   }

@@ -1,7 +1,7 @@
 // GPU sampling (see kernels/sample/sample.h). Greedy is one block-wide arg-max per row. Otherwise
 // each row is sorted by decreasing logit with CUB's segmented radix sort (stable: equal logits keep
-// increasing ids), then one block per row walks the sorted candidates in chunks with a block scan:
-// pass 1 the softmax normaliser, pass 2 the top-p cut, pass 3 the draw.
+// increasing ids), then one block per row walks the sorted candidates in chunks with a block scan
+// in double: pass 1 the softmax normaliser, pass 2 the top-p cut, pass 3 the draw.
 #include <cuda_runtime.h>
 #include <cub/cub.cuh>
 
@@ -45,37 +45,51 @@ __global__ void offsets_kernel(int32_t* off, int B, int V) {
   for (int i = threadIdx.x; i <= B; i += blockDim.x) off[i] = i * V;
 }
 
-// One block per row over sorted candidates.
+__device__ double block_sum_f64(double v, double* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : 0.0;
+  for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// One block per row over sorted candidates, in double like the host's pick_token
+// (engine/sampler.cpp): p_i = exp((l_i − l_0) · (1 / T)), Σ, the top-p cut and the draw, so an
+// edge between two candidates moves by ~1e-16 of the mass, not by fp32 sums' ~1e-7 (which over
+// 163,840 near-equal tail probabilities shifts the pick by whole candidates).
 __global__ void draw_kernel(const float* sorted_logits, const int32_t* sorted_ids, int V,
-                            SamplingParams p, const float* uniform, int32_t* ids) {
-  using Scan = cub::BlockScan<float, kThreads>;
+                            SamplingParams p, const double* uniform, int32_t* ids) {
+  using Scan = cub::BlockScan<double, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   __shared__ int found;
   const float* lg = sorted_logits + size_t(blockIdx.x) * V;
   const int32_t* id = sorted_ids + size_t(blockIdx.x) * V;
   const int n = p.top_k > 0 && p.top_k < V ? p.top_k : V;
-  const float mx = lg[0];
-  const float inv_t = 1.0f / p.temperature;
-  auto prob = [&](int i) { return i < n ? expf((lg[i] - mx) * inv_t) : 0.0f; };
+  const double mx = double(lg[0]);
+  const double inv_t = 1.0 / double(p.temperature);
+  auto prob = [&](int i) { return i < n ? exp((double(lg[i]) - mx) * inv_t) : 0.0; };
 
   // Pass 1: Z over the kept candidates.
-  float z = 0.0f;
+  double z = 0.0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) z += prob(i);
-  z = kernels::detail::block_sum(z, scratch);
+  z = block_sum_f64(z, scratch);
 
-  // Pass 2: top-p cut m = first index whose cumulative probability reaches top_p·Z (+1).
+  // Pass 2: top-p cut m = first index whose cumulative probability reaches top_p (+1).
   int m = n;
-  float zk = z;
+  double zk = z;
   if (p.top_p < 1.0f) {
-    const float target = p.top_p * z;
+    const double target = double(p.top_p);
     if (threadIdx.x == 0) found = n;
     __syncthreads();
-    float run = 0.0f;
+    double run = 0.0;
     for (int base = 0; base < n; base += blockDim.x) {
-      float v = prob(base + threadIdx.x), cum, total;
+      double v = prob(base + threadIdx.x), cum, total;
       Scan(scan_tmp).InclusiveSum(v, cum, total);
-      if (base + int(threadIdx.x) < n && run + cum >= target)
+      if (base + int(threadIdx.x) < n && (run + cum) / z >= target)
         atomicMin(&found, base + threadIdx.x + 1);
       __syncthreads();
       run += total;
@@ -83,18 +97,18 @@ __global__ void draw_kernel(const float* sorted_logits, const int32_t* sorted_id
     }
     m = found;
     // Z of the kept prefix.
-    float zz = 0.0f;
+    double zz = 0.0;
     for (int i = threadIdx.x; i < m; i += blockDim.x) zz += prob(i);
-    zk = kernels::detail::block_sum(zz, scratch);
+    zk = block_sum_f64(zz, scratch);
   }
 
   // Pass 3: the first candidate whose cumulative probability exceeds u·Z_kept.
-  const float target = uniform[blockIdx.x] * zk;
+  const double target = uniform[blockIdx.x] * zk;
   if (threadIdx.x == 0) found = m - 1;  // rounding at the very end: the last kept candidate
   __syncthreads();
-  float run = 0.0f;
+  double run = 0.0;
   for (int base = 0; base < m; base += blockDim.x) {
-    float v = base + int(threadIdx.x) < m ? prob(base + threadIdx.x) : 0.0f, cum, total;
+    double v = base + int(threadIdx.x) < m ? prob(base + threadIdx.x) : 0.0, cum, total;
     Scan(scan_tmp).InclusiveSum(v, cum, total);
     if (base + int(threadIdx.x) < m && run + cum > target) atomicMin(&found, base + threadIdx.x);
     __syncthreads();
@@ -124,7 +138,7 @@ size_t sample_workspace_bytes(int B, int V) {
   return align256(n * 4) * 3 + align256(size_t(B + 1) * 4) + align256(sort_temp_bytes(B, V));
 }
 
-Status sample(const float* logits, int B, int V, const SamplingParams& p, const float* uniform,
+Status sample(const float* logits, int B, int V, const SamplingParams& p, const double* uniform,
               int32_t* ids, void* workspace, size_t workspace_bytes, void* stream) {
   namespace kd = kernels::detail;
   if (B < 0 || V <= 0) return kd::invalid("sample: bad B or V");
