@@ -209,11 +209,29 @@ TEST_CASE("ops gpu: clustered KimiRMSNorm and AttnRes rows at decode row counts"
                   .ok());
       auto shifted = dys.to_vector<float>(x.size() + 1);
       CHECK(std::memcmp(shifted.data() + 1, blocks.data(), x.size() * 4) == 0);
-      // In place (the engine normalises the MLA latents in place).
+      // The bf16 output beside the fp32 one (the engine's GEMM input): the fp32 output's bits
+      // (RNE), in the clustered and the one-CTA form, and in place as the engine runs the MLA
+      // q_a and latent norms (the engine normalises them in place).
+      auto bits = [](const std::vector<float>& v) {
+        std::vector<uint16_t> b(v.size());
+        for (size_t i = 0; i < v.size(); ++i) b[i] = strata::f32_to_bf16(v[i]);
+        return b;
+      };
+      DeviceBuffer dob(x.size() * 2), dobb(x.size() * 2), dy2(x.size() * 4);
+      REQUIRE(ops::kimi_rms_norm(dx.as<float>(), dw.as<float>(), dy2.as<float>(), T, D, 1e-5f, bf,
+                                 nullptr, dob.as<uint16_t>())
+                  .ok());
+      CHECK(std::memcmp(dy2.to_vector<float>(x.size()).data(), got.data(), x.size() * 4) == 0);
+      CHECK(dob.to_vector<uint16_t>(x.size()) == bits(got));
+      REQUIRE(ops::kimi_rms_norm_row_blocks(dx.as<float>(), dw.as<float>(), dy2.as<float>(), T, D,
+                                            1e-5f, bf, nullptr, dobb.as<uint16_t>())
+                  .ok());
+      CHECK(dobb.to_vector<uint16_t>(x.size()) == bits(blocks));
       REQUIRE(ops::kimi_rms_norm(dx.as<float>(), dw.as<float>(), dx.as<float>(), T, D, 1e-5f, bf,
-                                 nullptr)
+                                 nullptr, dob.as<uint16_t>())
                   .ok());
       CHECK(std::memcmp(dx.to_vector<float>(x.size()).data(), got.data(), x.size() * 4) == 0);
+      CHECK(dob.to_vector<uint16_t>(x.size()) == bits(got));
     }
   }
   struct S {
