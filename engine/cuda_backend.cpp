@@ -1026,6 +1026,7 @@ void CudaBackend::begin_step(const StepShape& s) {
                   std::to_string(cuda_.max_context));
   impl_->arena.used = 0;
   impl_->norm_bf16_of = nullptr;
+  scan_pending_ = {};  // a step that failed part-way may have left one
   ++tel_.steps;
   if (prof_) {
     prof_->used = 0;
@@ -1090,15 +1091,24 @@ void CudaBackend::begin_step(const StepShape& s) {
 
 bool CudaBackend::graphable() {
   Graphs& g = *graphs_;
-  if (!g.entry) return true;
-  if (!g.in_segment) {
+  if (g.entry && !g.in_segment) {
     g.in_segment = true;
     if (!g.replaying) check(rt::begin_capture(impl_->stream), "CUDA graph capture");
   }
-  return !g.replaying;
+  const bool issue = !g.entry || !g.replaying;
+  flush_scan();
+  return issue;
+}
+
+void CudaBackend::flush_scan() {
+  if (!scan_pending_.x) return;
+  const PendingScan p = scan_pending_;
+  scan_pending_ = {};
+  check(kops::finite_scan(p.x, p.n, p.site, impl_->finite_dev, impl_->stream), "non-finite scan");
 }
 
 void CudaBackend::eager_point() {
+  flush_scan();  // into the open segment (or eagerly), before the record is read
   Graphs& g = *graphs_;
   if (!g.entry || !g.in_segment) return;
   g.in_segment = false;
@@ -1125,12 +1135,12 @@ void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* s
   ProfScope prof_scope(*this, Profile::finite);
   finite_sites_.push_back({layer, site, a.cols, nullptr});
   if (!graphable()) return;
-  check(kops::finite_scan(a.data, a.size(), uint32_t(finite_sites_.size() - 1), impl_->finite_dev,
-                          impl_->stream),
-        "non-finite scan");
+  // Launched by the next launch point, or folded into the residual add that reads `a` next.
+  scan_pending_ = {a.data, a.size(), uint32_t(finite_sites_.size() - 1)};
 }
 
 void CudaBackend::finite_download(bool enqueue) {
+  STRATA_ASSERT(!scan_pending_.x);  // every launch point before this one flushed it
   finite_downloaded_ = finite_sites_.size();
   if (enqueue)
     check(rt::copy_async(impl_->finite_pin, impl_->finite_dev, 8, impl_->stream),
@@ -1368,8 +1378,17 @@ void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
 void CudaBackend::add(Act acc, Act b) {
   ProfScope prof_scope(*this, Profile::add);
   impl_->norm_bf16_of = nullptr;
+  // The schedule checks a sublayer's output, then adds it: one pass does both.
+  const PendingScan scan = scan_pending_;
+  const bool fused = scan.x == b.data && scan.n == b.size();
+  if (fused) scan_pending_ = {};
   if (!graphable()) return;
-  check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
+  if (fused)
+    check(kops::add_inplace_scan(acc.data, b.data, acc.size(), true, scan.site, impl_->finite_dev,
+                                 impl_->stream),
+          "add");
+  else
+    check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
 }
 
 namespace {

@@ -131,5 +131,9 @@ constexpr uint64_t finite_key(uint64_t site, uint64_t i, uint64_t cls) {
   return (site << (kFiniteIndexBits + 2)) | (i << 2) | cls;
 }
 Status finite_scan(const float* x, int64_t n, uint32_t site, uint64_t* record, void* stream);
+// add_inplace with finite_scan of b in the same pass (the engine's check of a sublayer output
+// followed by its residual add: one launch instead of two). The same sums and the same record.
+Status add_inplace_scan(float* acc, const float* b, int64_t n, bool round_bf16, uint32_t site,
+                        uint64_t* record, void* stream);
 
 }  // namespace strata::kernels::ops

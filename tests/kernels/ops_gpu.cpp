@@ -600,4 +600,32 @@ TEST_CASE("ops gpu: the non-finite scan keeps the first site and element", "[gpu
   REQUIRE(ops::finite_scan(db.as<float>(), n, 2, rec.as<uint64_t>(), nullptr).ok());
   strata::kernels::device_sync("finite_scan");
   CHECK(rec.to_vector<uint64_t>(1)[0] == ops::finite_key(2, 5, 0));
+  // The scan fused into the residual add: add_inplace's sums (bf16-rounded or not), the same
+  // record as finite_scan of the addend.
+  for (bool rb : {false, true}) {
+    INFO("round " << rb);
+    Rng r{77 + uint64_t(rb)};
+    const auto x = r.normals(size_t(n), 2.0f, true);
+    auto y = r.normals(size_t(n), 1.0f, true);
+    DeviceBuffer acc1 = DeviceBuffer::from(x), acc2 = DeviceBuffer::from(x),
+                 dy = DeviceBuffer::from(y);
+    std::vector<uint64_t> clean_rec = {ops::kFiniteClean};
+    DeviceBuffer r1 = DeviceBuffer::from(clean_rec);
+    REQUIRE(ops::add_inplace(acc1.as<float>(), dy.as<float>(), n, rb, nullptr).ok());
+    REQUIRE(ops::add_inplace_scan(acc2.as<float>(), dy.as<float>(), n, rb, 6, r1.as<uint64_t>(),
+                                  nullptr)
+                .ok());
+    strata::kernels::device_sync("add_inplace_scan");
+    CHECK(acc1.to_vector<float>(size_t(n)) == acc2.to_vector<float>(size_t(n)));
+    CHECK(r1.to_vector<uint64_t>(1)[0] == ops::kFiniteClean);  // a clean addend
+    y[size_t(n - 2)] = NAN;
+    y[size_t(7000)] = -INFINITY;
+    y[size_t(9001)] = INFINITY;
+    DeviceBuffer dy2 = DeviceBuffer::from(y), r2 = DeviceBuffer::from(clean_rec);
+    REQUIRE(ops::add_inplace_scan(acc2.as<float>(), dy2.as<float>(), n, rb, 6, r2.as<uint64_t>(),
+                                  nullptr)
+                .ok());
+    strata::kernels::device_sync("add_inplace_scan");
+    CHECK(r2.to_vector<uint64_t>(1)[0] == ops::finite_key(6, 7000, 2));
+  }
 }
