@@ -2,6 +2,7 @@
 #include "engine/offload_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -73,6 +74,8 @@ void check_offload_options(const OffloadOptions& o, const ModelConfig& c) {
                 std::to_string(c.num_layers) + " layers (the model's depth)");
   if (!(o.io_timeout_s >= 0) || !std::isfinite(o.io_timeout_s))
     throw Error("--io-timeout: expected seconds >= 0 (0 = no limit)");
+  if (o.host_fill && !o.enabled())
+    throw Error("--host-fill: fills the host expert cache, which only --host-mem creates");
   if (!o.enabled()) return;
   const ModelCosts k = compute_costs(c);
   const uint64_t expert_total = k.bytes_per_routed_expert * k.num_routed_experts_total;
@@ -161,13 +164,16 @@ OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)
         "quantized experts all stay in host memory (drop --host-mem)");
   offload::ExpertLayout layout = offload::ExpertLayout::from_checkpoint(model.checkpoint());
   offload::StoreConfig sc;
-  sc.host_budget_bytes = parse_host_mem(o.host_mem, layout.total_expert_bytes());
+  // "N%" is a share of the slots that would hold every expert (so 100% holds them all, with each
+  // expert's spans rounded out to 4 KiB).
+  sc.host_budget_bytes = parse_host_mem(o.host_mem, layout.cache_bytes_all());
   sc.io.backend = parse_io_backend(o.io);
   sc.io.queue_depth = o.queue_depth;
   sc.io.faults = o.faults;
   sc.demand_timeout_s = o.io_timeout_s;
   sc.gpu = 0;
   store_ = std::make_unique<offload::ExpertStore>(std::move(layout), sc);
+  if (o.host_fill) fill_host_cache();
   if (o.prefetch_depth > 0) {
     const ModelConfig& c = model.config();
     std::vector<offload::LayerRouter> routers(size_t(c.num_layers));
@@ -183,6 +189,36 @@ OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)
     prefetcher_ = std::make_unique<offload::Prefetcher>(std::move(routers), c.moe.num_experts, pc,
                                                         store_.get());
   }
+}
+
+void OffloadRuntime::fill_host_cache() {
+  const bool tty = ::isatty(STDERR_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  double last = 0;
+  bool printed = false;
+  auto secs = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const uint64_t n = store_->fill([&](uint64_t done, uint64_t total) {
+    const double s = secs();
+    if (done >= total || s < 1.0 || s - last < (tty ? 0.25 : 2.0)) return;
+    last = s;
+    printed = true;
+    const double rate = double(done) / std::max(s, 1e-9);
+    std::fprintf(stderr,
+                 tty ? "\r\033[Kstrata: filling the host expert cache: %.2f of %.2f GB, %.2f GB/s, "
+                       "ETA %.0f s"
+                     : "strata: filling the host expert cache: %.2f of %.2f GB, %.2f GB/s, ETA "
+                       "%.0f s\n",
+                 double(done) / 1e9, double(total) / 1e9, rate / 1e9,
+                 rate > 0 ? double(total - done) / rate : 0.0);
+  });
+  if (printed && tty) std::fprintf(stderr, "\r\033[K");
+  const offload::TierTelemetry t = store_->telemetry();
+  std::fprintf(stderr,
+               "strata: host expert cache filled: %llu experts, %.2f GB in %.1f s (%.2f GB/s)\n",
+               (unsigned long long)n, double(t.fill_bytes) / 1e9, t.fill_s,
+               t.fill_s > 0 ? double(t.fill_bytes) / t.fill_s / 1e9 : 0.0);
 }
 
 OffloadRuntime::~OffloadRuntime() {

@@ -27,7 +27,8 @@ struct OffloadOptions {
   int prefetch_depth = 2;    // 0: no prefetch
   double io_timeout_s = 60;  // a demand read not done after this long is an error (0: no limit)
   std::string stats_json;
-  FaultConfig faults;  // tests only: injected read faults (no command-line flag)
+  bool host_fill = false;  // read every expert the host cache holds at start (progress on stderr)
+  FaultConfig faults;      // tests only: injected read faults (no command-line flag)
   bool enabled() const { return !host_mem.empty(); }
 };
 
@@ -75,6 +76,8 @@ class OffloadRuntime {
   void finish(const nlohmann::json& extra = nlohmann::json::object()) const;
 
  private:
+  void fill_host_cache();  // --host-fill, with a progress line on stderr
+
   const Model& model_;
   OffloadOptions opt_;
   std::unique_ptr<offload::ExpertStore> store_;

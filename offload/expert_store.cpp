@@ -47,6 +47,13 @@ uint64_t ExpertLayout::expert_count() const {
   return n;
 }
 
+uint64_t ExpertLayout::cache_bytes_all() const {
+  uint64_t slot = 0;
+  for (auto& s : spans)
+    if (!s.empty()) slot = std::max(slot, aligned_bytes(s));
+  return slot * expert_count();
+}
+
 uint64_t ExpertLayout::total_expert_bytes() const {
   uint64_t n = 0;
   for (auto& s : spans)
@@ -267,7 +274,13 @@ void ExpertStore::on_read_done(uint32_t i, ReadResult&& r) {
     std::lock_guard lk(mu_);
     Entry& en = entries_[i];
     STRATA_ASSERT(en.state == State::loading);
-    tel_.bytes_read += r.bytes_read;
+    if (en.filling) {
+      tel_.fill_bytes += r.bytes_read;
+      en.filling = false;
+      fill_pending_--;
+    } else {
+      tel_.bytes_read += r.bytes_read;
+    }
     if (en.from_prefetch) tel_.prefetch_bytes += r.bytes_read;
     if (r.ok) {
       en.state = State::host;
@@ -423,11 +436,66 @@ void ExpertStore::prefetch(int layer, std::span<const std::pair<int, float>> pre
   }
 }
 
+uint64_t ExpertStore::fill(const std::function<void(uint64_t, uint64_t)>& progress) {
+  const auto t0 = Clock::now();
+  const double busy0 = reader_->stats().busy_seconds;
+  std::vector<uint32_t> started;
+  uint64_t total = 0;
+  {
+    std::lock_guard lk(mu_);
+    STRATA_ASSERT(waiting_.empty());
+    for (uint32_t i = 0; i < entries_.size() && !free_slots_.empty(); i++) {
+      Entry& en = entries_[i];
+      if (layout_.spans[i].empty() || en.state != State::disk) continue;
+      en.filling = true;
+      fill_pending_++;
+      total += en.aligned_bytes;
+      started.push_back(i);
+      start_read(i, ReadPriority::kPrefetch);
+    }
+  }
+  auto report = [&](bool last) {
+    if (!progress) return;
+    uint64_t done = 0;
+    {
+      std::lock_guard lk(mu_);
+      for (uint32_t i : started)
+        if (!entries_[i].filling) done += entries_[i].aligned_bytes;
+    }
+    if (last || done < total) progress(done, total);
+  };
+  {
+    std::unique_lock lk(mu_);
+    while (fill_pending_ > 0) {
+      ready_cv_.wait_for(lk, std::chrono::milliseconds(250), [&] { return fill_pending_ == 0; });
+      if (fill_pending_ > 0) {
+        lk.unlock();
+        report(false);
+        lk.lock();
+      }
+    }
+  }
+  report(true);
+  std::lock_guard lk(mu_);
+  fill_busy_s_ += reader_->stats().busy_seconds - busy0;
+  tel_.fill_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  for (uint32_t i : started) {
+    const Entry& en = entries_[i];
+    if (en.state == State::host) continue;
+    const FileSpan& sp = layout_.spans[i].front();
+    throw Error("host expert cache fill: layer " + std::to_string(int(i) / layout_.num_experts) +
+                " expert " + std::to_string(int(i) % layout_.num_experts) + " (" +
+                layout_.files[size_t(sp.file)].string() + " at offset " +
+                std::to_string(sp.offset) + "): " + en.error);
+  }
+  return started.size();
+}
+
 TierTelemetry ExpertStore::telemetry() const {
   ReaderStats rs = reader_->stats();
   std::lock_guard lk(mu_);
   TierTelemetry t = tel_;
-  t.read_busy_s = rs.busy_seconds;
+  t.read_busy_s = std::max(0.0, rs.busy_seconds - fill_busy_s_);
   t.read_retries = rs.retries;
   t.host_used_bytes = used_bytes_;
   return t;

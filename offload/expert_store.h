@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -52,6 +53,9 @@ struct ExpertLayout {
   const std::vector<FileSpan>& at(int layer, int e) const;
   uint64_t expert_count() const;        // experts with spans
   uint64_t total_expert_bytes() const;  // sum of their span bytes
+  // Bytes of a host cache that holds every expert: expert_count() slots of the largest expert's
+  // aligned bytes (what "--host-mem 100%" means).
+  uint64_t cache_bytes_all() const;
   // Bytes one expert takes in a slot: its spans rounded out to 4 KiB, back to back.
   static uint64_t aligned_bytes(const std::vector<FileSpan>& spans);
 };
@@ -111,6 +115,13 @@ class ExpertStore {
   void cancel(int layer, int e);
   // Predictions for `layer`, highest weight first; weight in (0, 1] (the router's score).
   void prefetch(int layer, std::span<const std::pair<int, float>> predictions);
+  // Start-up only (before any require): reads experts into the free slots in (layer, expert)
+  // order until the cache is full or every expert is resident, and waits for the reads.
+  // progress(bytes done, bytes to read) is called from this thread about every 0.25 s and once at
+  // the end. These reads are not demand or prefetch traffic: the telemetry counts them apart
+  // (fill_bytes, fill_s). Throws strata::Error naming the expert and file of a failed read.
+  // Returns the number of experts read.
+  uint64_t fill(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
 
   Residency residency(int layer, int e) const;
   uint64_t slots() const { return nslots_; }
@@ -127,6 +138,7 @@ class ExpertStore {
     State state = State::disk;
     bool waiting = false;        // a demand read waiting for a slot
     bool from_prefetch = false;  // loaded by a prediction, not yet used
+    bool filling = false;        // read by fill()
     bool in_evictable = false;
     int32_t slot = -1;
     int32_t claims = 0, handles = 0;
@@ -161,6 +173,8 @@ class ExpertStore {
   int64_t clock_ = 0;
   uint64_t used_bytes_ = 0;
   TierTelemetry tel_;
+  uint64_t fill_pending_ = 0;  // fill() reads not completed
+  double fill_busy_s_ = 0;     // the reader's busy time during fill(), not counted as reads
   std::vector<std::string> notes_;
 
   std::unique_ptr<ExpertReader> reader_;  // last: destroyed (drained) first

@@ -23,6 +23,11 @@ std::string TierTelemetry::line() const {
                 (unsigned long long)read_errors, blocked_s, double(host_peak_bytes) / 1048576.0,
                 double(host_budget_bytes) / 1048576.0, (unsigned long long)evictions);
   std::string s = buf;
+  if (fill_bytes > 0) {
+    std::snprintf(buf, sizeof buf, " | filled at start %.3f GB in %.1f s", double(fill_bytes) / 1e9,
+                  fill_s);
+    s += buf;
+  }
   if (!recall_total.empty()) {
     s += " | recall";
     for (size_t d = 1; d <= recall_total.size(); d++) {
@@ -44,7 +49,9 @@ nlohmann::json TierTelemetry::json() const {
                {"peak_bytes", host_peak_bytes},
                {"used_bytes", host_used_bytes},
                {"slots", slots},
-               {"evictions", evictions}};
+               {"evictions", evictions},
+               {"fill_bytes", fill_bytes},
+               {"fill_s", fill_s}};
   j["disk"] = {
       {"misses", disk_misses},      {"bytes_read", bytes_read}, {"prefetch_bytes", prefetch_bytes},
       {"read_busy_s", read_busy_s}, {"read_gbps", read_gbps()}, {"retries", read_retries},

@@ -24,6 +24,8 @@ struct TierTelemetry {
   double read_busy_s = 0;  // wall time with reads in flight
   uint64_t read_retries = 0, read_errors = 0;
   std::string io_backend;
+  uint64_t fill_bytes = 0;  // read at start-up to fill the host cache (not in bytes_read)
+  double fill_s = 0;
   // Host tier.
   uint64_t host_budget_bytes = 0, host_peak_bytes = 0, host_used_bytes = 0;
   uint64_t slots = 0, evictions = 0;

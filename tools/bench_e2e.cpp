@@ -48,6 +48,9 @@ struct Options {
   // Each decode step returns every sequence's logits to the host (a caller that keeps them)
   // instead of drawing its token on the backend.
   bool decode_logits = false;
+  // The placements without a disk share read their host experts from a host expert cache of all
+  // experts filled at start (--host-mem 100% --host-fill) instead of the checkpoint's pages.
+  bool host_cache = false;
 };
 
 using PlacementSpec = offload::BenchPlacement;  // one list with `strata plan --bench-e2e`
@@ -153,6 +156,10 @@ int run(const Options& o) {
     engine::SessionOptions so = setup.options();
     engine::OffloadOptions oo;
     oo.host_mem = sp.host_mem;
+    if (o.host_cache && oo.host_mem.empty() && sp.share.host > 0) {
+      oo.host_mem = "100%";
+      oo.host_fill = true;
+    }
     engine::OffloadRuntime offload(*model, oo);
     offload.install(so);
     progress(std::string(sp.name) + ": loading");
@@ -264,6 +271,10 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   app.add_flag("--decode-logits", o->decode_logits,
                "decode steps return every sequence's logits to the host instead of drawing the "
                "next token on the backend (what `strata run` does)");
+  app.add_flag("--host-cache", o->host_cache,
+               "placements without a disk share read host experts from a host expert cache of all "
+               "experts filled at start (as --host-mem 100% --host-fill) instead of the mmapped "
+               "checkpoint");
   app.add_flag("--profile", o->profile,
                "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
   app.add_option("--experts-quantize", o->experts_quantize,

@@ -80,6 +80,33 @@ TEST_CASE("offload: k3-tiny at a 30% host budget gives the in-memory logits", "[
   }
 }
 
+TEST_CASE("offload: a filled cache of 100% serves every expert from host memory, same logits",
+          "[offload]") {
+  auto model = Model::load(tiny_model());
+  const ModelConfig& c = model->config();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 9; i++) ids.push_back(int32_t((i * 53 + 7) % c.vocab_size));
+  const std::vector<float> want = logits(*model, SessionOptions{}, ids);
+  OffloadOptions oo;
+  oo.host_mem = "100%";
+  oo.host_fill = true;
+  OffloadRuntime rt(*model, oo);
+  REQUIRE(rt.active());
+  const auto t0 = rt.telemetry();
+  CHECK(t0.fill_bytes > 0);
+  SessionOptions so;
+  rt.install(so);
+  const std::vector<float> got = logits(*model, so, ids);
+  REQUIRE(got.size() == want.size());
+  CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+  const auto t = rt.telemetry();
+  CHECK(t.demand() > 0);
+  CHECK(t.disk_misses == 0);  // "100%" holds every expert (slots of 4 KiB-rounded spans)
+  CHECK(t.evictions == 0);
+  CHECK(t.bytes_read == 0);
+  CHECK(t.host_hits == t.demand());
+}
+
 TEST_CASE("offload: --host-mem parsing", "[offload]") {
   CHECK(parse_host_mem("512MiB", 0) == 512ull << 20);
   CHECK(parse_host_mem("2GiB", 0) == 2ull << 30);

@@ -234,3 +234,53 @@ TEST_CASE("expert store: concurrent stress never exceeds the budget", "[store][s
   CHECK(t.read_retries > 0);  // the injected faults were absorbed
   CHECK(t.read_errors == 0);
 }
+
+TEST_CASE("expert store: fill at start reads experts in layer order until the cache is full",
+          "[store]") {
+  test::SyntheticExperts sx("fill", 4, 6, 20000, 9000);  // layers 1..3 hold 18 experts
+  SECTION("a cache of 8 slots takes layer 1's experts, then layer 2's first two") {
+    StoreConfig c = config_for(sx, 8.2);
+    ExpertStore st(sx.layout, c);
+    std::vector<std::pair<uint64_t, uint64_t>> calls;
+    CHECK(st.fill([&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); }) == 8);
+    REQUIRE(!calls.empty());
+    CHECK(calls.back().first == calls.back().second);  // the last call reports completion
+    for (int e = 0; e < 6; e++) CHECK(st.residency(1, e) == Residency::host);
+    CHECK(st.residency(2, 0) == Residency::host);
+    CHECK(st.residency(2, 1) == Residency::host);
+    CHECK(st.residency(2, 2) == Residency::disk);
+    CHECK(st.residency(3, 0) == Residency::disk);
+    auto t = st.telemetry();
+    CHECK(t.fill_bytes >= 8 * sx.expert_bytes);
+    CHECK(t.bytes_read == 0);  // start-up reads are not demand or prefetch traffic
+    CHECK_THAT(t.line(), Catch::Contains("filled at start"));
+    // Filled experts are ordinary residents: hits, exact bytes, evictable when others need room.
+    CHECK(use(st, sx, 1, 4));
+    CHECK(use(st, sx, 3, 5));
+    t = st.telemetry();
+    CHECK(t.host_hits == 1);
+    CHECK(t.disk_misses == 1);
+    CHECK(t.evictions == 1);
+    CHECK(st.fill() == 0);  // the miss took the evicted expert's slot: none is free
+    CHECK(st.residency(1, 4) == Residency::host);  // the one used stays; a cold one went
+  }
+  SECTION("a cache of every expert holds them all, and a second fill reads nothing") {
+    StoreConfig c = config_for(sx, 1);
+    c.host_budget_bytes = sx.layout.cache_bytes_all();
+    ExpertStore st(sx.layout, c);
+    CHECK(st.slots() == 18);
+    CHECK(st.fill() == 18);
+    for (int l = 1; l < 4; l++)
+      for (int e = 0; e < 6; e++) CHECK(use(st, sx, l, e));
+    CHECK(st.telemetry().disk_misses == 0);
+    CHECK(st.fill() == 0);
+  }
+  SECTION("a failed read names the expert and the file") {
+    StoreConfig c = config_for(sx, 3);
+    c.io.faults.bad_file = 0;
+    c.io.faults.bad_offset = sx.layout.at(1, 2)[0].offset;
+    ExpertStore st(sx.layout, c);
+    CHECK_THROWS_WITH(st.fill(), Catch::Contains("host expert cache fill: layer 1 expert ") &&
+                                     Catch::Contains("experts.bin"));
+  }
+}

@@ -143,6 +143,7 @@ TEST_CASE("bad input: numeric options out of range fail before any work", "[cli]
   require_one_line_error(cli(run + "--host-mem 50% --prefetch-depth 1000"),
                          "--prefetch-depth 1000");
   require_one_line_error(cli(run + "--host-mem 50% --io-timeout nan"), "--io-timeout");
+  require_one_line_error(cli(run + "--host-fill"), "--host-fill: fills the host expert cache");
   require_one_line_error(cli(run + "--temp nan"), "temperature");
   require_one_line_error(cli(run + "--stop ''"), "--stop");
   require_one_line_error(cli("synth --preset k3-tiny --threads 100000 -o " + (s / "x").string()),
