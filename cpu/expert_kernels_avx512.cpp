@@ -19,7 +19,9 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cpu/expert_kernels_impl.h"
@@ -36,6 +38,8 @@ struct RowScratch {
   std::vector<uint8_t, std::allocator<uint8_t>> w;  // [nbp * 32 + 64] (64 for alignment slack)
   std::vector<int32_t> ws;                          // [nbp] s_w − 128
   std::vector<int8_t> qt;                           // [n, nbp * 32] transposed activations
+  std::vector<int32_t> biasp;                       // [n, nbp] −12·Σq in the transposed order
+  std::vector<double> ep;                           // [n, nbp] e_x in the transposed order
 };
 thread_local RowScratch tl_scratch;
 
@@ -203,12 +207,138 @@ void project_tokens_avx512(const ProjArgs& a) {
   }
 }
 
+// Two to four tokens, transposed form: the tokens' activations are transposed once per call
+// (transpose_q), and each 64-byte-piece quartet of a row is transposed in registers before it is
+// decoded, so that per token 8 vpdpbusd leave whole block dots (dword 4L + k = block 4k + L) with
+// no reduction tree and no vpermd. The block order stays permuted through the fp64 terms: the
+// token's bias and e_x and the row's scale codes are read in the same order, so each accumulator
+// position always receives the same contract lane; the lanes are put back in block order once per
+// row, before the butterfly. Same terms, same lanes, same order: the same bits as the one-token
+// kernel.
+template <int NT>
+void project_tokens_t_avx512(const ProjArgs& a) {
+  static_assert(NT >= 2 && NT <= 4);
+  const __m512i lut = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // perm[p] = π(p) = 4·(p mod 4) + p/4: the block at dword p (an involution).
+  const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i bias128 = _mm512_set1_epi32(128);
+  const int row_bytes = a.K / 2, nchunks = a.nbp / 16, nbp = a.nbp;
+  const int pf = a.prefetch;
+  RowScratch& sc = tl_scratch;
+  const size_t wbytes = size_t(nbp) * 32;
+  if (sc.qt.size() < wbytes * NT + 64) sc.qt.resize(wbytes * NT + 64);
+  if (sc.biasp.size() < size_t(nbp) * NT) sc.biasp.resize(size_t(nbp) * NT);
+  if (sc.ep.size() < size_t(nbp) * NT) sc.ep.resize(size_t(nbp) * NT);
+  int8_t* qt =
+      reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(sc.qt.data()) + 63) & ~uintptr_t(63));
+  for (int t = 0; t < NT; ++t) {
+    transpose_q(a.q[t], nbp, qt + size_t(t) * wbytes);
+    int32_t* bp = sc.biasp.data() + size_t(t) * size_t(nbp);
+    double* ep = sc.ep.data() + size_t(t) * size_t(nbp);
+    for (int c = 0; c < nchunks; ++c) {
+      _mm512_storeu_si512(bp + c * 16,
+                          _mm512_permutexvar_epi32(perm, _mm512_loadu_si512(a.bias[t] + c * 16)));
+      const __m512i ev = _mm512_permutexvar_epi32(perm, _mm512_loadu_si512(a.e[t] + c * 16));
+      _mm512_storeu_pd(ep + c * 16, _mm512_cvtepi32_pd(_mm512_castsi512_si256(ev)));
+      _mm512_storeu_pd(ep + c * 16 + 8, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(ev, 1)));
+    }
+  }
+  // Lanes back in block order: L0 = positions π(0..7) of [A0 | A1], L1 = π(8..15).
+  const __m512i back0 = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13);
+  const __m512i back1 = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
+  for (int o = a.r0; o < a.r1; ++o) {
+    const uint8_t* prow = a.packed + size_t(o) * size_t(row_bytes);
+    const uint8_t* srow = a.scale + size_t(o) * size_t(a.nb);
+    if (pf > 0) {
+      const uint8_t* sp = srow + pf / 16;
+      _mm_prefetch(reinterpret_cast<const char*>(sp), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sp + 64), _MM_HINT_T0);
+    }
+    __m512d A[NT][4];
+    for (int t = 0; t < NT; ++t)
+      for (int l = 0; l < 4; ++l) A[t][l] = _mm512_setzero_pd();
+    for (int c = 0; c < nchunks; ++c) {
+      __m512i in[4], tr[4], wl[4], wh[4];
+      for (int k = 0; k < 4; ++k) {
+        const int g = c * 4 + k, rem = row_bytes - g * 64;
+        if (pf > 0) _mm_prefetch(reinterpret_cast<const char*>(prow + g * 64 + pf), _MM_HINT_T0);
+        if (rem >= 64) {
+          in[k] = _mm512_loadu_si512(prow + g * 64);
+        } else if (rem > 0) {
+          in[k] = _mm512_maskz_loadu_epi8(_cvtu64_mask64((uint64_t(1) << rem) - 1), prow + g * 64);
+        } else {
+          in[k] = _mm512_setzero_si512();
+        }
+      }
+      transpose4(in, tr);
+      for (int j = 0; j < 4; ++j) {
+        wl[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(tr[j], low4));
+        wh[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(tr[j], 4), low4));
+      }
+      const int srem = a.nb - c * 16;
+      __m128i sb;
+      if (srem >= 16) {
+        sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + c * 16));
+      } else {
+        sb = _mm_maskz_loadu_epi8(__mmask16((1u << srem) - 1), srow + c * 16);
+      }
+      const __m512i sw =
+          _mm512_permutexvar_epi32(perm, _mm512_sub_epi32(_mm512_cvtepu8_epi32(sb), bias128));
+      const __m512d swlo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(sw));
+      const __m512d swhi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(sw, 1));
+      const int l = (c & 1) * 2;
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* qc = qt + size_t(t) * wbytes + size_t(c) * 512;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+          s0 = _mm512_dpbusd_epi32(s0, wl[j], _mm512_load_si512(qc + j * 64));
+          s1 = _mm512_dpbusd_epi32(s1, wh[j], _mm512_load_si512(qc + (4 + j) * 64));
+        }
+        const __m512i d =
+            _mm512_sub_epi32(_mm512_add_epi32(s0, s1),
+                             _mm512_loadu_si512(sc.biasp.data() + size_t(t) * nbp + c * 16));
+        const double* ep = sc.ep.data() + size_t(t) * size_t(nbp) + c * 16;
+        const __m512d tlo = _mm512_scalef_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(d)),
+                                             _mm512_add_pd(swlo, _mm512_loadu_pd(ep)));
+        const __m512d thi = _mm512_scalef_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1)),
+                                             _mm512_add_pd(swhi, _mm512_loadu_pd(ep + 8)));
+        A[t][l] = _mm512_add_pd(A[t][l], tlo);
+        A[t][l + 1] = _mm512_add_pd(A[t][l + 1], thi);
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      a.out[size_t(t) * size_t(a.out_stride) + size_t(o - a.r0)] =
+          lane_finish(_mm512_permutex2var_pd(A[t][0], back0, A[t][1]),
+                      _mm512_permutex2var_pd(A[t][0], back1, A[t][1]),
+                      _mm512_permutex2var_pd(A[t][2], back0, A[t][3]),
+                      _mm512_permutex2var_pd(A[t][2], back1, A[t][3]));
+  }
+}
+
+namespace {
+// STRATA_FEW_KERNEL=plain: the few-token kernel with the reduction tree (A/B measurement).
+bool few_transposed() {
+  static const bool v = [] {
+    const char* e = std::getenv("STRATA_FEW_KERNEL");
+    return !(e && std::string(e) == "plain");
+  }();
+  return v;
+}
+}  // namespace
+
 void project_one_avx512(const ProjArgs& a) {
   project_tokens_avx512<1>(a);
 }
 
 void project_avx512(const ProjArgs& a) {
   if (a.n == 1) return project_one_avx512(a);
+  if (a.few && a.n >= 2 && a.n <= 4 && few_transposed()) {
+    if (a.n == 2) return project_tokens_t_avx512<2>(a);
+    if (a.n == 3) return project_tokens_t_avx512<3>(a);
+    return project_tokens_t_avx512<4>(a);
+  }
   if (a.n == 2 && a.few) return project_tokens_avx512<2>(a);
   if (a.n == 3 && a.few) return project_tokens_avx512<3>(a);
   if (a.n == 4 && a.few) return project_tokens_avx512<4>(a);
