@@ -214,6 +214,12 @@ struct CudaBackend::Impl {
   // the H200: 0.8 ms of a B=8 decode step at K3's vocabulary), logits_rows rows at a time.
   float* logits_pin = nullptr;
   int64_t logits_rows = 0;
+  // The last hidden-state norm's output as bf16 (a step's rows × D, at the arena's end) and the
+  // fp32 activation it copies: the following token mixer's or FFN's GEMM input.
+  uint16_t* norm_bf16 = nullptr;
+  int64_t norm_bf16_cap = 0;
+  const float* norm_bf16_of = nullptr;
+  int64_t norm_bf16_n = 0;
   // Draws on the device (CudaBackend::sample): the uniforms up, the ids down, one per slot.
   double* sample_u_pin = nullptr;
   int32_t* sample_id_pin = nullptr;
@@ -569,6 +575,8 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
         std::max(kernels::mla::prefill_workspace_bytes_bounded(int(Hm), R),
                  kernels::mla::decode_workspace_bytes(int(Hm), cuda_.slots, cuda_.max_context)));
   arena += align_up(size_t(E) * sizeof(Mxfp4ExpertView)) + 8 * align_up(size_t(R * Kt + E + 1) * 4);
+  const uint64_t norm_bf16_bytes = align_up(size_t(R * D) * 2);  // the norms' bf16 copy
+  arena += norm_bf16_bytes;
   // Draws on the device (sample): a decode step's logits, one row per slot, and the sort's space.
   arena += align_up(size_t(cuda_.slots) * size_t(V) * 4) + 2 * align_up(size_t(cuda_.slots) * 8) +
            align_up(kernels::sample::sample_workspace_bytes(cuda_.slots, int(V)));
@@ -841,7 +849,9 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
   }
   // Step arena and pinned staging.
   im.arena.base = static_cast<char*>(up.device(arena, "step arena"));
-  im.arena.cap = arena;
+  im.arena.cap = arena - norm_bf16_bytes;
+  im.norm_bf16 = reinterpret_cast<uint16_t*>(im.arena.base + im.arena.cap);
+  im.norm_bf16_cap = R * D;
   std::string why;
   im.pinned = static_cast<char*>(rt::pinned_alloc(pinned, &why));
   if (!im.pinned) throw Error("CUDA backend: cannot allocate pinned staging: " + why);
@@ -1015,6 +1025,8 @@ void CudaBackend::begin_step(const StepShape& s) {
                   std::to_string(q.pos0 + q.T) + ", beyond --max-context " +
                   std::to_string(cuda_.max_context));
   impl_->arena.used = 0;
+  impl_->norm_bf16_of = nullptr;
+  scan_pending_ = {};  // a step that failed part-way may have left one
   ++tel_.steps;
   if (prof_) {
     prof_->used = 0;
@@ -1079,15 +1091,24 @@ void CudaBackend::begin_step(const StepShape& s) {
 
 bool CudaBackend::graphable() {
   Graphs& g = *graphs_;
-  if (!g.entry) return true;
-  if (!g.in_segment) {
+  if (g.entry && !g.in_segment) {
     g.in_segment = true;
     if (!g.replaying) check(rt::begin_capture(impl_->stream), "CUDA graph capture");
   }
-  return !g.replaying;
+  const bool issue = !g.entry || !g.replaying;
+  flush_scan();
+  return issue;
+}
+
+void CudaBackend::flush_scan() {
+  if (!scan_pending_.x) return;
+  const PendingScan p = scan_pending_;
+  scan_pending_ = {};
+  check(kops::finite_scan(p.x, p.n, p.site, impl_->finite_dev, impl_->stream), "non-finite scan");
 }
 
 void CudaBackend::eager_point() {
+  flush_scan();  // into the open segment (or eagerly), before the record is read
   Graphs& g = *graphs_;
   if (!g.entry || !g.in_segment) return;
   g.in_segment = false;
@@ -1114,12 +1135,12 @@ void CudaBackend::check_finite(Act a, const StepShape&, int layer, const char* s
   ProfScope prof_scope(*this, Profile::finite);
   finite_sites_.push_back({layer, site, a.cols, nullptr});
   if (!graphable()) return;
-  check(kops::finite_scan(a.data, a.size(), uint32_t(finite_sites_.size() - 1), impl_->finite_dev,
-                          impl_->stream),
-        "non-finite scan");
+  // Launched by the next launch point, or folded into the residual add that reads `a` next.
+  scan_pending_ = {a.data, a.size(), uint32_t(finite_sites_.size() - 1)};
 }
 
 void CudaBackend::finite_download(bool enqueue) {
+  STRATA_ASSERT(!scan_pending_.x);  // every launch point before this one flushed it
   finite_downloaded_ = finite_sites_.size();
   if (enqueue)
     check(rt::copy_async(impl_->finite_pin, impl_->finite_dev, 8, impl_->stream),
@@ -1274,12 +1295,14 @@ void CudaBackend::to_host(Act a, float* dst) {
   check(rt::stream_sync(impl_->stream), "download");
 }
 void CudaBackend::from_host(const float* src, Act a) {
+  impl_->norm_bf16_of = nullptr;
   eager_point();
   check(rt::copy_async(a.data, src, size_t(a.size()) * 4, impl_->stream), "upload");
   check(rt::stream_sync(impl_->stream), "upload");
 }
 void CudaBackend::copy(Act src, Act dst) {
   ProfScope prof_scope(*this, Profile::copy);
+  impl_->norm_bf16_of = nullptr;
   if (!graphable()) return;
   check(rt::copy_async(dst.data, src.data, size_t(src.size()) * 4, impl_->stream), "copy");
 }
@@ -1301,6 +1324,7 @@ struct Scratch {
 void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
   ProfScope prof_scope(*this, Profile::embed);
   Impl& im = *impl_;
+  im.norm_bf16_of = nullptr;  // activations written by other sublayers: no bf16 copy
   // The ids go through pinned memory (a fixed address, so a replayed graph's copy reads this
   // step's ids); nothing writes that staging again before the next routing synchronisation.
   std::memcpy(im.pinned, ids.data(), ids.size() * 4);
@@ -1315,6 +1339,7 @@ void CudaBackend::embed(std::span<const int32_t> ids, Act out) {
 
 void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act out) {
   ProfScope prof_scope(*this, Profile::mix);
+  impl_->norm_bf16_of = nullptr;
   if (!graphable()) return;
   Impl& im = *impl_;
   kops::AttnResSources src;
@@ -1335,19 +1360,35 @@ void CudaBackend::mix(int layer, MixSite site, std::span<const Act> sources, Act
 
 void CudaBackend::norm(int layer, NormSite site, Act x, Act out) {
   ProfScope prof_scope(*this, Profile::norm);
-  if (!graphable()) return;
   Impl& im = *impl_;
+  // The bf16 copy of the output beside it: the next sublayer's GEMM input (input_bf16). Noted
+  // before the replay check: a replayed segment's norm writes it as the captured one did.
+  uint16_t* ob = out.size() <= im.norm_bf16_cap ? im.norm_bf16 : nullptr;
+  im.norm_bf16_of = ob ? out.data : nullptr;
+  im.norm_bf16_n = out.size();
+  if (!graphable()) return;
   const float* w = site == NormSite::final   ? im.final_norm.p
                    : site == NormSite::input ? im.layers[size_t(layer)].input_norm.p
                                              : im.layers[size_t(layer)].post_norm.p;
-  check(kops::kimi_rms_norm(x.data, w, out.data, x.rows, x.cols, c_.rms_norm_eps, true, im.stream),
+  check(kops::kimi_rms_norm(x.data, w, out.data, x.rows, x.cols, c_.rms_norm_eps, true, im.stream,
+                            ob),
         "kimi_rms_norm");
 }
 
 void CudaBackend::add(Act acc, Act b) {
   ProfScope prof_scope(*this, Profile::add);
+  impl_->norm_bf16_of = nullptr;
+  // The schedule checks a sublayer's output, then adds it: one pass does both.
+  const PendingScan scan = scan_pending_;
+  const bool fused = scan.x == b.data && scan.n == b.size();
+  if (fused) scan_pending_ = {};
   if (!graphable()) return;
-  check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
+  if (fused)
+    check(kops::add_inplace_scan(acc.data, b.data, acc.size(), true, scan.site, impl_->finite_dev,
+                                 impl_->stream),
+          "add");
+  else
+    check(kops::add_inplace(acc.data, b.data, acc.size(), true, impl_->stream), "add");
 }
 
 namespace {
@@ -1366,6 +1407,18 @@ uint16_t* to_bf16(CudaBackend::Impl& im, Scratch& sc, const float* x, int64_t n)
   auto* b = sc.take<uint16_t>(n, "bf16 input");
   check(kops::f32_to_bf16(x, b, n, im.stream), "f32_to_bf16");
   return b;
+}
+
+// The bf16 form of a sublayer's input x: the copy the norm that produced x wrote beside it
+// (CudaBackend::norm), else converted into xb.
+uint16_t* input_bf16(CudaBackend::Impl& im, Act x, uint16_t* xb) {
+  if (x.data == im.norm_bf16_of && x.size() == im.norm_bf16_n) return im.norm_bf16;
+  check(kops::f32_to_bf16(x.data, xb, x.size(), im.stream), "f32_to_bf16");
+  return xb;
+}
+uint16_t* input_bf16(CudaBackend::Impl& im, Scratch& sc, Act x) {
+  if (x.data == im.norm_bf16_of && x.size() == im.norm_bf16_n) return im.norm_bf16;
+  return to_bf16(im, sc, x.data, x.size());
 }
 kops::GluParams glu_params(const cpu::ref::Glu& g) {
   kops::GluParams p;
@@ -1523,8 +1576,8 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
   Impl& im = *impl_;
   LayerDev& d = im.layers[size_t(l)];
   Scratch sc(im.arena);
-  const int64_t T = x.rows, D = c_.hidden_size;
-  uint16_t* xb = to_bf16(im, sc, x.data, T * D);
+  const int64_t T = x.rows;
+  uint16_t* xb = input_bf16(im, sc, x);
   if (c_.is_kda(l)) {
     const auto& k = c_.kda;
     const int64_t H = k.num_heads, P = k.proj_dim();
@@ -1596,11 +1649,11 @@ void CudaBackend::token_mixer(int l, const StepShape& s, Act x, Act out) {
     auto* q = sc.take<uint16_t>(T * H * kernels::mla::kQDim, "q");
     if (m.q_lora_rank > 0) {
       auto* cq = sc.take<float>(T * m.q_lora_rank, "cq");
+      auto* cqb = sc.take<uint16_t>(T * m.q_lora_rank, "bf16 cq");
       gemm_f32(im, xb, w.q_a, cq, T);
-      check(
-          kops::kimi_rms_norm(cq, w.q_a_norm.p, cq, T, m.q_lora_rank, kMlaNormEps, true, im.stream),
-          "q_a norm");
-      uint16_t* cqb = to_bf16(im, sc, cq, T * m.q_lora_rank);
+      check(kops::kimi_rms_norm(cq, w.q_a_norm.p, cq, T, m.q_lora_rank, kMlaNormEps, true,
+                                im.stream, cqb),
+            "q_a norm");
       gemm_bf16(im, cqb, w.q_b, q, T);
     } else {
       gemm_bf16(im, xb, w.q, q, T);
@@ -1677,10 +1730,12 @@ void CudaBackend::moe_tail(int l, int64_t T, float* acc, uint16_t* accb, const f
   const auto& mo = c_.moe;
   const int64_t L = c_.expert_in_dim(), D = c_.hidden_size;
   if (mo.latent_size > 0) {
-    if (mo.latent_norm)
-      check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream),
+    if (mo.latent_norm)  // its bf16 output is the up-projection's input
+      check(kops::kimi_rms_norm(acc, w.latent_norm.p, acc, T, L, c_.rms_norm_eps, true, im.stream,
+                                accb),
             "latent norm");
-    check(kops::f32_to_bf16(acc, accb, T * L, im.stream), "f32_to_bf16");
+    else
+      check(kops::f32_to_bf16(acc, accb, T * L, im.stream), "f32_to_bf16");
     gemm_f32(im, accb, w.latent_up, out.data, T);
   } else {
     check(rt::copy_async(out.data, acc, size_t(T * D) * 4, im.stream), "copy");
@@ -1697,7 +1752,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   if (!c_.is_moe(l)) {  // dense MLP: one graph segment in decode
     if (!graphable()) return;
     Scratch sc(im.arena);
-    uint16_t* xb = to_bf16(im, sc, x.data, T * D);
+    uint16_t* xb = input_bf16(im, sc, x);
     mlp(im, d.dense, act, xb, out.data, T);
     return;
   }
@@ -1748,7 +1803,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     tel_.gpu_expert_pairs += uint64_t(P);
     ++tel_.device_group_layers;
     if (!graphable()) return;
-    check(kops::f32_to_bf16(x.data, xb, T * D, im.stream), "f32_to_bf16");
+    xb = input_bf16(im, x, xb);
     check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),
           "router GEMM");
     check(kops::route(logits, rp, ids, wts, T, im.stream), "route");
@@ -1780,7 +1835,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   auto* h_z = reinterpret_cast<float*>(pin);
   pin += align_up(size_t(T * L) * 4);
   if (graphable()) {
-    check(kops::f32_to_bf16(x.data, xb, T * D, im.stream), "f32_to_bf16");
+    xb = input_bf16(im, x, xb);
     check(im.gemm->linear(xb, w.router.p, logits, kernels::gemm::OutType::f32, T, E, D, im.stream),
           "router GEMM");
     check(kops::route(logits, rp, ids, wts, T, im.stream), "route");

@@ -160,6 +160,15 @@ class CudaBackend final : public Backend {
   // launch it; replay: launch the kept one) before host-dependent work.
   bool graphable();
   void eager_point();
+  // check_finite's scan waits for the next launch point (graphable, eager_point: flush_scan) or is
+  // folded into the residual add that reads the same activation next (add_inplace_scan).
+  struct PendingScan {
+    const float* x = nullptr;
+    int64_t n = 0;
+    uint32_t site = 0;
+  };
+  PendingScan scan_pending_;
+  void flush_scan();
   // Non-finite guard: the sites scanned this step (layer, site, columns) in call order and how
   // many of them the last read of the device record covered.
   struct FiniteSite {

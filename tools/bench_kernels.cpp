@@ -445,7 +445,8 @@ void bench_ops(const KernelBenchContext& ctx, BenchReport& r) {
     for (bool blocks : {false, true}) {
       auto call = [&] {
         ok((blocks ? ops::kimi_rms_norm_row_blocks : ops::kimi_rms_norm)(
-               x.as<float>(), w.as<float>(), y.as<float>(), c.T, c.D, 1e-5f, true, nullptr),
+               x.as<float>(), w.as<float>(), y.as<float>(), c.T, c.D, 1e-5f, true, nullptr,
+               nullptr),
            "kimi_rms_norm");
       };
       line("ops/kimi_rms_norm T=" + std::to_string(c.T) + " D=" + std::to_string(c.D),

@@ -32,8 +32,8 @@ __device__ __forceinline__ float sigmoidf_ref(float x) {
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
 }
 
-__global__ void kimi_rms_norm_kernel(const float* x, const float* w, float* out, int64_t D,
-                                     float eps, bool rb) {
+__global__ void kimi_rms_norm_kernel(const float* x, const float* w, float* out, uint16_t* ob,
+                                     int64_t D, float eps, bool rb) {
   __shared__ float scratch[32];
   const float* xr = x + blockIdx.x * D;
   float* yr = out + blockIdx.x * D;
@@ -41,7 +41,9 @@ __global__ void kimi_rms_norm_kernel(const float* x, const float* w, float* out,
   float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(D)), eps)));
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
     float y = __fmul_rn(xr[i], r);
-    yr[i] = rb ? round_bf16(__fmul_rn(w[i], round_bf16(y))) : __fmul_rn(w[i], y);
+    const float v = rb ? round_bf16(__fmul_rn(w[i], round_bf16(y))) : __fmul_rn(w[i], y);
+    yr[i] = v;
+    if (ob) ob[blockIdx.x * D + i] = strata::f32_to_bf16(v);
   }
 }
 
@@ -49,8 +51,8 @@ __global__ void kimi_rms_norm_kernel(const float* x, const float* w, float* out,
 // cluster; y = x·r, then w·y with the same rounding points as the one-block form.
 template <int VEC>
 __global__ void __launch_bounds__(detail::kRowThreads)
-    kimi_rms_norm_cluster_kernel(const float* x, const float* w, float* out, int64_t D, float eps,
-                                 bool rb) {
+    kimi_rms_norm_cluster_kernel(const float* x, const float* w, float* out, uint16_t* ob,
+                                 int64_t D, float eps, bool rb) {
   __shared__ float part[detail::kRowWarps][1];
   __shared__ float cta_ss[1], total[1];
   const unsigned rank = detail::cluster_ctarank(), C = detail::cluster_nctarank();
@@ -82,9 +84,15 @@ __global__ void __launch_bounds__(detail::kRowThreads)
   };
 #pragma unroll
   for (int k = 0; k < VEC; k++) {
-    if (in[k])
-      yr[j[k]] = make_float4(one(xv[k].x, wv[k].x), one(xv[k].y, wv[k].y), one(xv[k].z, wv[k].z),
-                             one(xv[k].w, wv[k].w));
+    if (in[k]) {
+      const float4 v = make_float4(one(xv[k].x, wv[k].x), one(xv[k].y, wv[k].y),
+                                   one(xv[k].z, wv[k].z), one(xv[k].w, wv[k].w));
+      yr[j[k]] = v;
+      if (ob)  // 4 bf16 values as one 8-byte store
+        reinterpret_cast<uint2*>(ob + row * D)[j[k]] = make_uint2(
+            uint32_t(strata::f32_to_bf16(v.x)) | uint32_t(strata::f32_to_bf16(v.y)) << 16,
+            uint32_t(strata::f32_to_bf16(v.z)) | uint32_t(strata::f32_to_bf16(v.w)) << 16);
+    }
   }
   detail::cluster_wait();  // no CTA leaves while another may still read its cta_ss
 }
@@ -123,26 +131,28 @@ Status check_rows(int64_t rows, int64_t D) {
 }  // namespace
 
 Status kimi_rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t D, float eps,
-                     bool round_bf16, void* stream) {
+                     bool round_bf16, void* stream, uint16_t* out_bf16) {
   if (Status s = check_rows(rows, D); !s.ok()) return s;
   if (rows == 0) return {};
   const detail::RowSplit sp = detail::row_split(D, 4, 256);
   if (sp.cluster == 0 || !detail::aligned16(x) || !detail::aligned16(w) ||
-      !detail::aligned16(out) || rows > 0x7fffffff / sp.cluster)
-    return kimi_rms_norm_row_blocks(x, w, out, rows, D, eps, round_bf16, stream);
+      !detail::aligned16(out) || (reinterpret_cast<uintptr_t>(out_bf16) & 7) != 0 ||
+      rows > 0x7fffffff / sp.cluster)
+    return kimi_rms_norm_row_blocks(x, w, out, rows, D, eps, round_bf16, stream, out_bf16);
   auto* k = sp.vec == 1   ? kimi_rms_norm_cluster_kernel<1>
             : sp.vec == 2 ? kimi_rms_norm_cluster_kernel<2>
                           : kimi_rms_norm_cluster_kernel<4>;
   return detail::launch_clustered(k, dim3(unsigned(rows * sp.cluster)), dim3(detail::kRowThreads),
-                                  unsigned(sp.cluster), stream, x, w, out, D, eps, round_bf16);
+                                  unsigned(sp.cluster), stream, x, w, out, out_bf16, D, eps,
+                                  round_bf16);
 }
 
 Status kimi_rms_norm_row_blocks(const float* x, const float* w, float* out, int64_t rows, int64_t D,
-                                float eps, bool round_bf16, void* stream) {
+                                float eps, bool round_bf16, void* stream, uint16_t* out_bf16) {
   if (Status s = check_rows(rows, D); !s.ok()) return s;
   if (rows == 0) return {};
   kimi_rms_norm_kernel<<<unsigned(rows), threads_for(D), 0, detail::as_stream(stream)>>>(
-      x, w, out, D, eps, round_bf16);
+      x, w, out, out_bf16, D, eps, round_bf16);
   return detail::launch_status();
 }
 

@@ -19,15 +19,18 @@
 namespace strata::kernels::ops {
 
 // KimiRMSNorm (§3.1): y = x·rsqrt(mean(x²)+eps); round_bf16: out = bf16(w·bf16(y)), else w·y.
-// x, out: [rows, D] (may alias); w: [D].
+// x, out: [rows, D] (may alias); w: [D]. out_bf16 (optional, [rows, D], 8-byte aligned for the
+// clustered form): the same values as bf16 bits (RNE; exact with round_bf16), the input of a bf16
+// GEMM without a conversion pass.
 Status kimi_rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t D, float eps,
-                     bool round_bf16, void* stream);
+                     bool round_bf16, void* stream, uint16_t* out_bf16 = nullptr);
 // Rows of ≥ 256 floats (a multiple of 4, 16-byte aligned pointers) run spread over a cluster of up
 // to 8 CTAs; otherwise, and always in the _row_blocks form (kept callable for `strata bench
 // kernels`' before/after lines and the op-check), one CTA per row. The two differ only in fp32
 // summation order; either way a row's result does not depend on the row count.
 Status kimi_rms_norm_row_blocks(const float* x, const float* w, float* out, int64_t rows, int64_t D,
-                                float eps, bool round_bf16, void* stream);
+                                float eps, bool round_bf16, void* stream,
+                                uint16_t* out_bf16 = nullptr);
 
 // L2 norm (§3.3): out = x·rsqrt(Σx² + eps); round_bf16 rounds the output once. [rows, D].
 Status l2_norm(const float* x, float* out, int64_t rows, int64_t D, float eps, bool round_bf16,
@@ -128,5 +131,9 @@ constexpr uint64_t finite_key(uint64_t site, uint64_t i, uint64_t cls) {
   return (site << (kFiniteIndexBits + 2)) | (i << 2) | cls;
 }
 Status finite_scan(const float* x, int64_t n, uint32_t site, uint64_t* record, void* stream);
+// add_inplace with finite_scan of b in the same pass (the engine's check of a sublayer output
+// followed by its residual add: one launch instead of two). The same sums and the same record.
+Status add_inplace_scan(float* acc, const float* b, int64_t n, bool round_bf16, uint32_t site,
+                        uint64_t* record, void* stream);
 
 }  // namespace strata::kernels::ops

@@ -49,6 +49,26 @@ __global__ void finite_scan_kernel(const float* x, int64_t n, uint64_t site, uin
   }
 }
 
+// add_kernel reading b through the scan above: the same sums, and the record lowered to b's first
+// NaN/Inf (one atomic per thread at most).
+__global__ void add_scan_kernel(float* acc, const float* b, int64_t n, bool rb, uint64_t site,
+                                uint64_t* record) {
+  bool seen = false;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float bv = b[i];
+    const uint32_t bits = __float_as_uint(bv);
+    if (!seen && (bits & 0x7F800000u) == 0x7F800000u) {
+      seen = true;
+      const uint64_t cls = (bits & 0x007FFFFFu) ? 0 : (bits >> 31) ? 2 : 1;
+      atomicMin(reinterpret_cast<unsigned long long*>(record),
+                static_cast<unsigned long long>(finite_key(site, uint64_t(i), cls)));
+    }
+    const float s = __fadd_rn(acc[i], bv);
+    acc[i] = rb ? ::strata::round_bf16(s) : s;
+  }
+}
+
 unsigned grid_of(int64_t n) {
   int64_t b = (n + 255) / 256;
   return unsigned(b < 4096 ? (b < 1 ? 1 : b) : 4096);
@@ -60,6 +80,16 @@ Status add_inplace(float* acc, const float* b, int64_t n, bool round_bf16, void*
   if (n < 0) return detail::invalid("add_inplace: n < 0");
   if (n == 0) return {};
   add_kernel<<<grid_of(n), 256, 0, detail::as_stream(stream)>>>(acc, b, n, round_bf16);
+  return detail::launch_status();
+}
+
+Status add_inplace_scan(float* acc, const float* b, int64_t n, bool round_bf16, uint32_t site,
+                        uint64_t* record, void* stream) {
+  if (n < 0 || n >= (int64_t(1) << kFiniteIndexBits) || site >= (1u << 20))
+    return detail::invalid("add_inplace_scan: n or site out of range");
+  if (n == 0) return {};
+  add_scan_kernel<<<grid_of(n), 256, 0, detail::as_stream(stream)>>>(acc, b, n, round_bf16, site,
+                                                                     record);
   return detail::launch_status();
 }
 

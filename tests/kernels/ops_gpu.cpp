@@ -209,11 +209,29 @@ TEST_CASE("ops gpu: clustered KimiRMSNorm and AttnRes rows at decode row counts"
                   .ok());
       auto shifted = dys.to_vector<float>(x.size() + 1);
       CHECK(std::memcmp(shifted.data() + 1, blocks.data(), x.size() * 4) == 0);
-      // In place (the engine normalises the MLA latents in place).
+      // The bf16 output beside the fp32 one (the engine's GEMM input): the fp32 output's bits
+      // (RNE), in the clustered and the one-CTA form, and in place as the engine runs the MLA
+      // q_a and latent norms (the engine normalises them in place).
+      auto bits = [](const std::vector<float>& v) {
+        std::vector<uint16_t> b(v.size());
+        for (size_t i = 0; i < v.size(); ++i) b[i] = strata::f32_to_bf16(v[i]);
+        return b;
+      };
+      DeviceBuffer dob(x.size() * 2), dobb(x.size() * 2), dy2(x.size() * 4);
+      REQUIRE(ops::kimi_rms_norm(dx.as<float>(), dw.as<float>(), dy2.as<float>(), T, D, 1e-5f, bf,
+                                 nullptr, dob.as<uint16_t>())
+                  .ok());
+      CHECK(std::memcmp(dy2.to_vector<float>(x.size()).data(), got.data(), x.size() * 4) == 0);
+      CHECK(dob.to_vector<uint16_t>(x.size()) == bits(got));
+      REQUIRE(ops::kimi_rms_norm_row_blocks(dx.as<float>(), dw.as<float>(), dy2.as<float>(), T, D,
+                                            1e-5f, bf, nullptr, dobb.as<uint16_t>())
+                  .ok());
+      CHECK(dobb.to_vector<uint16_t>(x.size()) == bits(blocks));
       REQUIRE(ops::kimi_rms_norm(dx.as<float>(), dw.as<float>(), dx.as<float>(), T, D, 1e-5f, bf,
-                                 nullptr)
+                                 nullptr, dob.as<uint16_t>())
                   .ok());
       CHECK(std::memcmp(dx.to_vector<float>(x.size()).data(), got.data(), x.size() * 4) == 0);
+      CHECK(dob.to_vector<uint16_t>(x.size()) == bits(got));
     }
   }
   struct S {
@@ -582,4 +600,32 @@ TEST_CASE("ops gpu: the non-finite scan keeps the first site and element", "[gpu
   REQUIRE(ops::finite_scan(db.as<float>(), n, 2, rec.as<uint64_t>(), nullptr).ok());
   strata::kernels::device_sync("finite_scan");
   CHECK(rec.to_vector<uint64_t>(1)[0] == ops::finite_key(2, 5, 0));
+  // The scan fused into the residual add: add_inplace's sums (bf16-rounded or not), the same
+  // record as finite_scan of the addend.
+  for (bool rb : {false, true}) {
+    INFO("round " << rb);
+    Rng r{77 + uint64_t(rb)};
+    const auto x = r.normals(size_t(n), 2.0f, true);
+    auto y = r.normals(size_t(n), 1.0f, true);
+    DeviceBuffer acc1 = DeviceBuffer::from(x), acc2 = DeviceBuffer::from(x),
+                 dy = DeviceBuffer::from(y);
+    std::vector<uint64_t> clean_rec = {ops::kFiniteClean};
+    DeviceBuffer r1 = DeviceBuffer::from(clean_rec);
+    REQUIRE(ops::add_inplace(acc1.as<float>(), dy.as<float>(), n, rb, nullptr).ok());
+    REQUIRE(ops::add_inplace_scan(acc2.as<float>(), dy.as<float>(), n, rb, 6, r1.as<uint64_t>(),
+                                  nullptr)
+                .ok());
+    strata::kernels::device_sync("add_inplace_scan");
+    CHECK(acc1.to_vector<float>(size_t(n)) == acc2.to_vector<float>(size_t(n)));
+    CHECK(r1.to_vector<uint64_t>(1)[0] == ops::kFiniteClean);  // a clean addend
+    y[size_t(n - 2)] = NAN;
+    y[size_t(7000)] = -INFINITY;
+    y[size_t(9001)] = INFINITY;
+    DeviceBuffer dy2 = DeviceBuffer::from(y), r2 = DeviceBuffer::from(clean_rec);
+    REQUIRE(ops::add_inplace_scan(acc2.as<float>(), dy2.as<float>(), n, rb, 6, r2.as<uint64_t>(),
+                                  nullptr)
+                .ok());
+    strata::kernels::device_sync("add_inplace_scan");
+    CHECK(r2.to_vector<uint64_t>(1)[0] == ops::finite_key(6, 7000, 2));
+  }
 }
