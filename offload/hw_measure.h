@@ -33,6 +33,7 @@ struct RateSample {
   int repeats = 0;
   double bytes = 0;  // per repetition (set by the caller of time_repeats)
   double gbps() const { return median_s > 0 ? bytes / median_s / 1e9 : 0; }
+  double best_gbps() const { return min_s > 0 ? bytes / min_s / 1e9 : 0; }  // a peak's rate
 };
 
 // One finished measurement, for a benchmark table (tools/bench.h's BenchLine carries the same).
