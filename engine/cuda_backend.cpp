@@ -29,6 +29,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/finite_check.h"
+#include "engine/offload_executor.h"
 #include "engine/promotion.h"
 #include "engine/routing.h"
 #include "kernels/gemm/gemm.h"
@@ -246,6 +247,10 @@ struct CudaBackend::Impl {
   void* pin_done[2] = {nullptr, nullptr};   // copy stream: DMA out of pinned buffer p done
   void* half_free[2] = {nullptr, nullptr};  // main stream: the experts of half h computed
   void* copies_done = nullptr;
+  // Staging straight from a page-locked host expert cache (HostExpertSource): one event per
+  // expert DMA in flight, a ring of 2·stage_slots + 1 (an expert's cache slot is released once its
+  // event completed).
+  std::vector<void*> stage_ev;
   int stage_threshold = -1;  // resolved lazily (−1: not yet)
   // Promotions (CudaBackendOptions::promote). cache_base: slot s is at cache_base + s ·
   // expert_bytes (one layout for every expert, so a slot's view never changes). heat[l]: decayed
@@ -294,6 +299,7 @@ struct CudaBackend::Impl {
     for (void* e : {pin_done[0], pin_done[1], half_free[0], half_free[1], copies_done, promo_after,
                     promo_done, pos_copied})
       rt::event_destroy(e);
+    for (void* e : stage_ev) rt::event_destroy(e);
     rt::pinned_free(pos_pin);
     rt::pinned_free(promo_pin);
     if (promote_stream) rt::stream_destroy(promote_stream);
@@ -825,6 +831,10 @@ CudaBackend::CudaBackend(const Model& model, BackendOptions options, CudaBackend
     for (void** e :
          {&im.pin_done[0], &im.pin_done[1], &im.half_free[0], &im.half_free[1], &im.copies_done})
       if (!(*e = rt::event_create())) throw Error("CUDA backend: cannot create an event");
+    for (int i = 0; i < 2 * stage_slots + 1; ++i) {
+      im.stage_ev.push_back(rt::event_create());
+      if (!im.stage_ev.back()) throw Error("CUDA backend: cannot create an event");
+    }
   }
   if (cuda_.stage_threshold > 0) im.stage_threshold = cuda_.stage_threshold;
   // Promotions: counts for the layers with experts on both sides, the pinned buffer, the stream.
@@ -934,7 +944,8 @@ std::string CudaBackend::telemetry_line() const {
   char b[768];
   std::snprintf(b, sizeof b,
                 "gpu engine: %llu steps | expert pairs on GPU %.1f%%, CPU %.1f%% | staged %llu "
-                "experts (%llu pairs, host copy %.3f s) | CPU experts %.3f s, waiting for the GPU "
+                "experts (%llu pairs, %llu by DMA from the host cache, host %.3f s) | CPU "
+                "experts %.3f s, waiting for the GPU "
                 "%.3f s (per step %.3f / %.3f ms) | H2D %.3f GB, D2H %.3f GB | CUDA graphs %llu "
                 "captured, %llu launched | MoE layer-steps grouped on the GPU %llu | promotions "
                 "%llu (%.3f GB, worker copy %.3f s)",
@@ -942,9 +953,10 @@ std::string CudaBackend::telemetry_line() const {
                 pairs > 0 ? 100.0 * double(tel_.gpu_expert_pairs) / pairs : 0.0,
                 pairs > 0 ? 100.0 * double(tel_.cpu_expert_pairs) / pairs : 0.0,
                 (unsigned long long)tel_.staged_experts, (unsigned long long)tel_.staged_pairs,
-                tel_.stage_copy_s, tel_.cpu_expert_s, tel_.sync_wait_s, tel_.cpu_expert_s * per,
-                tel_.sync_wait_s * per, tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9,
-                (unsigned long long)tel_.graph_captures, (unsigned long long)tel_.graph_launches,
+                (unsigned long long)tel_.staged_direct, tel_.stage_copy_s, tel_.cpu_expert_s,
+                tel_.sync_wait_s, tel_.cpu_expert_s * per, tel_.sync_wait_s * per,
+                tel_.h2d_bytes / 1e9, tel_.d2h_bytes / 1e9, (unsigned long long)tel_.graph_captures,
+                (unsigned long long)tel_.graph_launches,
                 (unsigned long long)tel_.device_group_layers, (unsigned long long)tel_.promotions,
                 tel_.promote_bytes / 1e9, tel_.promote_copy_s);
   std::string line = b;
@@ -979,6 +991,7 @@ std::vector<std::pair<std::string, double>> CudaBackend::telemetry_values() cons
           {"wait_for_gpu_s", tel_.sync_wait_s},
           {"staged_experts", double(tel_.staged_experts)},
           {"staged_pairs", double(tel_.staged_pairs)},
+          {"staged_direct", double(tel_.staged_direct)},
           {"stage_host_copy_s", tel_.stage_copy_s},
           {"h2d_gb", tel_.h2d_bytes / 1e9},
           {"d2h_gb", tel_.d2h_bytes / 1e9},
@@ -1998,8 +2011,33 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   launch(resident,
          [&](size_t g) { return im.views_host[size_t(w.gpu_slot[size_t(resident[g]->expert)])]; });
   // Staged rounds: a round copies up to stage_slots experts into one half of the device slots
-  // (host memcpy into a pinned buffer, then DMA on the copy stream, two pinned buffers
-  // alternating) and computes them; the next round fills the other half meanwhile.
+  // and computes them; the next round fills the other half meanwhile. The bytes come from the
+  // executor's host source when it has one (the tiered store: host cache hits, disk reads for the
+  // rest), else from the checkpoint's pages. From a page-locked cache each expert is DMA'd
+  // straight out of its slot on the copy stream (the slot held until its event completes);
+  // otherwise copied on the host into one of two pinned buffers, then DMA'd.
+  HostExpertSource* src = im.cpu_executor ? im.cpu_executor->host_source() : nullptr;
+  const bool direct = src && src->pinned();
+  struct InFlight {
+    HeldExpert held;
+    void* done;
+  };
+  // Held experts whose DMA may still read their slot; drained (waited for, then released)
+  // before the store's next consumer runs and on every exit, an exception's included.
+  struct Drain {
+    std::deque<InFlight> q;
+    void pop() {
+      check(rt::event_sync(q.front().done), "staging");
+      q.pop_front();
+    }
+    ~Drain() {
+      for (const InFlight& f : q) rt::event_sync(f.done);
+    }
+  } inflight;
+  // At most slots() experts held at once (the store's rule): room for the next acquire.
+  const size_t hold_cap = src && !im.stage_ev.empty()
+                              ? size_t(std::min<uint64_t>(im.stage_ev.size() - 1, src->slots() - 1))
+                              : 0;
   for (size_t first = 0, round = 0; first < staged.size();
        first += size_t(im.stage_slots), ++round) {
     const size_t n = std::min(staged.size() - first, size_t(im.stage_slots));
@@ -2007,17 +2045,42 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     uint8_t* half = im.stage_dev + size_t(h) * size_t(im.stage_slots) * im.expert_bytes;
     check(rt::stream_wait(im.copy_stream, im.half_free[h]), "staging");
     const double tc = now_s();
+    std::vector<int> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = staged[first + i]->expert;
+    if (src) src->require(int(l), ids);
     for (size_t i = 0; i < n; ++i) {
-      const ExpertWeights& ew = hw.experts[size_t(staged[first + i]->expert)];
-      const int pb = int(tel_.staged_experts % 2);
-      check(rt::event_sync(im.pin_done[pb]), "staging");
-      char* dst = im.stage_pin + size_t(pb) * im.expert_bytes;
-      for_each_part(ew, [&](const uint8_t* src, size_t bytes, size_t off) {
-        parallel_copy(dst + off, src, bytes);
-      });
-      check(rt::copy_async(half + i * im.expert_bytes, dst, im.expert_bytes, im.copy_stream),
-            "staging DMA");
-      check(rt::event_record(im.pin_done[pb], im.copy_stream), "staging");
+      const int e = ids[i];
+      HeldExpert held;
+      const ExpertWeights* ew = &hw.experts[size_t(e)];
+      if (src) {
+        while (!inflight.q.empty() && inflight.q.size() >= hold_cap) inflight.pop();
+        try {
+          held = src->acquire(int(l), e, *ew);
+        } catch (...) {
+          for (size_t j = i + 1; j < n; ++j) src->cancel(int(l), ids[j]);
+          throw;
+        }
+        ew = &held.weights;
+      }
+      uint8_t* dev = half + i * im.expert_bytes;
+      if (direct) {
+        for_each_part(*ew, [&](const uint8_t* from, size_t bytes, size_t off) {
+          check(rt::copy_async(dev + off, from, bytes, im.copy_stream), "staging DMA");
+        });
+        void* done = im.stage_ev[size_t(tel_.staged_experts % im.stage_ev.size())];
+        check(rt::event_record(done, im.copy_stream), "staging");
+        inflight.q.push_back({std::move(held), done});
+        ++tel_.staged_direct;
+      } else {
+        const int pb = int(tel_.staged_experts % 2);
+        check(rt::event_sync(im.pin_done[pb]), "staging");
+        char* dst = im.stage_pin + size_t(pb) * im.expert_bytes;
+        for_each_part(*ew, [&](const uint8_t* from, size_t bytes, size_t off) {
+          parallel_copy(dst + off, from, bytes);
+        });
+        check(rt::copy_async(dev, dst, im.expert_bytes, im.copy_stream), "staging DMA");
+        check(rt::event_record(im.pin_done[pb], im.copy_stream), "staging");
+      }
       ++tel_.staged_experts;
       tel_.staged_pairs += staged[first + i]->tokens.size();
       tel_.h2d_bytes += double(im.expert_bytes);
@@ -2032,6 +2095,11 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
                      int(I));
     });
     check(rt::event_record(im.half_free[h], im.stream), "staging");
+  }
+  {  // the store's next consumer (the CPU executor below) may need every slot
+    const double tc = now_s();
+    while (!inflight.q.empty()) inflight.pop();
+    tel_.stage_copy_s += now_s() - tc;
   }
   if (shared && !shared_late) mlp(im, w.shared, act, xb, shared, T);
   tel_.h2d_bytes += double(P * 12);

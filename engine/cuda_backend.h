@@ -75,8 +75,9 @@ struct CudaTelemetry {
   double cpu_expert_s = 0;                              // host time in CPU expert kernels
   double sync_wait_s = 0;                               // host time waiting for the GPU
   double h2d_bytes = 0, d2h_bytes = 0;
-  uint64_t staged_experts = 0, staged_pairs = 0;    // prefill staging host → GPU
-  double stage_copy_s = 0;                          // host time copying experts into pinned slots
+  uint64_t staged_experts = 0, staged_pairs = 0;  // prefill staging host → GPU
+  uint64_t staged_direct = 0;  // of those, DMA'd straight from a page-locked host expert cache
+  double stage_copy_s = 0;     // host time of staging: copies into pinned buffers, waits for reads
   uint64_t graph_captures = 0, graph_launches = 0;  // CUDA graph segments captured / replayed
   uint64_t device_group_layers = 0;  // MoE layer-steps routed → grouped on the device
   uint64_t promotions = 0;           // experts switched into the GPU cache (copies completed)

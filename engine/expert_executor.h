@@ -59,10 +59,16 @@ struct ExpertLayer {
   int64_t intermediate = 0;
 };
 
+class HostExpertSource;  // engine/offload_executor.h
+
 class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
   virtual const char* name() const = 0;
+  // Where this executor's experts' bytes come from when another consumer needs them (the GPU
+  // backend's prefill staging): the tiered store's host cache, or nullptr for the layer weights as
+  // given (the mmapped checkpoint).
+  virtual HostExpertSource* host_source() { return nullptr; }
   // For every task and every (token, slot) in it: y[slot, :] = expert(x[token, :]).
   // x: [T, in_dim] expert inputs; y: [T·top_k, in_dim].
   virtual void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x,

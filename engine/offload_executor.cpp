@@ -109,7 +109,28 @@ WeightView patch(WeightView orig, const ExpertTensors::Proj& t, const offload::E
   if (t.scale) orig.scale = h.at(t.scale->file, t.scale->offset);
   return orig;
 }
+ExpertWeights patched(ExpertWeights w, const ExpertTensors& et, const offload::ExpertHandle& h) {
+  w.w1 = patch(w.w1, et.w1, h);
+  w.w3 = patch(w.w3, et.w3, h);
+  w.w2 = patch(w.w2, et.w2, h);
+  return w;
+}
 }  // namespace
+
+void StoreExpertExecutor::require(int layer, std::span<const int> experts) {
+  store_.require(layer, experts);
+}
+
+HeldExpert StoreExpertExecutor::acquire(int layer, int e, const ExpertWeights& orig) {
+  HeldExpert h;
+  h.handle = store_.acquire(layer, e);
+  h.weights = patched(orig, ck_.expert(layer, e), h.handle);
+  return h;
+}
+
+void StoreExpertExecutor::cancel(int layer, int e) {
+  store_.cancel(layer, e);
+}
 
 void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTask> tasks,
                               const float* x, float* y, Precision p) {
@@ -136,12 +157,8 @@ void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTa
       for (; k < n; k++) {
         const int e = need[k];
         held.push_back(store_.acquire(l, e));
-        const ExpertTensors& et = ck_.expert(l, e);
-        const ExpertWeights& orig = layer.weights->experts[size_t(e)];
-        ExpertWeights& w = shadow.experts[size_t(e)];
-        w.w1 = patch(orig.w1, et.w1, held.back());
-        w.w3 = patch(orig.w3, et.w3, held.back());
-        w.w2 = patch(orig.w2, et.w2, held.back());
+        shadow.experts[size_t(e)] =
+            patched(layer.weights->experts[size_t(e)], ck_.expert(l, e), held.back());
       }
     } catch (...) {
       for (size_t j = k + 1; j < n; j++) store_.cancel(l, need[j]);

@@ -44,13 +44,42 @@ uint64_t parse_host_mem(const std::string& s, uint64_t expert_bytes);
 // The same syntax for any size flag; percent_of = 0 refuses "N%". Throws naming `flag`.
 uint64_t parse_size(const std::string& s, uint64_t percent_of, const char* flag);
 
-class StoreExpertExecutor final : public ExpertExecutor {
+// An expert held in host memory for a consumer outside the executor's run(): its weights with
+// the views pointing at the held bytes, valid (and the expert never evicted) while `handle` lives.
+struct HeldExpert {
+  ExpertWeights weights;
+  offload::ExpertHandle handle;
+};
+
+// The store's host cache as a source of expert bytes (ExpertExecutor::host_source): the GPU
+// backend stages prefill experts from it — by DMA straight from the cache when it is page-locked —
+// so staged experts come through the tiers (host cache, disk reads) like the CPU's, instead of
+// from the checkpoint's pages. The store's protocol holds: require, then acquire in that order;
+// at most slots() experts held at once; cancel what was required but will not be acquired.
+class HostExpertSource {
+ public:
+  virtual ~HostExpertSource() = default;
+  virtual uint64_t slots() const = 0;
+  virtual bool pinned() const = 0;  // held bytes are page-locked (cudaHostRegister)
+  virtual void require(int layer, std::span<const int> experts) = 0;
+  // `orig`: the expert's weights as the checkpoint maps them (shapes, formats).
+  virtual HeldExpert acquire(int layer, int e, const ExpertWeights& orig) = 0;
+  virtual void cancel(int layer, int e) = 0;
+};
+
+class StoreExpertExecutor final : public ExpertExecutor, public HostExpertSource {
  public:
   StoreExpertExecutor(std::unique_ptr<ExpertExecutor> inner, const Checkpoint& ck,
                       offload::ExpertStore& store, offload::Prefetcher* prefetcher);
   const char* name() const override { return name_.c_str(); }
   void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x, float* y,
            Precision p) override;
+  HostExpertSource* host_source() override { return this; }
+  uint64_t slots() const override { return store_.slots(); }
+  bool pinned() const override { return store_.pinned(); }
+  void require(int layer, std::span<const int> experts) override;
+  HeldExpert acquire(int layer, int e, const ExpertWeights& orig) override;
+  void cancel(int layer, int e) override;
 
  private:
   std::unique_ptr<ExpertExecutor> inner_;

@@ -204,6 +204,10 @@ Residency ExpertStore::residency(int layer, int e) const {
   return Residency::disk;
 }
 
+bool ExpertStore::pinned() const {
+  return arena_ && arena_->pinned();
+}
+
 uint64_t ExpertStore::host_used_bytes() const {
   std::lock_guard lk(mu_);
   return used_bytes_;

@@ -126,6 +126,7 @@ class ExpertStore {
   Residency residency(int layer, int e) const;
   uint64_t slots() const { return nslots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
+  bool pinned() const;               // the cache is page-locked for DMA (HostArena::pinned)
   uint64_t host_used_bytes() const;  // experts resident or being read, now
   const ExpertLayout& layout() const { return layout_; }
   TierTelemetry telemetry() const;

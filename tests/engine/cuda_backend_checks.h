@@ -157,14 +157,17 @@ inline void check_placements(const Model& model, const std::string& what, const 
     int stage_threshold = 0;   // > 0: prefill staging forced at this many tokens per expert
     bool host_groups = false;  // all resident, but the routing goes through the host path
   };
-  // Staging is forced for every expert with ≥ 1 token in the last placement, through 3-expert
-  // rounds (several rounds per layer, both halves of the staging slots in use).
+  // Staging is forced for every expert with ≥ 1 token in the last three placements, through
+  // 3-expert rounds (several rounds per layer, both halves of the staging slots in use).
   const Placement placements[] = {{"all GPU", 1.0, "", 0},
                                   {"all GPU, expert groups built on the host", 1.0, "", 0, true},
                                   {"10% GPU, rest host", 0.1, "", 0},
                                   {"10% GPU, 30% host, rest disk", 0.1, "30%", 0},
                                   {"all host", 0.0, "", 0},
-                                  {"all host, prefill staged to the GPU", 0.0, "", 1}};
+                                  {"all host, prefill staged to the GPU", 0.0, "", 1},
+                                  // staged through the store: by DMA from its page-locked cache
+                                  {"all host in a 100% host cache, prefill staged", 0.0, "100%", 1},
+                                  {"10% GPU, 30% host, rest disk, prefill staged", 0.1, "30%", 1}};
   std::vector<std::vector<float>> first_logits;
   std::vector<int32_t> first_tokens;
   for (const Placement& pl : placements) {
@@ -209,6 +212,8 @@ inline void check_placements(const Model& model, const std::string& what, const 
     CHECK((t.device_group_layers > 0) == (pl.gpu_share == 1.0 && !pl.host_groups));
     if (pl.gpu_share == 0.0 && !pl.stage_threshold) CHECK(t.gpu_expert_pairs == 0);
     if (pl.stage_threshold) CHECK(t.staged_experts > 3);  // several rounds
+    // From the store's cache (page-locked where there is a GPU), never from the checkpoint's pages.
+    CHECK(t.staged_direct == (pl.host_mem.empty() ? 0 : t.staged_experts));
     if (!pl.stage_threshold) CHECK(t.staged_experts == 0);
     if (pl.gpu_share == 0.1) CHECK((t.cpu_expert_pairs > 0 && t.gpu_expert_pairs > 0));
     if (first_logits.empty()) {

@@ -4,6 +4,7 @@
 // telemetry shows it really streamed (misses, evictions, bytes read, budget respected).
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <deque>
 
 #include "engine/offload_executor.h"
 #include "engine/session.h"
@@ -105,6 +106,80 @@ TEST_CASE("offload: a filled cache of 100% serves every expert from host memory,
   CHECK(t.evictions == 0);
   CHECK(t.bytes_read == 0);
   CHECK(t.host_hits == t.demand());
+}
+
+// The store as the GPU backend's source of staged experts (HostExpertSource): held experts carry
+// the checkpoint's bytes from the cache's slots, several at once up to slots(), and a cancelled
+// claim leaves the store usable (the executor runs every expert afterwards).
+TEST_CASE("offload: the store as a host expert source hands out the checkpoint's bytes",
+          "[offload]") {
+  auto model = Model::load(tiny_model());
+  const ModelConfig& c = model->config();
+  OffloadOptions oo;
+  oo.host_mem = "30%";
+  oo.prefetch_depth = 0;
+  OffloadRuntime rt(*model, oo);
+  SessionOptions so;
+  rt.install(so);
+  REQUIRE(so.wrap_executor);
+  auto ex = so.wrap_executor(make_expert_executor(ExpertNumerics::exact, c));
+  HostExpertSource* src = ex->host_source();
+  REQUIRE(src != nullptr);
+  CHECK(make_expert_executor(ExpertNumerics::exact, c)->host_source() == nullptr);
+  const uint64_t slots = src->slots();
+  REQUIRE(slots >= 2);
+  auto same = [](const WeightView& a, const WeightView& b) {
+    REQUIRE(a.format == b.format);
+    REQUIRE(a.rows == b.rows);
+    REQUIRE(a.cols == b.cols);
+    REQUIRE(a.data != b.data);  // from a cache slot, not the checkpoint's mapping
+    const bool fp4 = a.format == cpu::ref::WeightFormat::mxfp4;
+    const size_t n = size_t(a.rows * a.cols);
+    const size_t nb = fp4 ? n / 2 : a.format == cpu::ref::WeightFormat::bf16 ? n * 2 : n * 4;
+    CHECK(std::memcmp(a.data, b.data, nb) == 0);
+    if (fp4) CHECK(std::memcmp(a.scale, b.scale, size_t(a.rows * a.cols / 32)) == 0);
+  };
+  // Every expert of every MoE layer, at most slots() − 1 held at once, oldest released first.
+  std::deque<HeldExpert> held;
+  uint64_t total = 0;
+  int last = -1;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (!model->weights().layers[size_t(l)].moe) continue;
+    const MoeWeights& mw = *model->weights().layers[size_t(l)].moe;
+    const int E = int(mw.experts.size());
+    std::vector<int> all(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) all[size_t(e)] = e;
+    src->require(l, all);
+    for (int e = 0; e < E; ++e) {
+      while (held.size() >= slots - 1) held.pop_front();
+      held.push_back(src->acquire(l, e, mw.experts[size_t(e)]));
+      INFO("layer " << l << " expert " << e);
+      same(held.back().weights.w1, mw.experts[size_t(e)].w1);
+      same(held.back().weights.w3, mw.experts[size_t(e)].w3);
+      same(held.back().weights.w2, mw.experts[size_t(e)].w2);
+    }
+    total += uint64_t(E);
+    last = l;
+  }
+  REQUIRE(total > slots);  // 30%: not every expert fits, so slots were reused
+  held.clear();
+  // Claims dropped part-way: the executor still gets every expert.
+  const MoeWeights& mw = *model->weights().layers[size_t(last)].moe;
+  std::vector<int> all(mw.experts.size());
+  for (size_t e = 0; e < all.size(); ++e) all[e] = int(e);
+  src->require(last, all);
+  { HeldExpert h = src->acquire(last, 0, mw.experts[0]); }
+  for (size_t e = 1; e < all.size(); ++e) src->cancel(last, int(e));
+  const auto t = rt.telemetry();
+  CHECK(t.disk_misses > 0);
+  CHECK(t.read_errors == 0);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 9; i++) ids.push_back(int32_t((i * 37 + 11) % c.vocab_size));
+  SessionOptions base;
+  base.experts = ExpertNumerics::exact;
+  SessionOptions via = base;
+  via.wrap_executor = so.wrap_executor;
+  CHECK(logits(*model, via, ids) == logits(*model, base, ids));
 }
 
 TEST_CASE("offload: --host-mem parsing", "[offload]") {
