@@ -923,7 +923,10 @@ int CudaBackend::stage_threshold() {
     mo.cpu_kernels = false;
     hw = offload::measure_hardware(mo);
   }
-  offload::CostModel cm(hw, c_);
+  offload::CostOptions co;  // staged by DMA straight from a page-locked host cache
+  HostExpertSource* src = im.cpu_executor ? im.cpu_executor->host_source() : nullptr;
+  co.staging_dma = src && src->pinned();
+  offload::CostModel cm(hw, c_, co);
   const int thr = cm.prefill_stage_threshold();
   im.stage_threshold = thr;
   std::fprintf(

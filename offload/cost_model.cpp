@@ -367,10 +367,12 @@ double CostModel::h2d_gbps() const {
 }
 
 // The engine stages an expert by a host copy into pinned memory and a DMA, overlapped expert by
-// expert (engine/cuda_backend.cpp): the slower of the two sets the rate.
+// expert (engine/cuda_backend.cpp): the slower of the two sets the rate; from a page-locked host
+// cache, the DMA alone.
 double CostModel::stage_seconds() const {
   if (gpus_ == 0) return kInf;
-  return double(costs_.bytes_per_routed_expert) / (std::min(stage_copy_gbps(), h2d_gbps()) * 1e9);
+  const double gbps = opt_.staging_dma ? h2d_gbps() : std::min(stage_copy_gbps(), h2d_gbps());
+  return double(costs_.bytes_per_routed_expert) / (gbps * 1e9);
 }
 
 double CostModel::disk_read_seconds() const {
@@ -771,12 +773,20 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   if (res_n > 0) res_s += launch * std::min(1.0, res_n);
   const double host_us = device_groups ? 0 : a.gpu_moe_host_us * 1e-6;
   if (cpu_n > 0) cpu_s += a.cpu_expert_call_us * 1e-6 * std::min(1.0, cpu_n);
-  // Staging rounds of stage_slots experts: the host copies a round into pinned memory (DMA
-  // overlapped), the GPU computes it while the next round is copied.
-  const double copy_one = stage_seconds();
-  double chain = host_us + res_s, host_t = host_us, stage_gpu = 0;
+  // Staging rounds of stage_slots experts, the GPU computing a round while the next is copied
+  // into the other half of the device slots. Without a store the host copies each expert into
+  // pinned memory and the DMA follows it; from the store's page-locked cache (staging_dma, or a
+  // disk share) the host only enqueues DMAs, after reading from disk the staged experts the cache
+  // does not hold (a round's reads in flight together at the disk's bandwidth), and waits for the
+  // last DMAs before the CPU experts run.
+  const bool direct = opt_.staging_dma || p.disk > 0;
+  const double dma_one = eb / (h2d_gbps() * 1e9);
+  const double host_one = direct ? 0.0 : eb / (stage_copy_gbps() * 1e9);
+  const double disk_one =
+      p.disk > 0 && nc > 0 ? std::min(1.0, p.disk / nc) * disk_read_seconds() : 0.0;
+  double chain = host_us + res_s, host_t = host_us, stage_gpu = 0, stage_disk = 0;
   if (st_n > 0) {
-    double left = st_n, prev_end = chain, prev2_end = 0;
+    double left = st_n, prev_end = chain, prev2_end = 0, dma_end = 0;
     double stage_sum = 0, spb_sum = 0;
     for (auto [m, n] : staged) {
       stage_sum += n;
@@ -785,16 +795,25 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     const double per_expert_gpu = spb_sum / stage_sum;
     for (int round = 0; left > 1e-9; ++round) {
       const double n = std::min(left, double(kStageSlotsPerRound));
-      const double start = round >= 2 ? std::max(host_t, prev2_end) : host_t;
-      host_t = start + n * copy_one;
-      const double end = std::max(prev_end, host_t) + n * per_expert_gpu + launch;
+      const double half_free = round >= 2 ? prev2_end : 0.0;
+      const double start = direct ? host_t : std::max(host_t, half_free);
+      host_t = start + n * (host_one + disk_one);
+      // The DMAs: behind the host's per-expert work (copy or read), at most one DMA apart, and
+      // back to back on the copy stream once the half is free.
+      const double copies = std::max(host_t + (host_one + disk_one > 0 ? dma_one : 0.0),
+                                     std::max({start, half_free, dma_end}) + n * dma_one);
+      dma_end = copies;
+      const double end = std::max(prev_end, copies) + n * per_expert_gpu + launch;
       prev2_end = prev_end;
       prev_end = end;
       left -= n;
-      s.stage_copy_s += n * copy_one * moe_layers;
+      s.stage_copy_s += n * host_one * moe_layers;
+      s.stage_dma_s += n * dma_one * moe_layers;
+      stage_disk += n * disk_one * moe_layers;
       stage_gpu += n * per_expert_gpu + launch;
     }
     chain = prev_end;
+    if (direct) host_t = std::max(host_t, dma_end);
   }
   // Shared experts: in decode (CUDA graphs) after the join, in prefill beside the CPU experts.
   double join;
@@ -818,6 +837,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     xfer += moe_layers * T * D * 4 / d2h;
     s.disk_s = (demand_n + prefetch_n) * disk_read_seconds();
   }
+  s.disk_s += stage_disk;
   if (!device_groups) s.syncs += moe_layers;
   if (a.gpu_extra_syncs_per_layer <= 0) kernels += s.syncs;  // the record's download per sync
   s.kernels = kernels;
@@ -994,12 +1014,13 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
   const int64_t last = tokens - (e.chunks - 1) * chunk;
   if (gpu) {
     // The engine as it runs, chunk by chunk (logits for the last chunk only).
-    double dense = 0, attn = 0, gexp = 0, cexp = 0, copy = 0, host = 0, disk = 0;
+    double dense = 0, attn = 0, gexp = 0, cexp = 0, copy = 0, dma = 0, host = 0, disk = 0;
     for (int64_t i = 0; i < e.chunks; ++i) {
       const bool is_last = i + 1 == e.chunks;
       const EngineStep s = engine_step(p, is_last ? last : chunk, 1, false, i * chunk, is_last);
       dense += s.gpu_dense_s, attn += s.gpu_attention_s, gexp += s.gpu_experts_s;
       cexp += s.cpu_experts_s, copy += s.stage_copy_s, host += s.host_s, disk += s.disk_s;
+      dma += s.stage_dma_s;
       e.staged_experts_per_chunk += s.staged_experts / double(e.chunks);
       e.cpu_experts_per_chunk += s.cpu_experts / double(e.chunks);
       switch (opt_.overlap) {
@@ -1012,7 +1033,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
           break;
         case Overlap::full:
           total += std::max({s.gpu_dense_s + s.gpu_attention_s + s.gpu_experts_s, s.cpu_experts_s,
-                             s.stage_copy_s, s.disk_s});
+                             s.stage_copy_s, s.stage_dma_s, s.disk_s});
           break;
       }
     }
@@ -1020,7 +1041,8 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
     e.parts.push_back({"KDA (chunked) + MLA attention", "gpu", attn});
     e.parts.push_back({"routed experts on the GPU (cached + staged)", "gpu", gexp});
     e.parts.push_back({"routed experts on the CPU", "cpu", cexp});
-    e.parts.push_back({"host copies into pinned staging", "pcie", copy});
+    if (copy > 0) e.parts.push_back({"host copies into pinned staging", "pcie", copy});
+    if (dma > 0) e.parts.push_back({"staging DMA host->device", "pcie", dma});
     e.parts.push_back({"host round trips", "host", host});
     if (disk > 0) e.parts.push_back({"routed experts read from disk", "disk", disk});
   } else {

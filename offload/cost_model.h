@@ -240,6 +240,11 @@ struct CostOptions {
   TrunkBackend trunk = TrunkBackend::gpu;
   int gpus = -1;  // GPUs used in total (pipeline stages over layers); -1 = all in the profile
   Overlap overlap = Overlap::moe_layer;
+  // The host share lives in the tiered store's page-locked cache (--host-mem; bench e2e
+  // --host-cache), so the GPU engine stages prefill experts by DMA straight from it, with no host
+  // copy (engine/cuda_backend.cpp). Implied for placements with a disk share (the store exists),
+  // whose staged experts outside the cache are read from disk first.
+  bool staging_dma = false;
   CostAssumptions assumptions;
 };
 
@@ -258,7 +263,9 @@ class CostModel {
   // --- one routed expert of this model (the engine's placement decisions) ---
   double cpu_expert_seconds(int tokens) const;  // on the CPU, weights in host memory
   double gpu_expert_seconds(int tokens) const;  // on one GPU, weights in its cache; +inf w/o GPU
-  double stage_seconds() const;      // host copy + DMA of one expert to the GPU; +inf w/o GPU
+  // Staging one expert to the GPU: the slower of the host copy into pinned memory and the DMA, or
+  // the DMA alone with staging_dma; +inf without a GPU.
+  double stage_seconds() const;
   double disk_read_seconds() const;  // O_DIRECT read of one expert; +inf w/o disk rate
   // Smallest tokens-per-expert M for which staging + GPU compute beats the CPU:
   // stage_seconds() + gpu_expert_seconds(M) < cpu_expert_seconds(M). kNever when no M up to
@@ -322,6 +329,7 @@ class CostModel {
     double gpu_experts_s = 0;    // grouped experts from the cache and staged
     double cpu_experts_s = 0;    // CPU experts (the host, beside the GPU)
     double stage_copy_s = 0;     // host copies into pinned staging (serial on the host)
+    double stage_dma_s = 0;      // staging DMAs host → GPU (the copy stream)
     double host_s = 0;           // synchronisations and host work per MoE layer
     double disk_s = 0;           // disk reads (demand and prefetch), overlapping the step
     int kernels = 0, gemms = 0, syncs = 0;

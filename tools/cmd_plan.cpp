@@ -36,6 +36,7 @@ struct Options {
   int concurrency = 1;
   // --bench-e2e: predict `strata bench e2e`'s lines (its flags, its defaults).
   bool bench_e2e = false;
+  bool host_cache = false;  // --bench-e2e --host-cache: host placements from a page-locked cache
   std::string device = "auto", placements = "all";
   std::vector<int> batches = {1, 8};
   std::vector<int64_t> prefill = {1024, 16384};
@@ -118,6 +119,7 @@ int predict_bench_e2e(const HardwareProfile& hw, const ModelConfig& cfg, const O
                       int64_t context, const std::string& note) {
   CostOptions co;
   co.overlap = parse_overlap(o.overlap);
+  co.staging_dma = o.host_cache;
   for (const std::string& kv : o.assume) apply_assumption(co.assumptions, kv);
   bool gpu = false;
   if (o.device == "gpu" || (o.device == "auto" && hw.gpu.count > 0)) {
@@ -383,6 +385,9 @@ CommandRun setup(CLI::App& app) {
   app.add_option("--batch", o->batches, "with --bench-e2e: decode batch sizes (1 8)");
   app.add_option("--prefill", o->prefill, "with --bench-e2e: prefill lengths (1024 16384)");
   app.add_option("--steps", o->steps, "with --bench-e2e: timed decode steps (32)");
+  app.add_flag("--host-cache", o->host_cache,
+               "with --bench-e2e: the host placements' experts in a filled page-locked host "
+               "cache, staged by DMA (bench e2e --host-cache)");
   app.add_option("--assume", o->assume,
                  "NAME=VALUE: replace one of the cost model's assumptions (CostAssumptions in "
                  "offload/cost_model.h), e.g. gpu_extra_syncs_per_layer=2");

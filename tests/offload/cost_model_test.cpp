@@ -394,6 +394,38 @@ TEST_CASE("GPU engine prefill: staged rounds are copied on the host, then comput
   CHECK(pf.staged_experts_per_chunk == Approx(64.0 * moe).epsilon(1e-6));
 }
 
+TEST_CASE("GPU engine prefill: staging from a page-locked host cache is the DMA alone", "[cost]") {
+  const ModelConfig cfg = k3_slice8();
+  const HardwareProfile hw = gpu_machine();
+  const int moe = cfg.num_moe_layers();
+  const CostModel copied(hw, cfg);
+  CostOptions co;
+  co.staging_dma = true;
+  const CostModel direct(hw, cfg, co);
+  const double eb = double(direct.costs().bytes_per_routed_expert);
+  CHECK(direct.stage_seconds() == Approx(eb / 50e9).epsilon(1e-9));  // host→device, no copy
+  CHECK(copied.stage_seconds() == Approx(eb / 23e9).epsilon(1e-9));
+  CHECK(direct.prefill_stage_threshold() <= copied.prefill_stage_threshold());
+  const auto a = copied.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, true);
+  const auto b = direct.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, true);
+  REQUIRE(b.staged_experts == Approx(64.0 * moe).epsilon(1e-6));
+  CHECK(b.stage_copy_s == 0);
+  CHECK(b.stage_dma_s == Approx(64.0 * moe * eb / 50e9).epsilon(1e-6));
+  CHECK(a.stage_dma_s == Approx(b.stage_dma_s));
+  // Each layer's 64 experts cross the link in 2 rounds: at least the DMAs, less than the copies.
+  const auto cached = direct.engine_step(Placement{1, 0, 0}, 512, 1, false, 0, true);
+  CHECK(b.seconds >= cached.seconds + moe * 32 * eb / 50e9);
+  CHECK(b.seconds < a.seconds - moe * 32 * eb * (1 / 23e9 - 1 / 50e9));
+  // A disk share: the store exists, so its cache is page-locked (DMA) and the staged experts it
+  // does not hold are read from disk first, on the step's path.
+  const Placement disk{0, 0.3, 0.7};
+  const auto d = copied.engine_step(disk, 512, 1, false, 0, true);
+  CHECK(d.stage_copy_s == 0);
+  CHECK(d.disk_s == Approx(64.0 * moe * 0.7 * copied.disk_read_seconds()).epsilon(1e-6));
+  CHECK(d.seconds >= d.disk_s);
+  CHECK(d.seconds >= b.seconds);  // never faster than staging from the cache alone
+}
+
 TEST_CASE("a pipeline of GPUs raises throughput only when there are micro-batches", "[cost]") {
   const ModelConfig cfg = k3_slice();
   const CostModel one(gpu_machine(1), cfg), four(gpu_machine(4), cfg);
