@@ -1426,15 +1426,17 @@ uint16_t* to_bf16(CudaBackend::Impl& im, Scratch& sc, const float* x, int64_t n)
 }
 
 // The bf16 form of a sublayer's input x: the copy the norm that produced x wrote beside it
-// (CudaBackend::norm), else converted into xb.
+// (CudaBackend::norm), else converted into xb (or into scratch).
+bool has_norm_bf16(const CudaBackend::Impl& im, Act x) {
+  return x.data == im.norm_bf16_of && x.size() == im.norm_bf16_n;
+}
 uint16_t* input_bf16(CudaBackend::Impl& im, Act x, uint16_t* xb) {
-  if (x.data == im.norm_bf16_of && x.size() == im.norm_bf16_n) return im.norm_bf16;
+  if (has_norm_bf16(im, x)) return im.norm_bf16;
   check(kops::f32_to_bf16(x.data, xb, x.size(), im.stream), "f32_to_bf16");
   return xb;
 }
 uint16_t* input_bf16(CudaBackend::Impl& im, Scratch& sc, Act x) {
-  if (x.data == im.norm_bf16_of && x.size() == im.norm_bf16_n) return im.norm_bf16;
-  return to_bf16(im, sc, x.data, x.size());
+  return has_norm_bf16(im, x) ? im.norm_bf16 : to_bf16(im, sc, x.data, x.size());
 }
 kops::GluParams glu_params(const cpu::ref::Glu& g) {
   kops::GluParams p;
