@@ -5,7 +5,9 @@
 #include <tbb/info.h>
 #include <tbb/task_scheduler_observer.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "storage/error.h"
@@ -140,6 +142,11 @@ struct PinnedArena::Observer : tbb::task_scheduler_observer {
     return s;
   }
 };
+
+bool pin_expert_threads() {
+  const char* v = std::getenv("STRATA_PIN_EXPERT_THREADS");
+  return v && std::string_view(v) == "1";
+}
 
 PinnedArena::PinnedArena(const Topology& topo, int threads)
     : topo_(topo), threads_(threads), arena_(threads) {

@@ -45,6 +45,11 @@ class Topology {
 
 // A TBB arena of `threads` threads (≤ cores), each pinned to its own core through hwloc as it
 // enters the arena (a task_scheduler_observer). Work run through execute() stays on those cores.
+// Whether the engines' routed-expert kernels run on pinned workers (a PinnedArena of one thread per
+// core) rather than in the caller's arena: STRATA_PIN_EXPERT_THREADS=1 or 0, default off. `bench
+// hw` times the CPU expert curve the same way, so the cost model sees the engine's rate.
+bool pin_expert_threads();
+
 class PinnedArena {
  public:
   PinnedArena(const Topology& topo, int threads);

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "cpu/expert_kernels.h"
+#include "cpu/topology.h"
 #include "engine/expert_executor.h"
 #include "storage/error.h"
 
@@ -25,9 +26,14 @@ static_assert(std::is_same_v<int32_t, int>,
 class ContractExecutor final : public ExpertExecutor {
  public:
   // An explicit ISA this CPU cannot run throws here (strata::Error; no silent fallback).
-  explicit ContractExecutor(cpu::ExpertIsa isa) {
+  ContractExecutor(cpu::ExpertIsa isa, bool pin_threads) {
     opt_.isa = cpu::resolve_isa(isa);
     opt_.workspace = &ws_;  // the kernels' per-call buffers, kept between layers and tokens
+    if (pin_threads) {
+      topo_ = std::make_unique<cpu::Topology>();
+      arena_ = std::make_unique<cpu::PinnedArena>(*topo_, topo_->cores());
+      opt_.arena = &arena_->arena();
+    }
   }
   ContractExecutor(const ContractExecutor&) = delete;
   ContractExecutor& operator=(const ContractExecutor&) = delete;
@@ -89,6 +95,10 @@ class ContractExecutor final : public ExpertExecutor {
   }
 
  private:
+  // With pinned threads: one worker per core, hwloc-bound (cpu/topology.h), as `bench
+  // cpu-experts` runs; the caller joins the arena for each run().
+  std::unique_ptr<cpu::Topology> topo_;
+  std::unique_ptr<cpu::PinnedArena> arena_;
   cpu::CpuExpertWorkspace ws_;  // reused (grow-only) by every run_experts_cpu call of this executor
   cpu::CpuExpertOptions opt_;
   cpu::QuantizedActivations xq_;  // reused: quantized layer input
@@ -98,9 +108,10 @@ class ContractExecutor final : public ExpertExecutor {
 
 }  // namespace
 
-std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa) {
+std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa,
+                                                       bool pin_threads) {
   STRATA_ASSERT(c.moe.mxfp4);
-  return std::make_unique<ContractExecutor>(isa);
+  return std::make_unique<ContractExecutor>(isa, pin_threads);
 }
 
 }  // namespace strata::engine

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "cpu/expert_kernels.h"
+#include "cpu/topology.h"
 #include "storage/error.h"
 
 namespace strata::engine {
@@ -109,7 +110,7 @@ std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const Mod
         "--experts-numerics contract: the contract (docs/numerics.md) is defined for "
         "MXFP4 routed experts; " +
         c.source + " has bf16 experts (use bf16 or exact)");
-  return make_contract_executor(c, cpu::ExpertIsa::automatic);
+  return make_contract_executor(c, cpu::ExpertIsa::automatic, cpu::pin_expert_threads());
 }
 
 }  // namespace strata::engine

@@ -85,7 +85,9 @@ std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const Mod
 std::unique_ptr<ExpertExecutor> make_bf16_executor();
 // The contract executor with its kernels' ISA chosen (cpu::ExpertIsa::automatic: the best this CPU
 // runs; scalar/avx2/avx512: forced, for tests and benchmarks). An ISA this CPU cannot run throws
-// strata::Error (no silent fallback). Requires MXFP4 experts (asserted).
-std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa);
+// strata::Error (no silent fallback). Requires MXFP4 experts (asserted). pin_threads: the kernels
+// run in an arena of one hwloc-pinned worker per core (cpu::PinnedArena) instead of the caller's.
+std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa,
+                                                       bool pin_threads = false);
 
 }  // namespace strata::engine

@@ -478,9 +478,12 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
     cpu::CpuExpertOptions opt;
     opt.isa = isa;
     opt.workspace = &ws;
-    // The curve the cost model uses runs as the engine's executor does (threads not pinned:
-    // engine/contract_executor.cpp runs in the caller's arena); one pinned line beside it.
-    opt.arena = &plain;
+    // The curve the cost model uses runs as the engine's executor does (cpu::pin_expert_threads:
+    // hwloc-pinned workers, the probe's arena, or the caller's unpinned arena); one M=1 line of
+    // the other way beside it.
+    const bool pin = cpu::pin_expert_threads();
+    const char* how = pin ? " (pinned)" : " (not pinned)";
+    opt.arena = pin ? nullptr : &plain;
     RateCurve c;
     const std::string shape_e = "3584->3072->3584 x" + std::to_string(experts) + ", " + thr;
     const std::string isa_note = std::string(cpu::isa_name(isa)) + ", contract";
@@ -495,15 +498,17 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
       emit(l);
     }
     {
-      cpu::CpuExpertOptions pinned = opt;
-      pinned.arena = nullptr;  // the probe's hwloc-pinned arena
-      RateSample s = eff(time_repeats(probe.prepare(1, pinned), reps, 1));
+      cpu::CpuExpertOptions other = opt;
+      other.arena = pin ? &plain : nullptr;  // nullptr: the probe's hwloc-pinned arena
+      RateSample s = eff(time_repeats(probe.prepare(1, other), reps, 1));
       s.bytes = double(kK3ExpertBytes) * experts;
-      emit(make_line("hw/cpu expert M=1 (pinned threads)", shape_e, s, "host memory read", mem_gbps,
-                     isa_note + "; not used by the cost model"));
+      emit(make_line(
+          pin ? "hw/cpu expert M=1 (threads not pinned)" : "hw/cpu expert M=1 (pinned threads)",
+          shape_e, s, "host memory read", mem_gbps,
+          isa_note + "; not how the engine runs, not used by the cost model"));
     }
     c.source = std::string("measured: cpu::run_experts_cpu, ") + cpu::isa_name(isa) + ", " +
-               std::to_string(experts) + " K3-shaped experts, " + thr + " (not pinned)" + basis;
+               std::to_string(experts) + " K3-shaped experts, " + thr + how + basis;
     hw.kernels.cpu_expert = c;
     {
       // Small experts (a latent MoE's shape): 64 per call as a MoE layer's, 16 groups in turn
@@ -526,7 +531,7 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
         emit(l);
       }
       cs.source = std::string("measured: cpu::run_experts_cpu, ") + cpu::isa_name(isa) + ", " +
-                  shape_s + " (not pinned)" + basis;
+                  shape_s + how + basis;
       hw.kernels.cpu_expert_small = cs;
     }
 

@@ -10,8 +10,10 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -43,6 +45,8 @@ struct Options {
   bool no_workspace = false;
   bool no_few = false;
   bool bf16 = false;
+  bool unpinned = false;
+  std::vector<int> gap_us = {0};
   int repeats = 5;
   int gemm = 4096;
   int membw_mib = 2048;
@@ -60,6 +64,7 @@ int run(const Options& o) {
   for (int t : o.tokens) check_option("--tokens", t, 1, 1 << 16);
   for (int p : o.prefetch) check_option("--prefetch", p, -1, 1 << 20);
   for (int p : o.pass_tokens) check_option("--amx-pass-tokens", p, -1, 1 << 16);
+  for (int g : o.gap_us) check_option("--gap-us", g, 0, 1000000);
   check_json_output(o.json);
   const int threads = o.threads > 0 ? o.threads : topo.cores();
   const cpu::ExpertIsa isa = cpu::resolve_isa(cpu::parse_isa(o.isa, "--isa"));
@@ -90,42 +95,62 @@ int run(const Options& o) {
   cpu::CpuExpertWorkspace workspace;  // reused by every call, as a layer executor would
   if (!o.no_workspace) opt.workspace = &workspace;
   opt.few_token_kernel = !o.no_few;
+  tbb::task_arena plain(threads);  // --unpinned: the same thread count, as the engine's executor
+  if (o.unpinned) opt.arena = &plain;
 
   for (int M : o.tokens) {
     if (M < 1) throw Error("--tokens: expected positive token counts");
     const int reps = M >= 64 ? std::max(1, o.repeats / 2) : o.repeats;
     for (int pf : o.prefetch)
-      for (int pt : o.pass_tokens) {
-        opt.prefetch = pf;
-        opt.amx_pass_tokens = pt;
-        const cpu::detail::GemmCounts c0 = cpu::detail::gemm_counts();
-        BenchLine l;
-        l.name = "cpu-experts M=" + std::to_string(M);
-        if (o.prefetch.size() > 1) l.name += " pf=" + std::to_string(pf);
-        if (o.pass_tokens.size() > 1) l.name += " pass=" + std::to_string(pt);
-        l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
-        // Every one of the M tokens is routed to every expert: M tokens per expert.
-        l.time = measure(probe.prepare(M, opt), reps, 1);
-        l.bytes = double(offload::kK3ExpertBytes) * o.experts;
-        l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
-        l.peak_is_bandwidth = 3.79 * M < ridge;
-        l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
-        l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
-        l.note = std::string(cpu::isa_name(isa)) + ", contract bits" +
-                 (o.no_workspace ? ", fresh buffers per call" : ", workspace reused") +
-                 (M >= 2 && M <= 4 ? (o.no_few ? ", register-tiled" : ", few-token kernel") : "");
-        const cpu::detail::GemmCounts c1 = cpu::detail::gemm_counts();
-        if (c1.fast + c1.strict > c0.fast + c0.strict) {
-          std::ostringstream ss;
-          ss.precision(4);
-          ss << ", any-order pairs "
-             << 100.0 * double(c1.fast - c0.fast) /
-                    double(c1.fast + c1.strict - c0.fast - c0.strict)
-             << "%";
-          l.note += ss.str();
+      for (int pt : o.pass_tokens)
+        for (int gap : o.gap_us) {
+          opt.prefetch = pf;
+          opt.amx_pass_tokens = pt;
+          const cpu::detail::GemmCounts c0 = cpu::detail::gemm_counts();
+          BenchLine l;
+          l.name = "cpu-experts M=" + std::to_string(M);
+          if (o.prefetch.size() > 1) l.name += " pf=" + std::to_string(pf);
+          if (o.pass_tokens.size() > 1) l.name += " pass=" + std::to_string(pt);
+          if (gap > 0) l.name += " gap=" + std::to_string(gap) + "us";
+          l.shape = "3584->3072->3584 x" + std::to_string(o.experts) + " experts";
+          // Every one of the M tokens is routed to every expert: M tokens per expert.
+          std::function<void()> call = probe.prepare(M, opt);
+          if (gap > 0) {
+            // The engine's pattern: the caller busy-waits (as on the GPU's part of a layer) while
+            // the workers idle, then calls; the gap is timed with the call and subtracted.
+            const auto idle = std::chrono::microseconds(gap);
+            call = [call, idle] {
+              const auto until = std::chrono::steady_clock::now() + idle;
+              while (std::chrono::steady_clock::now() < until) {
+              }
+              call();
+            };
+          }
+          l.time = measure(call, reps, 1);
+          for (double* t : {&l.time.median_s, &l.time.min_s, &l.time.max_s}) *t -= gap * 1e-6;
+          l.bytes = double(offload::kK3ExpertBytes) * o.experts;
+          l.flops = 2.0 * M * 3.0 * kI * kH * o.experts;
+          l.peak_is_bandwidth = 3.79 * M < ridge;
+          l.peak_name = l.peak_is_bandwidth ? "memory read (measured)" : "oneDNN bf16 (best rep.)";
+          l.peak = l.peak_is_bandwidth ? mem_gbps : bf16_tflops;
+          l.note =
+              std::string(cpu::isa_name(isa)) + ", contract bits" +
+              (o.no_workspace ? ", fresh buffers per call" : ", workspace reused") +
+              (M >= 2 && M <= 4 ? (o.no_few ? ", register-tiled" : ", few-token kernel") : "") +
+              (o.unpinned ? ", threads not pinned" : ", pinned threads") +
+              (gap > 0 ? ", " + std::to_string(gap) + " us idle before each call" : "");
+          const cpu::detail::GemmCounts c1 = cpu::detail::gemm_counts();
+          if (c1.fast + c1.strict > c0.fast + c0.strict) {
+            std::ostringstream ss;
+            ss.precision(4);
+            ss << ", any-order pairs "
+               << 100.0 * double(c1.fast - c0.fast) /
+                      double(c1.fast + c1.strict - c0.fast - c0.strict)
+               << "%";
+            l.note += ss.str();
+          }
+          rep.add(l);
         }
-        rep.add(l);
-      }
   }
   // bf16 routed experts (Kimi-Linear-48B: 2304 -> 1024 -> 2304, SiLU) through the bf16 executor
   // (ExpertNumerics::bf16: the trunk's GEMV / oneDNN kernels), every token to every expert.
@@ -216,6 +241,13 @@ BenchSetup setup = [](CLI::App& app) {
       "--bf16", o->bf16,
       "also the bf16 routed experts of Kimi-Linear (2304 -> 1024 -> 2304) through the bf16 "
       "executor, the same experts and tokens");
+  app.add_flag("--unpinned", o->unpinned,
+               "run the expert kernels in an arena of unpinned threads (as the engine's executor "
+               "does unless STRATA_PIN_EXPERT_THREADS=1)");
+  app.add_option("--gap-us", o->gap_us,
+                 "idle microseconds before each call, a line each (the engine's pattern: the "
+                 "caller waits on the GPU between layers; default 0)")
+      ->delimiter(',');
   app.add_option("--repeats", o->repeats, "timed repeats per line (default 5; half for M ≥ 64)");
   app.add_option("--gemm", o->gemm, "oneDNN bf16 peak matmul size N (N×N×N, default 4096)");
   app.add_option("--membw-mib", o->membw_mib, "memory read peak buffer in MiB (default 2048)");
