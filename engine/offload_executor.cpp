@@ -191,7 +191,11 @@ OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)
   sc.gpu = 0;
   store_ = std::make_unique<offload::ExpertStore>(std::move(layout), sc);
   if (o.host_fill) fill_host_cache();
-  if (o.prefetch_depth > 0) {
+  // Router lookahead only where an expert can miss: with every expert in the host cache it would
+  // cost a host copy of each MoE layer's input and a thread computing routers beside the CPU
+  // experts, for no read.
+  all_cached_ = o.host_fill && store_->all_resident();
+  if (o.prefetch_depth > 0 && !all_cached_) {
     const ModelConfig& c = model.config();
     std::vector<offload::LayerRouter> routers(size_t(c.num_layers));
     for (int l = 0; l < c.num_layers; l++) {
@@ -262,7 +266,8 @@ std::vector<std::string> OffloadRuntime::describe() const {
   auto d = store_->describe();
   d.push_back(prefetcher_ ? "prefetch: router lookahead " + std::to_string(opt_.prefetch_depth) +
                                 " layers, async"
-                          : "prefetch: off");
+              : all_cached_ ? "prefetch: off (every expert in the host cache)"
+                            : "prefetch: off");
   return d;
 }
 

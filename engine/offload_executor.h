@@ -111,6 +111,7 @@ class OffloadRuntime {
   OffloadOptions opt_;
   std::unique_ptr<offload::ExpertStore> store_;
   std::unique_ptr<offload::Prefetcher> prefetcher_;
+  bool all_cached_ = false;  // filled with every expert: no prefetcher
 };
 
 }  // namespace strata::engine

@@ -440,6 +440,13 @@ void ExpertStore::prefetch(int layer, std::span<const std::pair<int, float>> pre
   }
 }
 
+bool ExpertStore::all_resident() const {
+  std::lock_guard lk(mu_);
+  for (uint32_t i = 0; i < entries_.size(); i++)
+    if (!layout_.spans[i].empty() && entries_[i].state != State::host) return false;
+  return true;
+}
+
 uint64_t ExpertStore::fill(const std::function<void(uint64_t, uint64_t)>& progress) {
   const auto t0 = Clock::now();
   const double busy0 = reader_->stats().busy_seconds;

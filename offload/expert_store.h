@@ -124,6 +124,9 @@ class ExpertStore {
   uint64_t fill(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
 
   Residency residency(int layer, int e) const;
+  // Every expert of the layout is resident in the host cache (after a fill() that held them all):
+  // nothing can miss, so nothing is read, evicted or worth predicting from then on.
+  bool all_resident() const;
   uint64_t slots() const { return nslots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   bool pinned() const;               // the cache is page-locked for DMA (HostArena::pinned)

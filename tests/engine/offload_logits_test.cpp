@@ -3,6 +3,7 @@
 // the in-memory run, for both expert numerics modes, with and without prefetch, and the store's
 // telemetry shows it really streamed (misses, evictions, bytes read, budget respected).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -97,6 +98,11 @@ TEST_CASE("offload: a filled cache of 100% serves every expert from host memory,
   CHECK(t0.fill_bytes > 0);
   SessionOptions so;
   rt.install(so);
+  // Nothing can miss: no router lookahead (no host copy of each MoE input for it), and it says so.
+  CHECK_FALSE(so.on_moe_input);
+  const std::vector<std::string> lines = rt.describe();
+  CHECK(std::find(lines.begin(), lines.end(), "prefetch: off (every expert in the host cache)") !=
+        lines.end());
   const std::vector<float> got = logits(*model, so, ids);
   REQUIRE(got.size() == want.size());
   CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
@@ -106,6 +112,13 @@ TEST_CASE("offload: a filled cache of 100% serves every expert from host memory,
   CHECK(t.evictions == 0);
   CHECK(t.bytes_read == 0);
   CHECK(t.host_hits == t.demand());
+  // A filled cache that cannot hold them all keeps the lookahead.
+  OffloadOptions part = oo;
+  part.host_mem = "30%";
+  OffloadRuntime rt30(*model, part);
+  SessionOptions so30;
+  rt30.install(so30);
+  CHECK(so30.on_moe_input);
 }
 
 // The store as the GPU backend's source of staged experts (HostExpertSource): held experts carry
