@@ -1,5 +1,7 @@
 // `strata synth`: write a synthetic checkpoint in the released layout (storage/synth.h).
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "engine/cli_support.h"
 #include "storage/error.h"
@@ -15,6 +17,7 @@ struct SynthArgs {
   double shard_mb = 0;
   bool no_tokenizer = false;
   bool quiet = false;
+  bool config_only = false;
 };
 
 strata::tools::CommandRun setup(CLI::App& app) {
@@ -40,6 +43,9 @@ strata::tools::CommandRun setup(CLI::App& app) {
   app.add_option("--threads", a->opt.threads, "generator threads (default: all cores)");
   app.add_flag("--no-tokenizer", a->no_tokenizer, "do not write the stand-in tokenizer");
   app.add_flag("-q,--quiet", a->quiet, "no progress lines");
+  app.add_flag("--config-only", a->config_only,
+               "write only the config.json the checkpoint would have (no weights; e.g. for "
+               "`strata plan --config`)");
   app.add_option("-o,--output", a->out, "output directory (new or empty)")->required();
   return [a]() -> int {
     strata::engine::check_thread_count("--threads", a->opt.threads);
@@ -49,6 +55,25 @@ strata::tools::CommandRun setup(CLI::App& app) {
     a->opt.config_path = a->config;
     a->opt.tokenizer = !a->no_tokenizer;
     a->opt.shard_bytes = uint64_t(a->shard_mb * 1048576.0);
+    if (a->config_only) {
+      namespace fs = std::filesystem;
+      const std::string text = strata::synth_config_json(a->opt);  // validates first
+      const fs::path dir = a->out;
+      std::error_code ec;
+      if (fs::exists(dir) && !fs::is_empty(dir, ec))
+        throw strata::Error(a->out +
+                            ": exists and is not empty (synth writes into an empty or new "
+                            "directory)");
+      fs::create_directories(dir, ec);
+      if (ec) throw strata::Error(a->out + ": cannot create: " + ec.message());
+      const fs::path file = dir / "config.json";
+      std::ofstream f(file);
+      f << text;
+      f.close();
+      if (!f) throw strata::Error(file.string() + ": write failed");
+      std::printf("wrote %s (config only, no weights)\n", file.c_str());
+      return 0;
+    }
     auto progress = [a](int done, int total, uint64_t bytes, uint64_t all) {
       if (!a->quiet)
         std::fprintf(stderr, "synth: shard %d/%d written (%.2f of %.2f GB)\n", done, total,

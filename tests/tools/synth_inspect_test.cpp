@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "storage/synth.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -61,6 +62,34 @@ TEST_CASE("strata synth → inspect round trip for the tiny presets", "[cli][syn
     CHECK(c.status == 0);
     CHECK_THAT(c.out, Catch::Contains("all tensors claimed with the shapes the config implies"));
   }
+}
+
+TEST_CASE("strata synth --config-only writes the checkpoint's config.json alone, never over a file",
+          "[cli][synth]") {
+  const fs::path d = strata::test::scratch_dir("synth_config_only");
+  const fs::path out = d / "k3-slice8";
+  Run r = run("synth --preset k3-slice --layers 8 --experts 64 --config-only -o " + out.string(), d);
+  REQUIRE(r.status == 0);
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(out)) files += f.is_regular_file();
+  CHECK(files == 1);
+  strata::SynthOptions so;
+  so.preset = "k3-slice";
+  so.layers = 8;
+  so.experts = 64;
+  CHECK(slurp(out / "config.json") == strata::synth_config_json(so));
+  // `strata inspect` reads it as the 8-layer slice (no weights needed).
+  r = run("inspect " + (out / "config.json").string() + " --json", d);
+  REQUIRE(r.status == 0);
+  const json j = json::parse(r.out);
+  CHECK(j["architecture"]["layers"] == 8);
+  CHECK(j["architecture"]["num_experts"] == 64);
+  // The directory now holds a file: refused with one line, the file untouched.
+  const std::string before = slurp(out / "config.json");
+  r = run("synth --preset k3-mini --config-only -o " + out.string(), d);
+  CHECK(r.status == 1);
+  CHECK(r.err.find("exists and is not empty") != std::string::npos);
+  CHECK(slurp(out / "config.json") == before);
 }
 
 TEST_CASE("strata inspect on the real K3 config prints the spec's figures", "[cli][inspect]") {
