@@ -148,6 +148,11 @@ bool pin_expert_threads() {
   return v && std::string_view(v) == "1";
 }
 
+bool keep_expert_threads_warm() {
+  const char* v = std::getenv("STRATA_EXPERT_KEEP_WARM");
+  return v && std::string_view(v) == "1";
+}
+
 PinnedArena::PinnedArena(const Topology& topo, int threads)
     : topo_(topo), threads_(threads), arena_(threads) {
   if (threads < 1 || threads > topo.pus())

@@ -49,6 +49,9 @@ class Topology {
 // core) rather than in the caller's arena: STRATA_PIN_EXPERT_THREADS=1 or 0, default off. `bench
 // hw` times the CPU expert curve the same way, so the cost model sees the engine's rate.
 bool pin_expert_threads();
+// Whether the engines' expert executor keeps its workers spinning between a decode layer's GPU
+// part and its CPU experts (ExpertExecutor::warm): STRATA_EXPERT_KEEP_WARM=1 or 0, default off.
+bool keep_expert_threads_warm();
 
 class PinnedArena {
  public:

@@ -8,7 +8,13 @@
 // then copied to their output slots. In bf16 mode the fp32 contract output is rounded to bf16 like
 // every other GEMM output of that mode (a deterministic function of the contract's bits).
 // Not reentrant: one run() at a time per executor (the scratch buffers are reused across calls).
+#include <immintrin.h>
+#include <tbb/task_arena.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <type_traits>
 
 #include "cpu/expert_kernels.h"
@@ -26,14 +32,40 @@ static_assert(std::is_same_v<int32_t, int>,
 class ContractExecutor final : public ExpertExecutor {
  public:
   // An explicit ISA this CPU cannot run throws here (strata::Error; no silent fallback).
-  ContractExecutor(cpu::ExpertIsa isa, bool pin_threads) {
+  ContractExecutor(cpu::ExpertIsa isa, bool pin_threads, bool keep_warm) : keep_warm_(keep_warm) {
     opt_.isa = cpu::resolve_isa(isa);
     opt_.workspace = &ws_;  // the kernels' per-call buffers, kept between layers and tokens
     if (pin_threads) {
       topo_ = std::make_unique<cpu::Topology>();
-      arena_ = std::make_unique<cpu::PinnedArena>(*topo_, topo_->cores());
-      opt_.arena = &arena_->arena();
+      pinned_ = std::make_unique<cpu::PinnedArena>(*topo_, topo_->cores());
+      opt_.arena = &pinned_->arena();
+    } else if (keep_warm) {
+      plain_ = std::make_unique<tbb::task_arena>();  // the default size, not pinned
+      opt_.arena = plain_.get();
     }
+  }
+
+  // One spinning task per worker of the kernels' arena, each until run() starts (or 5 ms). A
+  // task left from an earlier warm() sees its generation started and returns at once.
+  void warm() override {
+    if (!keep_warm_ || !opt_.arena) return;
+    const uint64_t g = ++warm_gen_;
+    const int n = opt_.arena->max_concurrency() - 1;
+    for (int i = 0; i < n; ++i) {
+      spinners_.fetch_add(1, std::memory_order_relaxed);
+      opt_.arena->enqueue([this, g] {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+        while (started_.load(std::memory_order_acquire) < g &&
+               std::chrono::steady_clock::now() < until)
+          _mm_pause();
+        spinners_.fetch_sub(1, std::memory_order_release);
+      });
+    }
+  }
+  // Releases warm()'s spinners and waits until none is left: they read this object.
+  ~ContractExecutor() override {
+    started_.store(~uint64_t(0), std::memory_order_release);
+    while (spinners_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
   }
   ContractExecutor(const ContractExecutor&) = delete;
   ContractExecutor& operator=(const ContractExecutor&) = delete;
@@ -42,6 +74,7 @@ class ContractExecutor final : public ExpertExecutor {
 
   void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x, float* y,
            Precision p) override {
+    started_.store(warm_gen_, std::memory_order_release);  // releases warm()'s spinners
     if (tasks.empty()) return;
     strata::GluParams glu;
     glu.situ = layer.glu.kind == cpu::ref::GluKind::situ;
@@ -98,7 +131,13 @@ class ContractExecutor final : public ExpertExecutor {
   // With pinned threads: one worker per core, hwloc-bound (cpu/topology.h), as `bench
   // cpu-experts` runs; the caller joins the arena for each run().
   std::unique_ptr<cpu::Topology> topo_;
-  std::unique_ptr<cpu::PinnedArena> arena_;
+  std::unique_ptr<cpu::PinnedArena> pinned_;
+  std::unique_ptr<tbb::task_arena> plain_;  // keep_warm without pinning: an arena to enqueue into
+  const bool keep_warm_;
+  uint64_t warm_gen_ = 0;  // warm() calls (the caller's thread only)
+  std::atomic<uint64_t> started_{0};
+  std::atomic<int> spinners_{
+      0};  // enqueued by warm(), not finished  // the warm() generation the last run() started
   cpu::CpuExpertWorkspace ws_;  // reused (grow-only) by every run_experts_cpu call of this executor
   cpu::CpuExpertOptions opt_;
   cpu::QuantizedActivations xq_;  // reused: quantized layer input
@@ -109,9 +148,9 @@ class ContractExecutor final : public ExpertExecutor {
 }  // namespace
 
 std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa,
-                                                       bool pin_threads) {
+                                                       bool pin_threads, bool keep_warm) {
   STRATA_ASSERT(c.moe.mxfp4);
-  return std::make_unique<ContractExecutor>(isa, pin_threads);
+  return std::make_unique<ContractExecutor>(isa, pin_threads, keep_warm);
 }
 
 }  // namespace strata::engine

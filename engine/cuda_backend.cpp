@@ -1865,6 +1865,9 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   }
   finite_download(graphable());  // a replayed segment holds the copy already
   eager_point();
+  // Experts outside the GPU cache will run on the CPU right after this wait (decode): its
+  // workers may spin through it instead of sleeping.
+  if (s.decode() && !w.all_resident && im.cpu_executor) im.cpu_executor->warm();
   double t0 = now_s();
   check(rt::stream_sync(im.stream), "routing");
   tel_.sync_wait_s += now_s() - t0;

@@ -110,7 +110,8 @@ std::unique_ptr<ExpertExecutor> make_expert_executor(ExpertNumerics n, const Mod
         "--experts-numerics contract: the contract (docs/numerics.md) is defined for "
         "MXFP4 routed experts; " +
         c.source + " has bf16 experts (use bf16 or exact)");
-  return make_contract_executor(c, cpu::ExpertIsa::automatic, cpu::pin_expert_threads());
+  return make_contract_executor(c, cpu::ExpertIsa::automatic, cpu::pin_expert_threads(),
+                                cpu::keep_expert_threads_warm());
 }
 
 }  // namespace strata::engine

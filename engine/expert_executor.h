@@ -69,6 +69,10 @@ class ExpertExecutor {
   // backend's prefill staging): the tiered store's host cache, or nullptr for the layer weights as
   // given (the mmapped checkpoint).
   virtual HostExpertSource* host_source() { return nullptr; }
+  // The next run() comes soon (the GPU engine calls this before it waits for a decode layer's
+  // routing): an executor whose kernels run on a thread pool may wake its workers now, so that
+  // they spin through the wait instead of sleeping until run() wakes them. Default: nothing.
+  virtual void warm() {}
   // For every task and every (token, slot) in it: y[slot, :] = expert(x[token, :]).
   // x: [T, in_dim] expert inputs; y: [T·top_k, in_dim].
   virtual void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x,
@@ -86,8 +90,10 @@ std::unique_ptr<ExpertExecutor> make_bf16_executor();
 // The contract executor with its kernels' ISA chosen (cpu::ExpertIsa::automatic: the best this CPU
 // runs; scalar/avx2/avx512: forced, for tests and benchmarks). An ISA this CPU cannot run throws
 // strata::Error (no silent fallback). Requires MXFP4 experts (asserted). pin_threads: the kernels
-// run in an arena of one hwloc-pinned worker per core (cpu::PinnedArena) instead of the caller's.
+// run in an arena of one hwloc-pinned worker per core (cpu::PinnedArena) instead of an unpinned
+// one. keep_warm: warm() keeps the arena's workers spinning (at most 5 ms) until run().
 std::unique_ptr<ExpertExecutor> make_contract_executor(const ModelConfig& c, cpu::ExpertIsa isa,
-                                                       bool pin_threads = false);
+                                                       bool pin_threads = false,
+                                                       bool keep_warm = false);
 
 }  // namespace strata::engine

@@ -75,6 +75,7 @@ class StoreExpertExecutor final : public ExpertExecutor, public HostExpertSource
   void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x, float* y,
            Precision p) override;
   HostExpertSource* host_source() override { return this; }
+  void warm() override { inner_->warm(); }
   uint64_t slots() const override { return store_.slots(); }
   bool pinned() const override { return store_.pinned(); }
   void require(int layer, std::span<const int> experts) override;

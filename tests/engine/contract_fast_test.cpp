@@ -11,6 +11,7 @@
 #include "cpu/expert_contract.h"
 #include "cpu/expert_kernels.h"
 #include "engine/session.h"
+#include "storage/config.h"
 #include "storage/error.h"
 #include "storage/synth.h"
 #include "test_util.h"
@@ -56,6 +57,22 @@ class ScalarContractExecutor final : public ExpertExecutor {
   int* calls_;
 };
 
+// Calls warm() before every run(), as the GPU engine does before a decode layer's routing wait.
+class WarmingExecutor final : public ExpertExecutor {
+ public:
+  explicit WarmingExecutor(std::unique_ptr<ExpertExecutor> inner) : inner_(std::move(inner)) {}
+  const char* name() const override { return inner_->name(); }
+  void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x, float* y,
+           Precision p) override {
+    inner_->warm();
+    inner_->warm();  // twice: the first generation's spinners must not outlive this run
+    inner_->run(layer, tasks, x, y, p);
+  }
+
+ private:
+  std::unique_ptr<ExpertExecutor> inner_;
+};
+
 // Prefill 6 tokens (all logits), then decode 2 (last-row logits).
 std::vector<float> logits(const Model& m, const SessionOptions& so) {
   const int64_t V = m.config().vocab_size;
@@ -90,6 +107,20 @@ void check_fast_equals_scalar(const Model& model) {
     {
       INFO("precision " << (p == Precision::fp32 ? "fp32" : "bf16") << ", default executor");
       const std::vector<float> got = logits(model, base);
+      REQUIRE(got.size() == want.size());
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
+    // Pinned workers and workers kept warm between calls: the same bits.
+    for (auto [pin, warm] :
+         {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      INFO("precision " << (p == Precision::fp32 ? "fp32" : "bf16") << ", pinned " << pin
+                        << ", kept warm " << warm);
+      SessionOptions so = base;
+      so.wrap_executor = [&](std::unique_ptr<ExpertExecutor>) -> std::unique_ptr<ExpertExecutor> {
+        return std::make_unique<WarmingExecutor>(
+            make_contract_executor(c, cpu::ExpertIsa::automatic, pin, warm));
+      };
+      const std::vector<float> got = logits(model, so);
       REQUIRE(got.size() == want.size());
       CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
     }
@@ -152,4 +183,19 @@ TEST_CASE("contract fast: kimi-linear-tiny quantized at load equals the scalar c
   auto model = Model::load(dir, lo);
   REQUIRE(model->experts_quantized());
   check_fast_equals_scalar(*model);
+}
+
+TEST_CASE("contract fast: an executor kept warm goes away safely with its workers still spinning",
+          "[engine][contract]") {
+  SynthOptions o;
+  o.preset = "k3-tiny";
+  const ModelConfig c = parse_config(synth_config_json(o), "k3-tiny");
+  for (bool pin : {false, true}) {
+    auto ex = make_contract_executor(c, cpu::ExpertIsa::automatic, pin, true);
+    ex->warm();
+    ex->warm();
+    // Waits for the spinners it released; a spinner reading the freed object is what the
+    // sanitizer build (scripts/ci-sanitize.sh) would report.
+    REQUIRE_NOTHROW(ex.reset());
+  }
 }
