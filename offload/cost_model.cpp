@@ -366,12 +366,17 @@ double CostModel::h2d_gbps() const {
   return hw_.gpu.h2d_gbps.known() ? hw_.gpu.h2d_gbps.value() : opt_.assumptions.pcie_default_gbps;
 }
 
+double CostModel::stage_dma_gbps() const {
+  return h2d_gbps() * opt_.assumptions.gpu_staging_dma_efficiency;
+}
+
 // The engine stages an expert by a host copy into pinned memory and a DMA, overlapped expert by
 // expert (engine/cuda_backend.cpp): the slower of the two sets the rate; from a page-locked host
 // cache, the DMA alone.
 double CostModel::stage_seconds() const {
   if (gpus_ == 0) return kInf;
-  const double gbps = opt_.staging_dma ? h2d_gbps() : std::min(stage_copy_gbps(), h2d_gbps());
+  const double gbps =
+      opt_.staging_dma ? stage_dma_gbps() : std::min(stage_copy_gbps(), stage_dma_gbps());
   return double(costs_.bytes_per_routed_expert) / (gbps * 1e9);
 }
 
@@ -780,7 +785,7 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   // does not hold (a round's reads in flight together at the disk's bandwidth), and waits for the
   // last DMAs before the CPU experts run.
   const bool direct = opt_.staging_dma || p.disk > 0;
-  const double dma_one = eb / (h2d_gbps() * 1e9);
+  const double dma_one = eb / (stage_dma_gbps() * 1e9);
   const double host_one = direct ? 0.0 : eb / (stage_copy_gbps() * 1e9);
   const double disk_one =
       p.disk > 0 && nc > 0 ? std::min(1.0, p.disk / nc) * disk_read_seconds() : 0.0;
@@ -1291,7 +1296,7 @@ std::vector<std::string> CostModel::describe_rates() const {
       v.push_back(s);
       v.push_back(fmt("staging one expert host→GPU: %.3f ms (host copy into pinned memory at %.1f "
                       "GB/s, DMA at %.1f GB/s: the slower)",
-                      stage_seconds() * 1e3, stage_copy_gbps(), h2d_gbps()) +
+                      stage_seconds() * 1e3, stage_copy_gbps(), stage_dma_gbps()) +
                   (hw_.gpu.h2d_gbps.known() ? " (" + hw_.gpu.h2d_gbps.source() + ")"
                                             : std::string(" (assumed: PCIe Gen5 x16 effective)")));
       v.push_back(threshold_ == kNever

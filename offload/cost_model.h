@@ -166,6 +166,12 @@ struct CostAssumptions {
   //   line ("host copy") of the 4-layer slice runs in docs/performance.md "End to end": 1743–1920
   //   experts in 1.36–1.40 s = 21.9–24.8 GB/s;
   double stage_copy_gbps = 23;
+  //   the staging DMAs of the GPU engine's prefill rounds against the measured host→device peak
+  //   (one DMA per expert array, an event per expert, the in-flight FIFO's waits): its staging
+  //   loop moved 62.90 GB in 1.364 s (all host, prefill 4096) and 57.00 GB in 1.163 s (10 % GPU +
+  //   host) on the H100 machine at a 53.05 GB/s peak (2026-12-05, run 12, bench e2e --host-cache
+  //   telemetry "staged ... host s"): 0.87 and 0.92;
+  double gpu_staging_dma_efficiency = 0.9;
   //   host synchronisations per layer besides the MoE routing: the engine before main 4880830
   //   downloaded and checked the mixer's and the FFN's output on the host (2); now 0 (scans on
   //   the stream, read at the existing syncs);
@@ -353,6 +359,7 @@ class CostModel {
   double cpu_bf16_flops() const;
   double cpu_ref_flops() const;
   double h2d_gbps() const;
+  double stage_dma_gbps() const;       // h2d_gbps at the engine's staging efficiency
   double kda_flops_per_token() const;  // over all KDA layers
   int ref_linear_calls() const;        // linear calls of one step of the CPU reference backend
   double mla_prefill_flops(int64_t tokens, int64_t context) const;

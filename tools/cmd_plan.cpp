@@ -56,6 +56,7 @@ void apply_assumption(CostAssumptions& a, const std::string& kv) {
       {"gpu_engine_cpu_expert_efficiency", &a.gpu_engine_cpu_expert_efficiency},
       {"gpu_engine_expert_efficiency", &a.gpu_engine_expert_efficiency},
       {"stage_copy_gbps", &a.stage_copy_gbps},
+      {"gpu_staging_dma_efficiency", &a.gpu_staging_dma_efficiency},
       {"gpu_extra_syncs_per_layer", &a.gpu_extra_syncs_per_layer},
       {"gpu_device_groups", &a.gpu_device_groups},
       {"gpu_expert_gemv_below_mean_pairs", &a.gpu_expert_gemv_below_mean_pairs},

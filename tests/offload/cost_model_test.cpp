@@ -129,7 +129,9 @@ TEST_CASE("the prefill staging threshold is the first M where copy + GPU beats t
   hw.gpu.h2d_gbps = Rate(5);
   hw.kernels.cpu_expert = curve({{1, 10}, {16, 1}});
   hw.kernels.gpu_expert = curve({{1, 1000}, {64, 100}});
-  const CostModel m(hw, k3_slice());
+  CostOptions full;  // the DMA at the measured peak, for the arithmetic above
+  full.assumptions.gpu_staging_dma_efficiency = 1.0;
+  const CostModel m(hw, k3_slice(), full);
   CHECK(m.prefill_stage_threshold() == 3);
   CHECK(m.stage_seconds() + m.gpu_expert_seconds(3) < m.cpu_expert_seconds(3));
   CHECK(m.stage_seconds() + m.gpu_expert_seconds(2) > m.cpu_expert_seconds(2));
@@ -138,7 +140,9 @@ TEST_CASE("the prefill staging threshold is the first M where copy + GPU beats t
   hw.gpu.h2d_gbps = Rate(0.001);
   hw.kernels.cpu_expert = curve({{1, 10}});
   hw.kernels.gpu_expert = curve({{1, 1000}});
-  CHECK(CostModel(hw, k3_slice()).prefill_stage_threshold() == 10102);
+  CHECK(CostModel(hw, k3_slice(), full).prefill_stage_threshold() == 10102);
+  // At the engine's staging efficiency (0.9 of the peak) it pays off later: 1000/0.9/0.099.
+  CHECK(CostModel(hw, k3_slice()).prefill_stage_threshold() == 11224);
   // A GPU no faster than the CPU per token: never.
   hw.kernels.gpu_expert = curve({{1, 10}});
   CHECK(CostModel(hw, k3_slice()).prefill_stage_threshold() == CostModel::kNever);
@@ -403,14 +407,17 @@ TEST_CASE("GPU engine prefill: staging from a page-locked host cache is the DMA 
   co.staging_dma = true;
   const CostModel direct(hw, cfg, co);
   const double eb = double(direct.costs().bytes_per_routed_expert);
-  CHECK(direct.stage_seconds() == Approx(eb / 50e9).epsilon(1e-9));  // host→device, no copy
+  // host→device at the engine's staging efficiency, no copy
+  const double dma = 50e9 * co.assumptions.gpu_staging_dma_efficiency;
+  REQUIRE(co.assumptions.gpu_staging_dma_efficiency < 1.0);
+  CHECK(direct.stage_seconds() == Approx(eb / dma).epsilon(1e-9));
   CHECK(copied.stage_seconds() == Approx(eb / 23e9).epsilon(1e-9));
   CHECK(direct.prefill_stage_threshold() <= copied.prefill_stage_threshold());
   const auto a = copied.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, true);
   const auto b = direct.engine_step(Placement{0, 1, 0}, 512, 1, false, 0, true);
   REQUIRE(b.staged_experts == Approx(64.0 * moe).epsilon(1e-6));
   CHECK(b.stage_copy_s == 0);
-  CHECK(b.stage_dma_s == Approx(64.0 * moe * eb / 50e9).epsilon(1e-6));
+  CHECK(b.stage_dma_s == Approx(64.0 * moe * eb / dma).epsilon(1e-6));
   CHECK(a.stage_dma_s == Approx(b.stage_dma_s));
   // Each layer's 64 experts cross the link in 2 rounds: at least the DMAs, less than the copies.
   const auto cached = direct.engine_step(Placement{1, 0, 0}, 512, 1, false, 0, true);
