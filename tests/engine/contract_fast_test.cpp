@@ -113,12 +113,13 @@ void check_fast_equals_scalar(const Model& model) {
     // Pinned workers and workers kept warm between calls: the same bits.
     for (auto [pin, warm] :
          {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      const bool pinned = pin, warmed = warm;  // lambdas capture no structured bindings (clang 14)
       INFO("precision " << (p == Precision::fp32 ? "fp32" : "bf16") << ", pinned " << pin
                         << ", kept warm " << warm);
       SessionOptions so = base;
       so.wrap_executor = [&](std::unique_ptr<ExpertExecutor>) -> std::unique_ptr<ExpertExecutor> {
         return std::make_unique<WarmingExecutor>(
-            make_contract_executor(c, cpu::ExpertIsa::automatic, pin, warm));
+            make_contract_executor(c, cpu::ExpertIsa::automatic, pinned, warmed));
       };
       const std::vector<float> got = logits(model, so);
       REQUIRE(got.size() == want.size());
