@@ -143,14 +143,21 @@ struct PinnedArena::Observer : tbb::task_scheduler_observer {
   }
 };
 
-bool pin_expert_threads() {
-  const char* v = std::getenv("STRATA_PIN_EXPERT_THREADS");
+namespace {
+
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
   return v && std::string_view(v) == "1";
 }
 
+}  // namespace
+
+bool pin_expert_threads() {
+  return env_is_one("STRATA_PIN_EXPERT_THREADS");
+}
+
 bool keep_expert_threads_warm() {
-  const char* v = std::getenv("STRATA_EXPERT_KEEP_WARM");
-  return v && std::string_view(v) == "1";
+  return env_is_one("STRATA_EXPERT_KEEP_WARM");
 }
 
 PinnedArena::PinnedArena(const Topology& topo, int threads)

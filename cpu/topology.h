@@ -43,16 +43,16 @@ class Topology {
   std::unique_ptr<Impl> impl_;
 };
 
-// A TBB arena of `threads` threads (≤ cores), each pinned to its own core through hwloc as it
-// enters the arena (a task_scheduler_observer). Work run through execute() stays on those cores.
 // Whether the engines' routed-expert kernels run on pinned workers (a PinnedArena of one thread per
 // core) rather than in the caller's arena: STRATA_PIN_EXPERT_THREADS=1 or 0, default off. `bench
-// hw` times the CPU expert curve the same way, so the cost model sees the engine's rate.
+// hw` times its CPU expert curves the same way, so the cost model sees the engine's rate.
 bool pin_expert_threads();
 // Whether the engines' expert executor keeps its workers spinning between a decode layer's GPU
 // part and its CPU experts (ExpertExecutor::warm): STRATA_EXPERT_KEEP_WARM=1 or 0, default off.
 bool keep_expert_threads_warm();
 
+// A TBB arena of `threads` threads (≤ cores), each pinned to its own core through hwloc as it
+// enters the arena (a task_scheduler_observer). Work run through execute() stays on those cores.
 class PinnedArena {
  public:
   PinnedArena(const Topology& topo, int threads);

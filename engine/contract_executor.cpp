@@ -134,10 +134,9 @@ class ContractExecutor final : public ExpertExecutor {
   std::unique_ptr<cpu::PinnedArena> pinned_;
   std::unique_ptr<tbb::task_arena> plain_;  // keep_warm without pinning: an arena to enqueue into
   const bool keep_warm_;
-  uint64_t warm_gen_ = 0;  // warm() calls (the caller's thread only)
-  std::atomic<uint64_t> started_{0};
-  std::atomic<int> spinners_{
-      0};  // enqueued by warm(), not finished  // the warm() generation the last run() started
+  uint64_t warm_gen_ = 0;             // warm() calls (the caller's thread only)
+  std::atomic<uint64_t> started_{0};  // the warm() generation the last run() started
+  std::atomic<int> spinners_{0};      // enqueued by warm(), not finished
   cpu::CpuExpertWorkspace ws_;  // reused (grow-only) by every run_experts_cpu call of this executor
   cpu::CpuExpertOptions opt_;
   cpu::QuantizedActivations xq_;  // reused: quantized layer input

@@ -241,7 +241,9 @@ RateCurve expert_curve(const Probe& p, const cpu::Topology& topo, cpu::PinnedAre
   cpu::CpuExpertOptions opt;
   opt.isa = cpu::best_isa();
   opt.workspace = &ws;
-  opt.arena = &p.arena;  // not pinned, as the engine's executor runs
+  // As the engine's executor runs (cpu::pin_expert_threads): the probe's pinned arena, or not.
+  const bool pin = cpu::pin_expert_threads();
+  opt.arena = pin ? nullptr : &p.arena;
   const double job_s = CostAssumptions{}.cpu_expert_call_us * 1e-6;
   RateCurve curve;
   for (int M : Ms) {
@@ -270,7 +272,7 @@ RateCurve expert_curve(const Probe& p, const cpu::Topology& topo, cpu::PinnedAre
   }
   curve.source =
       std::string("measured: cpu::run_experts_cpu + merge at this model's expert shape, ") +
-      cpu::isa_name(opt.isa) + ", " + p.thr + " (not pinned)" + p.basis +
+      cpu::isa_name(opt.isa) + ", " + p.thr + (pin ? " (pinned)" : " (not pinned)") + p.basis +
       "; the job start taken out";
   return curve;
 }
