@@ -441,12 +441,30 @@ void write_text(const fs::path& p, const std::string& s) {
   if (!out) throw Error(p.string() + ": write failed");
 }
 
+// synth writes into a new or empty directory, never over files.
+void make_output_dir(const fs::path& out_dir) {
+  std::error_code ec;
+  if (fs::exists(out_dir) && !fs::is_empty(out_dir, ec))
+    throw Error(out_dir.string() +
+                ": exists and is not empty (synth writes into an empty or new "
+                "directory)");
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir.string() + ": cannot create: " + ec.message());
+}
+
 }  // namespace
 
 std::string synth_config_json(const SynthOptions& opt) {
   const ojson j = build_config_json(opt);
   parse_config(j.dump(), opt.preset.empty() ? opt.config_path.string() : "preset " + opt.preset);
   return j.dump(2) + "\n";
+}
+
+fs::path synth_config_only(const SynthOptions& opt, const fs::path& out_dir) {
+  const std::string text = synth_config_json(opt);  // validated before anything is created
+  make_output_dir(out_dir);
+  write_text(out_dir / "config.json", text);
+  return out_dir / "config.json";
 }
 
 SynthResult synth_checkpoint(const SynthOptions& opt, const fs::path& out_dir,
@@ -456,13 +474,7 @@ SynthResult synth_checkpoint(const SynthOptions& opt, const fs::path& out_dir,
   const std::string source = opt.preset.empty() ? opt.config_path.string() : "preset " + opt.preset;
   ModelConfig cfg = parse_config(j.dump(), source);
 
-  std::error_code ec;
-  if (fs::exists(out_dir) && !fs::is_empty(out_dir, ec))
-    throw Error(out_dir.string() +
-                ": exists and is not empty (synth writes into an empty or new "
-                "directory)");
-  fs::create_directories(out_dir, ec);
-  if (ec) throw Error(out_dir.string() + ": cannot create: " + ec.message());
+  make_output_dir(out_dir);
 
   ojson& t = j.contains("text_config") ? j["text_config"] : j;
   if (opt.tokenizer) {

@@ -32,6 +32,10 @@ struct SynthOptions {
 // The config.json text synth would write for these options (preset or --config, with the
 // overrides applied). Throws strata::Error for unknown presets and bad overrides.
 std::string synth_config_json(const SynthOptions& opt);
+// Writes that config.json alone (no weights, no tokenizer) into out_dir (created; must be empty or
+// absent, as for synth_checkpoint); returns its path. E.g. for `strata plan --config`.
+std::filesystem::path synth_config_only(const SynthOptions& opt,
+                                        const std::filesystem::path& out_dir);
 
 struct SynthResult {
   ModelConfig config;

@@ -1,7 +1,5 @@
 // `strata synth`: write a synthetic checkpoint in the released layout (storage/synth.h).
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "engine/cli_support.h"
 #include "storage/error.h"
@@ -56,21 +54,7 @@ strata::tools::CommandRun setup(CLI::App& app) {
     a->opt.tokenizer = !a->no_tokenizer;
     a->opt.shard_bytes = uint64_t(a->shard_mb * 1048576.0);
     if (a->config_only) {
-      namespace fs = std::filesystem;
-      const std::string text = strata::synth_config_json(a->opt);  // validates first
-      const fs::path dir = a->out;
-      std::error_code ec;
-      if (fs::exists(dir) && !fs::is_empty(dir, ec))
-        throw strata::Error(a->out +
-                            ": exists and is not empty (synth writes into an empty or new "
-                            "directory)");
-      fs::create_directories(dir, ec);
-      if (ec) throw strata::Error(a->out + ": cannot create: " + ec.message());
-      const fs::path file = dir / "config.json";
-      std::ofstream f(file);
-      f << text;
-      f.close();
-      if (!f) throw strata::Error(file.string() + ": write failed");
+      const auto file = strata::synth_config_only(a->opt, a->out);
       std::printf("wrote %s (config only, no weights)\n", file.c_str());
       return 0;
     }
