@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "attn_gpu_util.h"
@@ -34,6 +35,7 @@ struct KdaCase {
   bool random_initial_state = true;
   int64_t max_chunks = 0;  // > 0 forces several passes per call
   int decode_split = 0;    // CTAs per head in decode (0: decode_split_for(N))
+  kk::DecodeLoads decode_loads = kk::DecodeLoads::automatic;  // split 1's form
 };
 
 constexpr int D = 128;
@@ -133,7 +135,7 @@ void run_kda_case(const KdaCase& kc, uint32_t seed) {
     dy.fill_bytes(0xff);  // NaN: every row must be written
     kk::Inputs in{dq.p, dk.p, dv.p, HK, dz.p, db.p, dg.p};
     if (decode) {
-      auto s = kk::decode(p, in, N, st, dy.p, nullptr, nullptr, kc.decode_split);
+      auto s = kk::decode(p, in, N, st, dy.p, nullptr, nullptr, kc.decode_split, kc.decode_loads);
       INFO(s.message);
       REQUIRE(s.ok());
     } else {
@@ -225,34 +227,56 @@ TEST_CASE("kda gpu: long sequence (256K tokens) in many passes equals the recurr
   run_kda_case(c, 14);
 }
 
+// Split 1's two forms (state loads before or after the prep) and the cluster splits.
+struct DecodeForm {
+  int split;
+  kk::DecodeLoads loads;
+};
+constexpr DecodeForm kDecodeForms[] = {{1, kk::DecodeLoads::late},
+                                       {1, kk::DecodeLoads::early},
+                                       {2, kk::DecodeLoads::automatic},
+                                       {4, kk::DecodeLoads::automatic},
+                                       {8, kk::DecodeLoads::automatic}};
+
 // Decode alone (no prefill call: one empty call fixes the sequence count) from a random state,
-// with every split of the state rows over CTAs: the same recurrence whichever CTA owns a row, the
-// q/k conv state written once after every CTA of the head has read it.
+// with every split of the state rows over CTAs and both forms of split 1: the same recurrence
+// whichever CTA owns a row, the q/k conv state written once after every CTA of the head has read
+// it.
 TEST_CASE("kda gpu: decode with 1, 2, 4 and 8 CTAs per head, K3 shape, 3 sequences", "[gpu][kda]") {
-  for (int split : {1, 2, 4, 8}) {
-    INFO("split " << split);
+  for (const DecodeForm& f : kDecodeForms) {
+    INFO("split " << f.split << ", loads " << int(f.loads));
     KdaCase c;
     c.H = 96;
     c.calls = {{0, 0, 0}};
     c.decode_steps = 3;
-    c.decode_split = split;
-    run_kda_case(c, 15 + split);
+    c.decode_split = f.split;
+    c.decode_loads = f.loads;
+    run_kda_case(c, 15 + f.split);
   }
 }
 
 TEST_CASE("kda gpu: decode with every split, odd small shape, softplus gate, fresh state",
           "[gpu][kda]") {
-  for (int split : {1, 2, 4, 8}) {
-    INFO("split " << split);
+  for (const DecodeForm& f : kDecodeForms) {
+    INFO("split " << f.split << ", loads " << int(f.loads));
     KdaCase c;
     c.H = 5;
     c.form = kk::GateForm::softplus;
     c.calls = {{0, 0}};
     c.decode_steps = 4;
     c.random_initial_state = false;
-    c.decode_split = split;
-    run_kda_case(c, 25 + split);
+    c.decode_split = f.split;
+    c.decode_loads = f.loads;
+    run_kda_case(c, 25 + f.split);
   }
+}
+
+// K3's shape at B = 1 takes the early form (96 CTAs fit two per SM on any sm_90 part); many
+// sequences the late one.
+TEST_CASE("kda gpu: split 1's form follows the batch", "[gpu][kda]") {
+  skip_without_gpu();
+  CHECK(kk::decode_early_loads(1, 96));
+  CHECK_FALSE(kk::decode_early_loads(64, 96));
 }
 
 TEST_CASE("kda gpu: unsupported head size is refused with a reason", "[gpu][kda]") {
@@ -279,4 +303,63 @@ TEST_CASE("kda gpu: decode refuses a split other than 0, 1, 2, 4 or 8", "[gpu][k
   auto s = kk::decode(p, in, 1, st, u.p, nullptr, nullptr, 3);
   REQUIRE_FALSE(s.ok());
   REQUIRE(std::string(s.message).find("split") != std::string::npos);
+}
+
+// Programmatic dependent launches: decode steps launched back to back on a stream, each reading
+// the state the one before wrote, give the same bits as steps with a host synchronization between
+// them (a step that read the state before the previous step's writes were visible would differ).
+TEST_CASE("kda gpu: back-to-back decode steps equal synchronized ones bit for bit", "[gpu][kda]") {
+  skip_without_gpu();
+  namespace rt = strata::kernels::rt;
+  std::mt19937 rng(41);
+  const int H = 96;
+  const int64_t HK = int64_t(H) * D;
+  auto wq = random_uniform(HK * 4, rng, -0.6f, 0.6f), wk = random_uniform(HK * 4, rng, -0.6f, 0.6f),
+       wv = random_uniform(HK * 4, rng, -0.6f, 0.6f);
+  auto A_log = random_uniform(H, rng, -1.f, 1.f), dt_bias = random_uniform(HK, rng, -3.f, 0.5f);
+  auto onw = random_uniform(D, rng, 0.8f, 1.2f);
+  DevBuf<float> d_wq(wq), d_wk(wk), d_wv(wv), d_A(A_log), d_dt(dt_bias), d_onw(onw);
+  kk::Params p;
+  p.H = H;
+  p.conv_q = d_wq.p;
+  p.conv_k = d_wk.p;
+  p.conv_v = d_wv.p;
+  p.A_log = d_A.p;
+  p.dt_bias = d_dt.p;
+  p.o_norm_w = d_onw.p;
+  void* stream = rt::stream_create();
+  REQUIRE(stream);
+  for (int B : {1, 3}) {
+    for (const DecodeForm& f : kDecodeForms) {
+      INFO("B " << B << ", split " << f.split << ", loads " << int(f.loads));
+      const auto S0 = random_bf16(size_t(B) * H * D * D, rng, 0.1f).f32;
+      const auto conv0 = random_bf16(size_t(B) * 3 * HK * 3, rng, 1.f).bits;
+      auto q = random_bf16(B * HK, rng, 1.f), k = random_bf16(B * HK, rng, 1.f),
+           v = random_bf16(B * HK, rng, 1.f), z = random_bf16(B * HK, rng, 1.f),
+           b = random_bf16(B * H, rng, 1.f), go = random_bf16(B * HK, rng, 1.f);
+      DevBuf<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), dz(z.bits), db(b.bits), dg(go.bits);
+      kk::Inputs in{dq.p, dk.p, dv.p, HK, dz.p, db.p, dg.p};
+      std::vector<float> S[2];
+      std::vector<uint16_t> conv[2], y[2];
+      for (int synced : {0, 1}) {
+        DevBuf<float> d_S(S0);
+        DevBuf<uint16_t> d_conv(conv0), d_y(B * HK);
+        for (int step = 0; step < 12; step++) {
+          auto st =
+              kk::decode(p, in, B, {d_S.p, d_conv.p}, d_y.p, nullptr, stream, f.split, f.loads);
+          INFO(st.message);
+          REQUIRE(st.ok());
+          if (synced) REQUIRE(rt::stream_sync(stream).ok());
+        }
+        REQUIRE(rt::stream_sync(stream).ok());
+        S[synced] = d_S.download();
+        conv[synced] = d_conv.download();
+        y[synced] = d_y.download();
+      }
+      CHECK(std::memcmp(S[0].data(), S[1].data(), S[0].size() * sizeof(float)) == 0);
+      CHECK(conv[0] == conv[1]);
+      CHECK(y[0] == y[1]);
+    }
+  }
+  rt::stream_destroy(stream);
 }
