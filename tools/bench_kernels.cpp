@@ -254,30 +254,21 @@ void bench_kda(const KernelBenchContext& ctx, BenchReport& r) {
     // "graph x20": the 20 steps captured once into a CUDA graph and replayed (as the engine's
     // captured decode step runs them): no launch gaps between the steps, each kernel's ramp-up
     // and tail included. Issue 20's KDA decode target (>= 2500 GB/s at B = 1) is stated for this.
-    // At split 1 the form decode() does not pick for this B (state loads before or after the
-    // prep) gets a graph line too.
-    const bool early = kda::decode_early_loads(B, H);
-    for (int other = 0; !ctx.quick && other < (chosen == 1 ? 2 : 1); other++) {
+    if (!ctx.quick) {
       namespace rt = kernels::rt;
-      const bool e = other ? !early : early;
-      const auto loads = e ? kda::DecodeLoads::early : kda::DecodeLoads::late;
       void* stream = rt::stream_create();
       void* graph = nullptr;
       ok(stream ? rt::begin_capture(stream) : kernels::Status{-1, "stream_create failed"},
          "capture");
       for (int i = 0; i < 20; i++)
         ok(kda::decode(s.p, rows.in, B, {S.as<float>(), conv.as<uint16_t>()},
-                       rows.y->as<uint16_t>(), nullptr, stream, chosen, loads),
+                       rows.y->as<uint16_t>(), nullptr, stream),
            "kda decode (captured)");
       ok(rt::end_capture(stream, &graph), "end capture");
-      std::string form = chosen == 1 ? (e ? ", state loads early" : ", state loads late") : "";
       add_line(
-          "kda/decode B=" + std::to_string(B) + " graph x20" +
-              (other ? std::string(e ? " early" : " late") : std::string()),
-          "split " + std::to_string(chosen) + form +
-              ", 20 steps in one CUDA graph (programmatic dependent launches), time per "
-              "step" +
-              (B == 1 && !other ? ", target >= 2500 GB/s" : ""),
+          "kda/decode B=" + std::to_string(B) + " graph x20",
+          "split " + std::to_string(chosen) + ", 20 steps in one CUDA graph, time per step" +
+              (B == 1 ? ", target >= 2500 GB/s" : ""),
           kernels::gpu_time([&] { ok(rt::graph_launch(graph, stream), "graph"); }, stream, 50, 5),
           20);
       rt::graph_destroy(graph);

@@ -90,18 +90,11 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
 // decode_split_for(B). Every split gives the same state and conv state; y may differ in the
 // summation order of the norms' sums of squares only. The recurrent state must be 16-byte
 // aligned (cudaMalloc'd buffers are).
-// `loads`: at split 1, whether a CTA issues its state loads before the per-head prep (early: for
-// small B, at most two CTAs per SM) or after it (late: more CTAs per SM for large B); automatic
-// picks early when B·H CTAs fit two per SM (decode_early_loads). Same results either way.
-// On a created stream, launched as a programmatic dependent launch (sm_90; see the .cu).
-enum class DecodeLoads { automatic, early, late };
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
-              void* stream, int split = 0, DecodeLoads loads = DecodeLoads::automatic);
+              void* stream, int split = 0);
 
 // The split decode() uses for B sequences (measured: 1 for every B on the H200; see the .cu).
 int decode_split_for(int B);
-// Whether decode() at split 1 takes the early form for B sequences of H heads on this device.
-bool decode_early_loads(int B, int H);
 
 // FLOPs of the KDA core for T tokens (issue 7's effective-rate formula): T·H·(10·64·d + 6·d²).
 inline double effective_flops(int64_t T, int H, int d = 128) {

@@ -14,17 +14,11 @@
 // barrier.
 // Small B wants many CTAs per head (B = 1: 96 heads would fill 96 of 132 SMs with one long
 // dependent chain each); large B has CTAs enough and prefers no redundant prep. At split 1 the
-// state loads come after the barrier in the late form (large B): holding them across the prep
-// costs registers, hence CTAs per SM, and other CTAs hide the prep there. The early form of split
-// 1 (small B, at most two CTAs per SM) issues them first, as the splits do, so they are in flight
-// during the prep's dependent chain.
-// On a created stream every form is launched as a programmatic dependent launch: a CTA may
-// start while the previous kernel on the stream finishes, and waits (griddepcontrol.wait) before
-// its first read of anything a previous kernel wrote; split 1's early form (one wave of CTAs)
-// lets the next kernel launch once its state loads are issued. Back-to-back decode steps (a
-// captured decode step's layers, the bench's 20 steps) then overlap one step's tail with the next
-// one's launch and ramp-up.
+// state loads come after the barrier: holding them across the prep costs registers, hence
+// CTAs per SM, and other CTAs hide the prep there.
 #include "kernels/kda/kda_common.cuh"
+
+#include <cstdlib>
 
 namespace strata::kernels::kda {
 namespace {
@@ -42,20 +36,10 @@ __host__ __device__ constexpr int rows_per_warp() {
 }
 
 // CTAs per SM the registers must allow: split 8 (768 CTAs at B = 1) needs 6 for (almost) all to
-// be resident at once; split 1's late form (large B) keeps 4 × 64 KiB of state loads in flight
-// per SM; its early form holds its 16 rows across the prep (two CTAs per SM).
-template <int kSplit, bool kEarly>
+// be resident at once; split 1 (large B) keeps 4 × 64 KiB of state loads in flight per SM.
+template <int kSplit>
 __host__ __device__ constexpr int min_ctas_per_sm() {
-  return kSplit == 8 ? 6 : kSplit == 1 ? (kEarly ? 2 : 4) : 1;
-}
-
-// Programmatic dependent launch (sm_90): wait for the previous grid's writes; allow the next grid
-// to start.
-__device__ __forceinline__ void grid_dependency_wait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  return kSplit == 8 ? 6 : kSplit == 1 ? 4 : 1;
 }
 
 // Conv + SiLU of one channel with its 3-entry state (oldest first) and new input; the new state
@@ -96,11 +80,19 @@ __device__ __forceinline__ void st_cluster(float* p, uint32_t rank, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
 }
 
-template <int kSplit, bool kEarly>
-__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit, kEarly>())
+// Programmatic dependent launch (sm_90): wait for the previous grid's writes (returns at once in
+// a plain launch); allow the next grid to launch.
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+template <int kSplit, bool kTrigger>
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
     decode_step(Params p, Inputs in, State st, uint16_t* y, uint16_t* o_raw) {
   constexpr int kRows = rows_per_warp<kSplit>(), kCtaRows = D / kSplit;
-  constexpr bool early = kSplit > 1 || kEarly;  // state loads before the prep
   const int H = p.H, HK = H * D;
   const int h = blockIdx.x / kSplit, b = blockIdx.y;
   const int rank = kSplit == 1 ? 0 : int(cluster_rank());
@@ -109,18 +101,14 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit, kEarly>())
   __shared__ __align__(16) float qn[D], kn[D], al[D];
   __shared__ float vv[kCtaRows], ss_qk[kWarps], ss_part[kSplit * kWarps];
 
-  // 1. The state rows, before anything they do not depend on (early forms).
+  // 1. The state rows, before anything they do not depend on (split > 1).
   float* Sh = st.recurrent + (int64_t(b) * H + h) * D * D + int64_t(row0) * D;
   float4 s[kRows];
   grid_dependency_wait();
-  if constexpr (early) {
+  if constexpr (kTrigger) launch_dependents();
+  if constexpr (kSplit > 1) {
 #pragma unroll
     for (int i = 0; i < kRows; i++) s[i] = reinterpret_cast<const float4*>(Sh + i * D)[lane];
-    // Split 1's early form is one wave of CTAs (small B): the next kernel may launch now (it
-    // waits for this grid's completion before its own reads).
-    if constexpr (kSplit == 1) launch_dependents();
-  }
-  if constexpr (kSplit > 1) {
     // Every CTA of the cluster must have started before any writes to its shared memory
     // (step 4); arrive now, wait just before those writes.
     cluster_arrive_relaxed();
@@ -170,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit, kEarly>())
       onw = p.o_norm_w[row0 + lane];
     }
   };
-  if constexpr (early) load_gate();
+  if constexpr (kSplit > 1) load_gate();
   __syncthreads();
   float4 q4 = reinterpret_cast<const float4*>(qn)[lane];
   float4 k4 = reinterpret_cast<const float4*>(kn)[lane];
@@ -188,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit, kEarly>())
                      (q4.w * mq) * scale);
     k4 = make_float4(k4.x * mk, k4.y * mk, k4.z * mk, k4.w * mk);
   }
-  if constexpr (!early) {  // (the next kernel launches when this grid completes: waves of CTAs)
+  if constexpr (kSplit == 1) {
 #pragma unroll
     for (int i = 0; i < kRows; i++) s[i] = reinterpret_cast<const float4*>(Sh + i * D)[lane];
   }
@@ -236,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit, kEarly>())
     if (lane == 0) ss_part[warp] = ss;
     __syncthreads();
   }
-  if constexpr (!early) load_gate();
+  if constexpr (kSplit == 1) load_gate();
   float tot = 0.f;
 #pragma unroll
   for (int i = 0; i < kSplit * kWarps; i++) tot += ss_part[i];
@@ -253,7 +241,14 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit, kEarly>())
   }
 }
 
-template <int kSplit, bool kEarly>
+// EXPERIMENT (STRATA_KDA_PDL): 0 plain launches, 1 programmatic dependent launches, 2 the same
+// with the next launch allowed at each CTA's start.
+int pdl_mode() {
+  const char* e = std::getenv("STRATA_KDA_PDL");
+  return e ? std::atoi(e) : 1;
+}
+
+template <int kSplit>
 Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
               cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
@@ -269,14 +264,17 @@ Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, u
     attr[n].val.clusterDim.z = 1;
     ++n;
   }
-  if (stream) {  // the legacy stream (nullptr) serializes its kernels regardless
+  const int mode = stream ? pdl_mode() : 0;
+  if (mode > 0) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  return status_of(cudaLaunchKernelEx(&cfg, decode_step<kSplit, kEarly>, p, in, st, y, o_raw));
+  if (mode == 2)
+    return status_of(cudaLaunchKernelEx(&cfg, decode_step<kSplit, true>, p, in, st, y, o_raw));
+  return status_of(cudaLaunchKernelEx(&cfg, decode_step<kSplit, false>, p, in, st, y, o_raw));
 }
 
 }  // namespace
@@ -291,38 +289,22 @@ int decode_split_for(int B) {
   return 1;
 }
 
-bool decode_early_loads(int B, int H) {
-  static int sms[64] = {};  // per device, queried once
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (sms[dev] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return false;
-    sms[dev] = n;
-  }
-  return int64_t(B) * H <= 2 * int64_t(sms[dev]);
-}
-
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
-              void* stream, int split, DecodeLoads loads) {
+              void* stream, int split) {
   if (Status s = check_params(p, in, st); !s.ok()) return s;
   if (B < 1 || B > 65535) return invalid("kda decode: B must be 1 .. 65535");
   if (!y) return invalid("kda decode: y is null");
   if (split == 0) split = decode_split_for(B);
   auto s = static_cast<cudaStream_t>(stream);
-  const bool early =
-      loads == DecodeLoads::automatic ? decode_early_loads(B, p.H) : loads == DecodeLoads::early;
   switch (split) {
     case 1:
-      return early ? launch<1, true>(p, in, B, st, y, o_raw, s)
-                   : launch<1, false>(p, in, B, st, y, o_raw, s);
+      return launch<1>(p, in, B, st, y, o_raw, s);
     case 2:
-      return launch<2, true>(p, in, B, st, y, o_raw, s);
+      return launch<2>(p, in, B, st, y, o_raw, s);
     case 4:
-      return launch<4, true>(p, in, B, st, y, o_raw, s);
+      return launch<4>(p, in, B, st, y, o_raw, s);
     case 8:
-      return launch<8, true>(p, in, B, st, y, o_raw, s);
+      return launch<8>(p, in, B, st, y, o_raw, s);
     default:
       return invalid("kda decode: split must be 0 (by B), 1, 2, 4 or 8");
   }

@@ -35,7 +35,6 @@ struct KdaCase {
   bool random_initial_state = true;
   int64_t max_chunks = 0;  // > 0 forces several passes per call
   int decode_split = 0;    // CTAs per head in decode (0: decode_split_for(N))
-  kk::DecodeLoads decode_loads = kk::DecodeLoads::automatic;  // split 1's form
 };
 
 constexpr int D = 128;
@@ -135,7 +134,7 @@ void run_kda_case(const KdaCase& kc, uint32_t seed) {
     dy.fill_bytes(0xff);  // NaN: every row must be written
     kk::Inputs in{dq.p, dk.p, dv.p, HK, dz.p, db.p, dg.p};
     if (decode) {
-      auto s = kk::decode(p, in, N, st, dy.p, nullptr, nullptr, kc.decode_split, kc.decode_loads);
+      auto s = kk::decode(p, in, N, st, dy.p, nullptr, nullptr, kc.decode_split);
       INFO(s.message);
       REQUIRE(s.ok());
     } else {
@@ -227,56 +226,35 @@ TEST_CASE("kda gpu: long sequence (256K tokens) in many passes equals the recurr
   run_kda_case(c, 14);
 }
 
-// Split 1's two forms (state loads before or after the prep) and the cluster splits.
-struct DecodeForm {
-  int split;
-  kk::DecodeLoads loads;
-};
-constexpr DecodeForm kDecodeForms[] = {{1, kk::DecodeLoads::late},
-                                       {1, kk::DecodeLoads::early},
-                                       {2, kk::DecodeLoads::automatic},
-                                       {4, kk::DecodeLoads::automatic},
-                                       {8, kk::DecodeLoads::automatic}};
-
 // Decode alone (no prefill call: one empty call fixes the sequence count) from a random state,
 // with every split of the state rows over CTAs and both forms of split 1: the same recurrence
 // whichever CTA owns a row, the q/k conv state written once after every CTA of the head has read
 // it.
 TEST_CASE("kda gpu: decode with 1, 2, 4 and 8 CTAs per head, K3 shape, 3 sequences", "[gpu][kda]") {
-  for (const DecodeForm& f : kDecodeForms) {
-    INFO("split " << f.split << ", loads " << int(f.loads));
+  for (int split : {1, 2, 4, 8}) {
+    INFO("split " << split);
     KdaCase c;
     c.H = 96;
     c.calls = {{0, 0, 0}};
     c.decode_steps = 3;
-    c.decode_split = f.split;
-    c.decode_loads = f.loads;
-    run_kda_case(c, 15 + f.split);
+    c.decode_split = split;
+    run_kda_case(c, 15 + split);
   }
 }
 
 TEST_CASE("kda gpu: decode with every split, odd small shape, softplus gate, fresh state",
           "[gpu][kda]") {
-  for (const DecodeForm& f : kDecodeForms) {
-    INFO("split " << f.split << ", loads " << int(f.loads));
+  for (int split : {1, 2, 4, 8}) {
+    INFO("split " << split);
     KdaCase c;
     c.H = 5;
     c.form = kk::GateForm::softplus;
     c.calls = {{0, 0}};
     c.decode_steps = 4;
     c.random_initial_state = false;
-    c.decode_split = f.split;
-    c.decode_loads = f.loads;
-    run_kda_case(c, 25 + f.split);
+    c.decode_split = split;
+    run_kda_case(c, 25 + split);
   }
-}
-
-// K3's shape at B = 1 takes the early form (96 CTAs fit two per SM on any sm_90 part); many
-// sequences the late one.
-TEST_CASE("kda gpu: split 1's form follows the batch", "[gpu][kda]") {
-  skip_without_gpu();
-  CHECK(kk::decode_early_loads(1, 96));
-  CHECK_FALSE(kk::decode_early_loads(64, 96));
 }
 
 TEST_CASE("kda gpu: unsupported head size is refused with a reason", "[gpu][kda]") {
@@ -330,8 +308,8 @@ TEST_CASE("kda gpu: back-to-back decode steps equal synchronized ones bit for bi
   void* stream = rt::stream_create();
   REQUIRE(stream);
   for (int B : {1, 3}) {
-    for (const DecodeForm& f : kDecodeForms) {
-      INFO("B " << B << ", split " << f.split << ", loads " << int(f.loads));
+    for (int split : {1, 2, 4, 8}) {
+      INFO("B " << B << ", split " << split);
       const auto S0 = random_bf16(size_t(B) * H * D * D, rng, 0.1f).f32;
       const auto conv0 = random_bf16(size_t(B) * 3 * HK * 3, rng, 1.f).bits;
       auto q = random_bf16(B * HK, rng, 1.f), k = random_bf16(B * HK, rng, 1.f),
@@ -345,8 +323,7 @@ TEST_CASE("kda gpu: back-to-back decode steps equal synchronized ones bit for bi
         DevBuf<float> d_S(S0);
         DevBuf<uint16_t> d_conv(conv0), d_y(B * HK);
         for (int step = 0; step < 12; step++) {
-          auto st =
-              kk::decode(p, in, B, {d_S.p, d_conv.p}, d_y.p, nullptr, stream, f.split, f.loads);
+          auto st = kk::decode(p, in, B, {d_S.p, d_conv.p}, d_y.p, nullptr, stream, split);
           INFO(st.message);
           REQUIRE(st.ok());
           if (synced) REQUIRE(rt::stream_sync(stream).ok());
