@@ -89,7 +89,9 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
 // 128/split state rows (1, 2, 4 or 8; a thread-block cluster when > 1); 0 picks
 // decode_split_for(B). Every split gives the same state and conv state; y may differ in the
 // summation order of the norms' sums of squares only. The recurrent state must be 16-byte
-// aligned (cudaMalloc'd buffers are).
+// aligned (cudaMalloc'd buffers are). On a created stream the step is a programmatic dependent
+// launch (sm_90): it may start while the stream's previous kernel finishes and waits for that
+// kernel's writes before its first read.
 Status decode(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
               void* stream, int split = 0);
 
