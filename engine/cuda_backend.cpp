@@ -24,6 +24,8 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include <tbb/parallel_for.h>
@@ -2046,6 +2048,29 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
   const size_t hold_cap = src && !im.stage_ev.empty()
                               ? size_t(std::min<uint64_t>(im.stage_ev.size() - 1, src->slots() - 1))
                               : 0;
+  // The staged experts are required a window of stage_slots ahead of the next acquire, in staging
+  // order: the store's reads (disk placements) run on across the rounds instead of draining at
+  // each round's end, with no more experts claimed and not yet acquired than a round has.
+  std::vector<int> stage_ids(staged.size());
+  for (size_t i = 0; i < staged.size(); ++i) stage_ids[i] = staged[i]->expert;
+  // On any exit before the last acquire (an exception), what was required and not acquired is
+  // cancelled (an acquire that throws has ended its own claim).
+  struct Required {
+    HostExpertSource* src;
+    int layer;
+    const std::vector<int>& ids;
+    size_t next = 0, end = 0;  // next to acquire; required up to end
+    void upto(size_t k) {
+      k = std::min(k, ids.size());
+      if (k > end) src->require(layer, std::span<const int>(ids.data() + end, k - end));
+      end = std::max(end, k);
+    }
+    ~Required() {
+      for (size_t j = next; j < end; ++j) src->cancel(layer, ids[j]);
+    }
+  };
+  std::optional<Required> req;
+  if (src) req.emplace(Required{src, int(l), stage_ids});
   for (size_t first = 0, round = 0; first < staged.size();
        first += size_t(im.stage_slots), ++round) {
     const size_t n = std::min(staged.size() - first, size_t(im.stage_slots));
@@ -2053,21 +2078,15 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     uint8_t* half = im.stage_dev + size_t(h) * size_t(im.stage_slots) * im.expert_bytes;
     check(rt::stream_wait(im.copy_stream, im.half_free[h]), "staging");
     const double tc = now_s();
-    std::vector<int> ids(n);
-    for (size_t i = 0; i < n; ++i) ids[i] = staged[first + i]->expert;
-    if (src) src->require(int(l), ids);
     for (size_t i = 0; i < n; ++i) {
-      const int e = ids[i];
+      const int e = stage_ids[first + i];
       HeldExpert held;
       const ExpertWeights* ew = &hw.experts[size_t(e)];
       if (src) {
         while (!inflight.q.empty() && inflight.q.size() >= hold_cap) inflight.pop();
-        try {
-          held = src->acquire(int(l), e, *ew);
-        } catch (...) {
-          for (size_t j = i + 1; j < n; ++j) src->cancel(int(l), ids[j]);
-          throw;
-        }
+        req->upto(first + i + size_t(im.stage_slots));
+        req->next = first + i + 1;
+        held = src->acquire(int(l), e, *ew);
         ew = &held.weights;
       }
       uint8_t* dev = half + i * im.expert_bytes;

@@ -56,6 +56,10 @@ Session::Session(const Model& model, Backend& backend, int slot, SessionOptions 
   backend_->set_trace(&trace_);
 }
 
+Session::~Session() {
+  if (backend_) backend_->set_trace(nullptr);
+}
+
 std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logits) {
   std::vector<float> out;
   run_chunks(ids, all_logits, nullptr, [&](const StepOutput& o) {

@@ -56,6 +56,11 @@ class Session {
   // A session on slot `slot` of `backend` (not owned; must outlive the session). The backend's
   // own options decide precision, numerics and forms; options' inspection fields apply.
   Session(const Model& model, Backend& backend, int slot, SessionOptions options = {});
+  // Detaches its trace from the backend, which may outlive it (a Schedule driven directly, the
+  // next session on another slot): the backend must not keep a pointer into this session.
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   const Model& model() const { return model_; }
   const SessionOptions& options() const { return opt_; }

@@ -1,5 +1,6 @@
 #include "offload/telemetry.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace strata::offload {
@@ -7,6 +8,36 @@ namespace strata::offload {
 double TierTelemetry::recall(int d) const {
   if (d < 1 || size_t(d) > recall_total.size() || recall_total[size_t(d - 1)] == 0) return 0;
   return double(recall_hits[size_t(d - 1)]) / double(recall_total[size_t(d - 1)]);
+}
+
+TierTelemetry TierTelemetry::since(const TierTelemetry& b) const {
+  TierTelemetry d = *this;
+  auto sub = [](uint64_t now, uint64_t then) { return now >= then ? now - then : 0; };
+  d.gpu_hits = sub(gpu_hits, b.gpu_hits);
+  d.host_hits = sub(host_hits, b.host_hits);
+  d.prefetch_hits = sub(prefetch_hits, b.prefetch_hits);
+  d.late_prefetch = sub(late_prefetch, b.late_prefetch);
+  d.disk_misses = sub(disk_misses, b.disk_misses);
+  d.bytes_read = sub(bytes_read, b.bytes_read);
+  d.prefetch_bytes = sub(prefetch_bytes, b.prefetch_bytes);
+  d.read_busy_s = std::max(0.0, read_busy_s - b.read_busy_s);
+  d.read_retries = sub(read_retries, b.read_retries);
+  d.read_errors = sub(read_errors, b.read_errors);
+  d.fill_bytes = sub(fill_bytes, b.fill_bytes);
+  d.fill_s = std::max(0.0, fill_s - b.fill_s);
+  d.evictions = sub(evictions, b.evictions);
+  d.prefetch_issued = sub(prefetch_issued, b.prefetch_issued);
+  d.prefetch_rejected = sub(prefetch_rejected, b.prefetch_rejected);
+  d.prefetch_wasted = sub(prefetch_wasted, b.prefetch_wasted);
+  d.blocked_s = std::max(0.0, blocked_s - b.blocked_s);
+  d.predictions_late = sub(predictions_late, b.predictions_late);
+  for (size_t i = 0; i < d.recall_total.size(); i++) {
+    const bool had = i < b.recall_total.size() && i < b.recall_hits.size();
+    d.recall_total[i] = sub(recall_total[i], had ? b.recall_total[i] : 0);
+    if (i < d.recall_hits.size())
+      d.recall_hits[i] = sub(recall_hits[i], had ? b.recall_hits[i] : 0);
+  }
+  return d;
 }
 
 std::string TierTelemetry::line() const {

@@ -36,6 +36,9 @@ struct TierTelemetry {
   uint64_t predictions_late = 0;  // a layer's routing arrived before its prediction was made
 
   uint64_t demand() const { return gpu_hits + host_hits + disk_misses; }
+  // What happened since `before` (an earlier snapshot of the same tiers): counters and times
+  // subtracted; the host tier's budget, peak, use and slots and the I/O backend as they are now.
+  TierTelemetry since(const TierTelemetry& before) const;
   double read_gbps() const { return read_busy_s > 0 ? double(bytes_read) / read_busy_s / 1e9 : 0; }
   double recall(int d) const;  // d ≥ 1; 0 when nothing was measured
   // "experts: gpu 0.0% host 71.2% (prefetch 30.1%) disk 28.8% | read 1.23 GB at 1.05 GB/s, …"

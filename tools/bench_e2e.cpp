@@ -167,12 +167,24 @@ int run(const Options& o) {
     if (tty) std::fprintf(stderr, "\r\033[K");
     std::fprintf(stderr, "bench e2e: %s: %s\n", sp.name.c_str(), backend->name());
     engine::Schedule sched(*backend, c);
-    // The backend's telemetry of the line just measured (its timed part only).
+    // The backend's telemetry of the line just measured (its timed part only), and the expert
+    // tiers' (host cache hits, prefetches, disk reads) when the placement has them.
+    offload::TierTelemetry tiers0;
+    auto start_telemetry = [&] {
+      backend->reset_telemetry();
+      if (offload.active()) tiers0 = offload.telemetry();
+    };
     auto print_telemetry = [&] {
       const std::string tl = backend->telemetry_line();
-      if (tl.empty()) return;
-      std::printf("  %s\n", tl.c_str());
-      if (!out.empty()) out.back()["telemetry"] = tl;
+      if (!tl.empty()) {
+        std::printf("  %s\n", tl.c_str());
+        if (!out.empty()) out.back()["telemetry"] = tl;
+      }
+      if (offload.active()) {
+        const offload::TierTelemetry d = offload.telemetry().since(tiers0);
+        std::printf("  %s\n", d.line().c_str());
+        if (!out.empty()) out.back()["tiers"] = d.json();
+      }
     };
     // Decode at each batch size.
     for (int B : o.batches) {
@@ -201,7 +213,7 @@ int run(const Options& o) {
         sched.step(chunks);
       };
       for (int i = 0; i < 4; ++i) step();
-      backend->reset_telemetry();
+      start_telemetry();
       const double ts = now_s();
       for (int i = 0; i < o.steps; ++i) step();
       const double dt = now_s() - ts;
@@ -224,7 +236,7 @@ int run(const Options& o) {
       backend->reset_slot(0);
       std::vector<int32_t> ids(static_cast<size_t>(P));
       for (int64_t t = 0; t < P; ++t) ids[size_t(t)] = int32_t((t * 7919 + 3) % c.vocab_size);
-      backend->reset_telemetry();
+      start_telemetry();
       const double ts = now_s();
       s.forward(ids);
       const double dt = now_s() - ts;

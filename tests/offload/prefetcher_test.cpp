@@ -181,3 +181,38 @@ TEST_CASE("prefetcher: predictions become prefetch hits in the store", "[prefetc
   CHECK(t.recall(1) == 1.0);
   CHECK(t.recall(2) == 1.0);
 }
+
+// bench e2e reads each line's tier activity as a difference of two snapshots.
+TEST_CASE("tier telemetry: since() subtracts counters and keeps the host tier's gauges") {
+  TierTelemetry a, b;
+  a.host_hits = 10, a.disk_misses = 4, a.prefetch_hits = 3, a.bytes_read = 1000;
+  a.read_busy_s = 2.0, a.blocked_s = 0.5, a.evictions = 7, a.prefetch_issued = 9;
+  a.recall_hits = {3, 1}, a.recall_total = {8, 8};
+  a.host_budget_bytes = 1 << 20, a.slots = 5, a.io_backend = "io_uring";
+  b = a;
+  b.host_hits = 25, b.disk_misses = 6, b.prefetch_hits = 11, b.bytes_read = 4000;
+  b.read_busy_s = 3.5, b.blocked_s = 0.75, b.evictions = 9, b.prefetch_issued = 20;
+  b.recall_hits = {10, 4}, b.recall_total = {16, 16};
+  b.host_peak_bytes = 1 << 19;
+  const TierTelemetry d = b.since(a);
+  CHECK(d.host_hits == 15);
+  CHECK(d.disk_misses == 2);
+  CHECK(d.prefetch_hits == 8);
+  CHECK(d.demand() == 17);
+  CHECK(d.bytes_read == 3000);
+  CHECK(d.read_busy_s == Approx(1.5));
+  CHECK(d.read_gbps() == Approx(3000 / 1.5 / 1e9));
+  CHECK(d.blocked_s == Approx(0.25));
+  CHECK(d.evictions == 2);
+  CHECK(d.prefetch_issued == 11);
+  CHECK(d.recall(1) == Approx(7.0 / 8));
+  CHECK(d.recall(2) == Approx(3.0 / 8));
+  CHECK(d.host_budget_bytes == (1u << 20));
+  CHECK(d.host_peak_bytes == (1u << 19));
+  CHECK(d.slots == 5);
+  CHECK(d.io_backend == "io_uring");
+  // A snapshot taken before counters existed (no recall yet) subtracts as zeros.
+  const TierTelemetry e = b.since(TierTelemetry{});
+  CHECK(e.host_hits == 25);
+  CHECK(e.recall(1) == Approx(10.0 / 16));
+}
