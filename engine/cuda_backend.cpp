@@ -2040,6 +2040,15 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
       check(rt::event_sync(q.front().done), "staging");
       q.pop_front();
     }
+    // Releases the experts whose DMA has completed (in order), so the store's slots serve reads
+    // (a disk share's stream) instead of waiting for the hold cap.
+    void pop_done() {
+      bool done = true;
+      while (!q.empty() && done) {
+        check(rt::event_query(q.front().done, &done), "staging");
+        if (done) q.pop_front();
+      }
+    }
     ~Drain() {
       for (const InFlight& f : q) rt::event_sync(f.done);
     }
@@ -2083,6 +2092,7 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
       HeldExpert held;
       const ExpertWeights* ew = &hw.experts[size_t(e)];
       if (src) {
+        inflight.pop_done();
         while (!inflight.q.empty() && inflight.q.size() >= hold_cap) inflight.pop();
         req->upto(first + i + size_t(im.stage_slots));
         req->next = first + i + 1;
