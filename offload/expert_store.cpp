@@ -225,7 +225,6 @@ int32_t ExpertStore::take_slot() {
   Entry& v = entries_[victim];
   STRATA_ASSERT(v.state == State::host && v.claims == 0 && v.handles == 0);
   v.in_evictable = false;
-  v.resident = false;
   if (v.from_prefetch) tel_.prefetch_wasted++;
   v.from_prefetch = false;
   v.state = State::disk;
@@ -244,16 +243,10 @@ void ExpertStore::free_slot(int32_t s) {
   free_slots_.push_back(s);
 }
 
-double ExpertStore::evict_key(const Entry& en) const {
-  // Keys are log2 frequencies plus the decay's age (steps / half-life): far below this offset.
-  constexpr double kResidentOffset = 1e12;
-  return en.resident ? en.key + kResidentOffset : en.key;
-}
-
 void ExpertStore::make_evictable(uint32_t i) {
   Entry& en = entries_[i];
   if (en.state == State::host && en.claims == 0 && en.handles == 0 && !en.in_evictable) {
-    evictable_.insert({evict_key(en), i});
+    evictable_.insert({en.key, i});
     en.in_evictable = true;
   }
 }
@@ -288,7 +281,6 @@ void ExpertStore::on_read_done(uint32_t i, ReadResult&& r) {
     if (en.filling) {
       tel_.fill_bytes += r.bytes_read;
       en.filling = false;
-      en.resident = r.ok;
       fill_pending_--;
     } else {
       tel_.bytes_read += r.bytes_read;
@@ -328,7 +320,7 @@ void ExpertStore::require(int layer, std::span<const int> experts) {
     Entry& en = entries_[i];
     en.claims++;
     if (en.in_evictable) {
-      evictable_.erase({evict_key(en), i});
+      evictable_.erase({en.key, i});
       en.in_evictable = false;
     }
     // Hits and misses are decided here, when the need becomes known: a read that started

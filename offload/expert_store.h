@@ -120,10 +120,6 @@ class ExpertStore {
   // progress(bytes done, bytes to read) is called from this thread about every 0.25 s and once at
   // the end. These reads are not demand or prefetch traffic: the telemetry counts them apart
   // (fill_bytes, fill_s). Throws strata::Error naming the expert and file of a failed read.
-  // The filled experts stay resident: a later read (demand or prediction) evicts any other expert
-  // before one of them, so a scan over more experts than the cache holds (a prefill chunk, a wide
-  // decode batch) streams through the slots it frees instead of replacing the filled set; a
-  // filled expert goes only when no other is evictable, and is an ordinary one once read again.
   // Returns the number of experts read.
   uint64_t fill(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
 
@@ -147,7 +143,6 @@ class ExpertStore {
     bool waiting = false;        // a demand read waiting for a slot
     bool from_prefetch = false;  // loaded by a prediction, not yet used
     bool filling = false;        // read by fill()
-    bool resident = false;       // filled at start and not evicted since (evicted last)
     bool in_evictable = false;
     int32_t slot = -1;
     int32_t claims = 0, handles = 0;
@@ -165,7 +160,6 @@ class ExpertStore {
   void make_evictable(uint32_t i);
   void serve_waiting();
   double key_of(double freq) const;
-  double evict_key(const Entry& en) const;  // its place in evictable_
   void touch(Entry& en);
 
   ExpertLayout layout_;

@@ -49,8 +49,7 @@ struct Options {
   // instead of drawing its token on the backend.
   bool decode_logits = false;
   // The placements without a disk share read their host experts from a host expert cache of all
-  // experts filled at start (--host-mem 100% --host-fill) instead of the checkpoint's pages; a
-  // placement with a disk share fills its host cache (the resident host share) at start.
+  // experts filled at start (--host-mem 100% --host-fill) instead of the checkpoint's pages.
   bool host_cache = false;
 };
 
@@ -157,9 +156,9 @@ int run(const Options& o) {
     engine::SessionOptions so = setup.options();
     engine::OffloadOptions oo;
     oo.host_mem = sp.host_mem;
-    if (o.host_cache && sp.share.host > 0) {
-      if (oo.host_mem.empty()) oo.host_mem = "100%";
-      oo.host_fill = true;  // with a disk share: the filled experts are the resident host share
+    if (o.host_cache && oo.host_mem.empty() && sp.share.host > 0) {
+      oo.host_mem = "100%";
+      oo.host_fill = true;
     }
     engine::OffloadRuntime offload(*model, oo);
     offload.install(so);
@@ -287,8 +286,7 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
   app.add_flag("--host-cache", o->host_cache,
                "placements without a disk share read host experts from a host expert cache of all "
                "experts filled at start (as --host-mem 100% --host-fill) instead of the mmapped "
-               "checkpoint; a placement with a disk share fills its host cache at start, and the "
-               "filled experts stay resident while the disk share streams past them");
+               "checkpoint");
   app.add_flag("--profile", o->profile,
                "GPU engine: GPU time per sublayer kind from timing events (turns CUDA graphs off)");
   app.add_option("--experts-quantize", o->experts_quantize,

@@ -11,8 +11,7 @@ void add_offload_options(CLI::App& app, engine::OffloadOptions& o) {
                  "experts stay in the mmapped checkpoint");
   app.add_flag("--host-fill", o.host_fill,
                "with --host-mem: read experts into the host cache at start, in layer order, until "
-               "it is full (a progress line), instead of on first use; the filled experts stay "
-               "resident while the others stream past them");
+               "it is full (a progress line), instead of on first use");
   app.add_option("--io", o.io, "expert reads: auto, io_uring or pread")->capture_default_str();
   app.add_option("--io-depth", o.queue_depth, "expert reads in flight")->capture_default_str();
   app.add_option("--prefetch-depth", o.prefetch_depth,

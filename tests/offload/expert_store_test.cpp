@@ -264,25 +264,6 @@ TEST_CASE("expert store: fill at start reads experts in layer order until the ca
     CHECK(st.fill() == 0);  // the miss took the evicted expert's slot: none is free
     CHECK(st.residency(1, 4) == Residency::host);  // the one used stays; a cold one went
   }
-  SECTION("scans over more experts than the cache holds stream past the filled set") {
-    StoreConfig c = config_for(sx, 8.2);
-    ExpertStore st(sx.layout, c);
-    CHECK(st.fill() == 8);  // layer 1's six, layer 2's first two
-    // A prefill chunk's pattern: every expert of layers 2 and 3 once, three chunks in a row, the
-    // filled ones among them (hits) and ten others (misses), one at a time.
-    for (int chunk = 0; chunk < 3; chunk++)
-      for (int l = 2; l < 4; l++)
-        for (int e = 0; e < 6; e++) CHECK(use(st, sx, l, e));
-    // The first miss found no free slot and took a filled expert's; every later miss took the
-    // slot of an expert read by an earlier miss. Layer 1 (not in the scans) stays except for one.
-    int layer1 = 0;
-    for (int e = 0; e < 6; e++) layer1 += st.residency(1, e) == Residency::host;
-    CHECK(layer1 == 5);
-    const auto t = st.telemetry();
-    CHECK(t.evictions == 30);     // 10 misses per chunk
-    CHECK(t.host_hits == 3 * 2);  // the filled (2, 0) and (2, 1), each chunk
-    CHECK(t.disk_misses == 3 * 10);
-  }
   SECTION("a cache of every expert holds them all, and a second fill reads nothing") {
     StoreConfig c = config_for(sx, 1);
     c.host_budget_bytes = sx.layout.cache_bytes_all();
