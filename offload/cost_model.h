@@ -185,8 +185,8 @@ struct CostAssumptions {
   double gpu_expert_gemv_below_mean_pairs = kExpertGemmMinMeanPairs;
   // Router-lookahead prefetch (engine/offload_executor.cpp, depth 2): share of a layer's experts
   // it predicts right (recall at distance 1 on k3-mini: 49.5–75 %, docs/performance.md "Expert
-  // I/O"). Each predicted expert not in the host cache is read from disk; the actual experts it
-  // missed are read on demand.
+  // I/O"; on the 8-layer slice 70.6 % at B=1, 90.6 % at B=8). The experts it missed are read on
+  // demand, on a prefill step's path; decode counts each missed expert's read once either way.
   double prefetch_recall = 0.5;
   // Fixed cost per layer and step on the CPU reference backend (norms, AttnRes, small ops), µs.
   double cpu_layer_overhead_us = 0;
@@ -273,6 +273,15 @@ class CostModel {
   // the DMA alone with staging_dma; +inf without a GPU.
   double stage_seconds() const;
   double disk_read_seconds() const;  // O_DIRECT read of one expert; +inf w/o disk rate
+  // Share of the expert accesses outside the GPU cache that the host cache misses (read from
+  // disk) in steady state when each step touches `touched_per_layer` of a MoE layer's experts, the
+  // layers in turn: the host cache (p.host of all experts) evicts its least recently used expert
+  // (offload/expert_store.h), so an expert is still there at its next use only if fewer distinct
+  // experts came between — with a fraction f of every layer touched per step, its next use k steps
+  // later finds it when k ≤ ln(1 − c) / ln(1 − f), c the cache's share of the experts outside the
+  // GPU cache. A step touching every expert (a prefill chunk) misses them all unless the cache
+  // holds every one; a narrow step (decode at small batch) hits about c. 0 without a disk share.
+  double host_miss_share(const Placement& p, double touched_per_layer) const;
   // Smallest tokens-per-expert M for which staging + GPU compute beats the CPU:
   // stage_seconds() + gpu_expert_seconds(M) < cpu_expert_seconds(M). kNever when no M up to
   // 1 << 20 does (or there is no GPU).
