@@ -13,24 +13,14 @@ double TierTelemetry::recall(int d) const {
 TierTelemetry TierTelemetry::since(const TierTelemetry& b) const {
   TierTelemetry d = *this;
   auto sub = [](uint64_t now, uint64_t then) { return now >= then ? now - then : 0; };
-  d.gpu_hits = sub(gpu_hits, b.gpu_hits);
-  d.host_hits = sub(host_hits, b.host_hits);
-  d.prefetch_hits = sub(prefetch_hits, b.prefetch_hits);
-  d.late_prefetch = sub(late_prefetch, b.late_prefetch);
-  d.disk_misses = sub(disk_misses, b.disk_misses);
-  d.bytes_read = sub(bytes_read, b.bytes_read);
-  d.prefetch_bytes = sub(prefetch_bytes, b.prefetch_bytes);
-  d.read_busy_s = std::max(0.0, read_busy_s - b.read_busy_s);
-  d.read_retries = sub(read_retries, b.read_retries);
-  d.read_errors = sub(read_errors, b.read_errors);
-  d.fill_bytes = sub(fill_bytes, b.fill_bytes);
-  d.fill_s = std::max(0.0, fill_s - b.fill_s);
-  d.evictions = sub(evictions, b.evictions);
-  d.prefetch_issued = sub(prefetch_issued, b.prefetch_issued);
-  d.prefetch_rejected = sub(prefetch_rejected, b.prefetch_rejected);
-  d.prefetch_wasted = sub(prefetch_wasted, b.prefetch_wasted);
-  d.blocked_s = std::max(0.0, blocked_s - b.blocked_s);
-  d.predictions_late = sub(predictions_late, b.predictions_late);
+  using T = TierTelemetry;
+  for (uint64_t T::*m : {&T::gpu_hits, &T::host_hits, &T::prefetch_hits, &T::late_prefetch,
+                         &T::disk_misses, &T::bytes_read, &T::prefetch_bytes, &T::read_retries,
+                         &T::read_errors, &T::fill_bytes, &T::evictions, &T::prefetch_issued,
+                         &T::prefetch_rejected, &T::prefetch_wasted, &T::predictions_late})
+    d.*m = sub(this->*m, b.*m);
+  for (double T::*m : {&T::read_busy_s, &T::fill_s, &T::blocked_s})
+    d.*m = std::max(0.0, this->*m - b.*m);
   for (size_t i = 0; i < d.recall_total.size(); i++) {
     const bool had = i < b.recall_total.size() && i < b.recall_hits.size();
     d.recall_total[i] = sub(recall_total[i], had ? b.recall_total[i] : 0);

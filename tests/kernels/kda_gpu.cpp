@@ -227,9 +227,8 @@ TEST_CASE("kda gpu: long sequence (256K tokens) in many passes equals the recurr
 }
 
 // Decode alone (no prefill call: one empty call fixes the sequence count) from a random state,
-// with every split of the state rows over CTAs and both forms of split 1: the same recurrence
-// whichever CTA owns a row, the q/k conv state written once after every CTA of the head has read
-// it.
+// with every split of the state rows over CTAs: the same recurrence whichever CTA owns a row, the
+// q/k conv state written once after every CTA of the head has read it.
 TEST_CASE("kda gpu: decode with 1, 2, 4 and 8 CTAs per head, K3 shape, 3 sequences", "[gpu][kda]") {
   for (int split : {1, 2, 4, 8}) {
     INFO("split " << split);
