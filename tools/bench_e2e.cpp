@@ -89,6 +89,26 @@ int run(const Options& o) {
   if (tty) std::fprintf(stderr, "\r\033[K");
   for (const auto& n : hw.not_measured)
     std::fprintf(stderr, "bench e2e: not measured: %s\n", n.c_str());
+  // The peaks every roofline below divides by, printed and saved with the lines (a roofline moves
+  // with them from machine to machine of one kind).
+  nlohmann::json peaks;
+  std::string peaks_text;
+  auto peak = [&](const char* key, const char* what, const offload::Rate& r, const char* unit) {
+    if (!r.known()) return;
+    peaks[key] = r.value();
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s%s %.1f %s", peaks_text.empty() ? "" : ", ", what, r.value(),
+                  unit);
+    peaks_text += buf;
+  };
+  if (hw.gpu.count > 0) {
+    peak("hbm_copy_gbps", "HBM copy", hw.gpu.hbm_copy_gbps, "GB/s");
+    peak("bf16_gemm_tflops", "bf16 GEMM", hw.gpu.bf16_gemm_tflops, "TFLOP/s");
+    peak("h2d_gbps", "host->device", hw.gpu.h2d_gbps, "GB/s");
+  }
+  peak("host_read_gbps", "host memory read", hw.host.mem_read_gbps, "GB/s");
+  peak("disk_gbps", "disk O_DIRECT", hw.disk.read_gbps, "GB/s");
+  std::printf("peaks (this run): %s\n", peaks_text.c_str());
 
   // The GPU placements for --device gpu, or auto with a GPU; the CPU ones for cpu and cpu-ref.
   const bool gpu = (o.device == "gpu" || o.device == "auto") && hw.gpu.count > 0;
@@ -253,7 +273,9 @@ int run(const Options& o) {
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     if (!f) throw Error("--json " + o.json + ": cannot write");
-    f << nlohmann::json{{"bench", "e2e"}, {"model", o.model_dir}, {"lines", out}}.dump(2) << "\n";
+    f << nlohmann::json{{"bench", "e2e"}, {"model", o.model_dir}, {"peaks", peaks}, {"lines", out}}
+             .dump(2)
+      << "\n";
   }
   return 0;
 }
