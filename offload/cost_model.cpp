@@ -162,6 +162,47 @@ std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused) 
   return calls;
 }
 
+std::vector<GpuGemm> gpu_step_gemms(const ModelConfig& c) {
+  std::vector<GpuGemm> g;
+  auto G = [&](int64_t out, int64_t in, GpuGemm::Kind k = GpuGemm::Kind::layer) {
+    g.push_back({out, in, k});
+  };
+  const int64_t D = c.hidden_size;
+  const auto& kd = c.kda;
+  const auto& ml = c.mla;
+  const auto& mo = c.moe;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_kda(l)) {  // q|k|v, f_a, f_b, b, g (full rank, or g_a and g_b), o
+      const int64_t P = kd.proj_dim(), r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
+      G(3 * P, D), G(r, D), G(P, r), G(kd.num_heads, D);
+      if (kd.full_rank_output_gate)
+        G(P, D);
+      else
+        G(r, D), G(P, r);
+      G(D, P);
+    } else {  // q_a and q_b (or q), kv_a, the output gate, o
+      const int64_t H = ml.num_heads;
+      if (ml.q_lora_rank > 0)
+        G(ml.q_lora_rank, D), G(H * ml.q_head_dim(), ml.q_lora_rank);
+      else
+        G(H * ml.q_head_dim(), D);
+      G(ml.latent_cache_dim(), D);
+      if (ml.output_gate) G(H * ml.v_head_dim, D);
+      G(D, H * ml.v_head_dim);
+    }
+    if (!c.is_moe(l)) {  // dense MLP: gate|up, down
+      G(2 * c.dense_intermediate_size, D), G(D, c.dense_intermediate_size);
+      continue;
+    }
+    G(mo.num_experts, D);  // router
+    if (mo.latent_size > 0) G(c.expert_in_dim(), D), G(D, c.expert_in_dim());
+    if (const int64_t Is = mo.shared_intermediate(); Is > 0)
+      G(2 * Is, D, GpuGemm::Kind::shared), G(D, Is, GpuGemm::Kind::shared);
+  }
+  G(c.vocab_size, D, GpuGemm::Kind::head);
+  return g;
+}
+
 double flat_distinct_experts(const ModelConfig& c, double tokens) {
   const double E = c.moe.num_experts, k = c.moe.top_k;
   if (E <= 0 || tokens <= 0) return 0;
@@ -210,6 +251,17 @@ CostModel::CostModel(const HardwareProfile& hw, const ModelConfig& cfg, CostOpti
       rates_basis_ = "rates: K3-shaped probes — note: " + src +
                      "'s model-shape rates were measured for another model (" + ms.model +
                      "); its signature [" + ms.signature + "] is not this model's [" + mine + "]";
+    }
+  }
+  if (opt_.trunk == TrunkBackend::gpu && hw.model_shapes.gpu_trunk.known()) {
+    const ModelShapeRates& ms = hw.model_shapes;
+    if (ms.signature == model_shape_signature(cfg)) {
+      gpu_shapes_ = true;
+      rates_basis_ = "rates: the GPU engine's GEMMs of a step timed at this model's shapes (" +
+                     ms.model + "); the rest K3-shaped probes";
+    } else {
+      rates_basis_ = "rates: K3-shaped probes — note: " + src +
+                     "'s GPU GEMM rates were measured for another model (" + ms.model + ")";
     }
   }
   auto need = [&](bool ok, const std::string& field, const std::string& why) {
@@ -605,6 +657,9 @@ double CostModel::stage_copy_gbps() const {
 // rate. The curve is measured at 12288×7168 (tools/bench_kernels_moe.cpp), where the fixed cost is
 // already inside the measured time: it is taken out of the per-byte rate there.
 double CostModel::gpu_gemm_seconds(double out_features, double in_features, double M) const {
+  const RateCurve& own = hw_.model_shapes.gpu_trunk;
+  if (gpu_shapes_ && M <= double(own.points.back().tokens))  // fixed costs inside the rate
+    return 2.0 * out_features * in_features * own.seconds_per_byte(std::max(1.0, M));
   constexpr double kCurveBytes = 2.0 * 12288 * 7168;
   const double fixed = opt_.assumptions.gpu_gemm_fixed_us * 1e-6;
   const double spb = trunk_spb(std::max(1.0, M));
@@ -635,16 +690,10 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
   EngineStep s;
   double gemm = 0;  // GEMM seconds
   int kernels = 0;
-  auto G = [&](double out, double in, double M) {
-    gemm += gpu_gemm_seconds(out, in, M);
-    ++s.gemms;
-  };
   // Embedding: ids upload and gather; the non-finite record's reset and the embedding's scan.
   kernels += 2;
-  const auto& kd = c.kda;
   const auto& ml = c.mla;
   const auto& mo = c.moe;
-  const double P = kd.proj_dim(), r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
   const double L = c.expert_in_dim(), Is = mo.shared_intermediate();
   const double eb = double(costs_.bytes_per_routed_expert);
   const double hbm = hw_.gpu.hbm_copy_gbps.value() * 1e9;
@@ -670,14 +719,8 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
     } else {
       scan += 2 * std::max(kern, T * D * 4 / hbm);
     }
-    if (c.is_kda(l)) {
-      G(3 * P, D, T), G(r, D, T), G(P, r, T), G(kd.num_heads, D, T);
-      if (kd.full_rank_output_gate)
-        G(P, D, T);
-      else
-        G(r, D, T), G(P, r, T);
-      G(D, P, T);
-      kernels += 2;  // bf16 input, output rounding
+    if (c.is_kda(l)) {  // its GEMMs: gpu_step_gemms, after the layers
+      kernels += 2;     // bf16 input, output rounding
       if (decode) {
         attention += std::max(kern, 2.0 * double(costs_.kda_state_bytes_per_layer) * T /
                                         (hbm * a.gpu_kda_decode_hbm_efficiency));
@@ -691,15 +734,8 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
       }
     } else {
       const double H = ml.num_heads;
-      if (ml.q_lora_rank > 0) {
-        G(ml.q_lora_rank, D, T), G(H * ml.q_head_dim(), ml.q_lora_rank, T);
-        kernels += 3;  // rounding, q_a norm, bf16
-      } else {
-        G(H * ml.q_head_dim(), D, T);
-      }
-      G(ml.latent_cache_dim(), D, T);
-      if (ml.output_gate) G(H * ml.v_head_dim, D, T), ++kernels;
-      G(D, H * ml.v_head_dim, T);
+      if (ml.q_lora_rank > 0) kernels += 3;  // rounding, q_a norm, bf16
+      if (ml.output_gate) ++kernels;
       kernels += 2 + seqs;  // bf16 input, output rounding, one latent write per sequence
       const double kvb_out = H * double(ml.qk_nope_head_dim + ml.v_head_dim);
       if (decode) {
@@ -725,34 +761,36 @@ CostModel::EngineStep CostModel::engine_step(const Placement& p, int64_t rows, i
       }
     }
     if (!c.is_moe(l)) {  // dense MLP
-      G(2.0 * c.dense_intermediate_size, D, T), G(D, c.dense_intermediate_size, T);
       kernels += 5;
       continue;
     }
     ++moe_layers;
-    G(mo.num_experts, D, T);
     kernels += 2;  // bf16 input, route
-    if (mo.latent_size > 0) {
-      G(L, D, T), G(D, L, T);
+    if (mo.latent_size > 0)
       kernels += 3 + (mo.latent_norm ? 1 : 0);  // roundings, bf16 of the merge, latent norm
-    }
     if (device_groups) {
       kernels += 1 + 2;  // the groups, the merge + its rounding
     } else {
       kernels += 3 + 3 + 2;  // routing to the host, merge lists up, merge + its rounding
       xfer += T * (L + 2.0 * mo.top_k) * 4 / d2h;  // the expert input and the routing, fp32
     }
-    if (Is > 0) {
-      shared_one = gpu_gemm_seconds(2 * Is, D, T) + gpu_gemm_seconds(D, Is, T) + 5 * kern;
-      s.gemms += 2;
-    }
   }
+  // The GEMMs of the layers, the shared experts (their own place on the critical path, below)
+  // and lm_head at the rows whose logits are computed.
+  const double rows_out = decode ? T : double(seqs);
+  double shared_all = 0;
+  for (const GpuGemm& m : gpu_step_gemms(c)) {
+    if (m.kind == GpuGemm::Kind::head && !logits) continue;
+    const double t =
+        gpu_gemm_seconds(double(m.out), double(m.in), m.kind == GpuGemm::Kind::head ? rows_out : T);
+    (m.kind == GpuGemm::Kind::shared ? shared_all : gemm) += t;
+    ++s.gemms;
+  }
+  if (Is > 0 && moe_layers > 0) shared_one = shared_all / moe_layers + 5 * kern;
   // Head: final mix and norm; logits of the last row of each sequence (decode: every row).
   if (logits) {
-    const double rows_out = decode ? T : double(seqs);
     kernels += (c.has_attn_res() ? 1 : 0) + 1 + 4;  // norm, gather, bf16, rounding, download
-    G(c.vocab_size, D, rows_out);
-    xfer += rows_out * c.vocab_size * 4 / d2h;  // fp32 logits to the host
+    xfer += rows_out * c.vocab_size * 4 / d2h;      // fp32 logits to the host
     ++s.syncs;
   } else if (a.gpu_extra_syncs_per_layer <= 0) {
     ++s.syncs;  // commit_step reads the non-finite record of the sites after the last sync
@@ -1333,6 +1371,9 @@ std::vector<std::string> CostModel::describe_rates() const {
                ? hw_.kernels.gpu_trunk.source
                : fmt("assumed: %.0f%% of HBM copy, %.0f%% of the bf16 GEMM peak",
                      a.gpu_trunk_hbm_efficiency * 100, a.gpu_trunk_gemm_efficiency * 100);
+      if (gpu_shapes_)
+        t += fmt("; up to M=%.0f: ", hw_.model_shapes.gpu_trunk.points.back().tokens) +
+             hw_.model_shapes.gpu_trunk.source;
       break;
     case TrunkBackend::cpu_reference:
       t += hw_.kernels.cpu_trunk_ref.source + " (the fp32 reference, not a fast kernel)";

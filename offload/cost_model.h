@@ -65,6 +65,19 @@ struct FastLinearCall {
 };
 std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused);
 
+// The GPU engine's bf16 GEMMs of one step (engine/cuda_backend.cpp), in its order and with its
+// fusions (KDA q|k|v, MLA q_a|kv_a, gate|up): y[M, out] = x[M, in]·Wᵀ. `layer` GEMMs and the
+// shared experts' run at the step's rows; lm_head (`head`) at the rows whose logits are computed
+// (every row in decode, the last of each sequence in prefill). MLA's kv_b (absorbed in decode,
+// the cache expansion in prefill) belongs to attention and is not listed. The cost model's engine
+// step and `strata bench hw -m`'s GPU probe both take the list from here.
+struct GpuGemm {
+  enum class Kind { layer, shared, head };
+  int64_t out = 0, in = 0;
+  Kind kind = Kind::layer;
+};
+std::vector<GpuGemm> gpu_step_gemms(const ModelConfig& c);
+
 // Distinct experts one MoE layer touches for `tokens` tokens under flat routing (Quantile
 // Balancing, spec/offload.md §2.3): E·(1 − (1 − k/E)^tokens); 0 without experts or tokens.
 double flat_distinct_experts(const ModelConfig& c, double tokens);
@@ -381,6 +394,10 @@ class CostModel {
   int gpus_ = 0;
   int threshold_ = kNever;
   bool shapes_ = false;  // hw_.model_shapes were measured for this model and are used
+  // hw_.model_shapes.gpu_trunk was measured for this model: the GPU engine's GEMMs at up to its
+  // last point's rows take its rate (the step's own list timed back to back) instead of the
+  // K3-shaped trunk curve.
+  bool gpu_shapes_ = false;
   std::string rates_basis_;
 };
 

@@ -189,7 +189,8 @@ const std::vector<ShapeCurveField>& model_shape_curves() {
       {"kda_prefill_gflops", &ModelShapeRates::kda_prefill_gflops, "value"},
       {"mla_decode_gflops", &ModelShapeRates::mla_decode_gflops, "value"},
       {"mla_prefill_gflops", &ModelShapeRates::mla_prefill_gflops, "value"},
-      {"row_ops_ns", &ModelShapeRates::row_ops_ns, "value"}};
+      {"row_ops_ns", &ModelShapeRates::row_ops_ns, "value"},
+      {"gpu_trunk", &ModelShapeRates::gpu_trunk, "gbps"}};
   return f;
 }
 
@@ -459,7 +460,7 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     rd.only(m, w,
             {"signature", "model", "threads", "context", "trunk", "linear_call_us", "expert",
              "kda_decode_gbps", "kda_prefill_gflops", "mla_decode_gflops", "mla_prefill_gflops",
-             "row_ops_ns", "comment"});
+             "row_ops_ns", "gpu_trunk", "comment"});
     ModelShapeRates& ms = hw.model_shapes;
     ms.signature = rd.str(m, w, "signature");
     if (ms.signature.empty())

@@ -189,6 +189,12 @@ struct ModelShapeRates {
   // GLUs, routing, gates), ns per token, layer and 1024 of hidden width (as
   // kernels.cpu_row_ops_ns).
   RateCurve row_ops_ns;
+  // The GPU engine's bf16 GEMMs of a decode step (offload::gpu_step_gemms: every layer's, the
+  // shared experts', lm_head at M rows) at M rows, timed back to back on the GPU (`strata bench
+  // hw -m DIR` on a machine with one): GB/s of their weights, the GEMMs' fixed costs inside. The
+  // trunk probe of KernelRates times one shape (12288 × 7168); a model's fused and larger matrices
+  // stream at other rates.
+  RateCurve gpu_trunk;
   bool known() const { return !signature.empty(); }
 };
 

@@ -28,7 +28,8 @@ namespace strata::tools {
 
 #ifdef STRATA_HAVE_CUDA
 // tools/bench_kernels_moe.cpp: the GPU expert and trunk kernel curves.
-void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick);
+void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick,
+                          const ModelConfig* model, const std::string& model_name);
 #endif
 
 namespace {
@@ -109,7 +110,7 @@ int run(const Options& o) {
     mo.progress("GPU 0: grouped experts and trunk GEMM at M tokens");
     if (tty) std::fprintf(stderr, "\r\033[K");
     try {
-      bench_hw_gpu_kernels(rep, hw, o.quick);
+      bench_hw_gpu_kernels(rep, hw, o.quick, o.model.empty() ? nullptr : &model, o.model);
     } catch (const Error& e) {
       hw.not_measured.push_back(std::string("GPU kernel rates: ") + e.what());
     }

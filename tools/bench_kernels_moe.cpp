@@ -22,6 +22,7 @@
 #include "kernels/gpu_timer.h"
 #include "kernels/moe/experts.h"
 #include "kernels/ops/device_memory.h"
+#include "offload/cost_model.h"
 #include "offload/hardware.h"
 #include "storage/error.h"
 #include "tools/bench.h"
@@ -321,7 +322,8 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
 // call at a time, each call's launch and ramp-up counted, the curve gave 2219 GB/s at M = 1 on
 // the H100 machine and the cost model predicted the all-GPU decode lines 17-18 % slow, planner
 // validation round 3). Fills hw.kernels.gpu_expert and gpu_trunk.
-void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick) {
+void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool quick,
+                          const ModelConfig* model, const std::string& model_name) {
   const double copy = hw.gpu.hbm_copy_gbps.value_or(0), peak = hw.gpu.bf16_gemm_tflops.value_or(0);
   std::mt19937_64 rng(99);
   {
@@ -384,6 +386,65 @@ void bench_hw_gpu_kernels(BenchReport& r, offload::HardwareProfile& hw, bool qui
   }
   t.source = "measured: kernels::gemm::Gemm::linear bf16, 12288x7168, 8 back to back, weight GB/s";
   hw.kernels.gpu_trunk = t;
+  if (!model) return;
+  // `bench hw -m DIR`: the GPU engine's GEMMs of a decode step at the model's own shapes
+  // (offload::gpu_step_gemms, lm_head at M rows as in decode), back to back as a captured step
+  // issues them, weights carved in turn from a pool that wraps around when the model's trunk is
+  // larger (the pool stays ≫ L2, so every weight is read cold as in the engine).
+  const std::vector<offload::GpuGemm> gemms = offload::gpu_step_gemms(*model);
+  size_t total = 0, largest = 0;
+  int64_t max_in = 1, max_out = 1;
+  for (const auto& g : gemms) {
+    const size_t b = (size_t(g.out * g.in) * 2 + 255) & ~size_t(255);
+    total += b, largest = std::max(largest, b);
+    max_in = std::max(max_in, g.in), max_out = std::max(max_out, g.out);
+  }
+  const size_t mpool = std::max(largest, std::min(total, pool_bytes));
+  wpool = DeviceBuffer(mpool);
+  kernels::fill_random_bytes(wpool.get(), mpool, 5, 0, 0x3f);
+  const std::vector<int64_t> Ms =
+      quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8, 16, 64};
+  DeviceBuffer mx(size_t(Ms.back()) * size_t(max_in) * 2),
+      my(size_t(Ms.back()) * size_t(max_out) * 2);
+  kernels::fill_random_bytes(mx.get(), mx.bytes(), 6, 0, 0x3f);
+  double weight_bytes = 0;
+  for (const auto& g : gemms) weight_bytes += 2.0 * double(g.out) * double(g.in);
+  offload::RateCurve mc;
+  for (int64_t M : Ms) {
+    BenchLine l;
+    l.name = "hw/gpu model GEMMs M=" + std::to_string(M);
+    l.shape = std::to_string(gemms.size()) + " GEMMs of a decode step, " +
+              std::to_string(int64_t(weight_bytes / 1e6)) + " MB";
+    l.time = to_stats(kernels::gpu_time(
+        [&] {
+          size_t off = 0;
+          for (const auto& g : gemms) {
+            const size_t b = (size_t(g.out * g.in) * 2 + 255) & ~size_t(255);
+            if (off + b > mpool) off = 0;
+            ok(gemm.linear(mx.as<uint16_t>(),
+                           reinterpret_cast<const uint16_t*>(wpool.as<uint8_t>() + off), my.get(),
+                           kernels::gemm::OutType::bf16, M, g.out, g.in, nullptr),
+               "gemm");
+            off += b;
+          }
+        },
+        nullptr, quick ? 3 : 5, 1));
+    l.bytes = weight_bytes;
+    l.flops = 2.0 * double(M) * weight_bytes / 2;
+    l.peak_is_bandwidth = true;
+    l.peak_name = "HBM copy (measured)";
+    l.peak = copy;
+    l.note = "the model's own shapes (bench hw -m)";
+    r.add(l);
+    mc.points.push_back({int(M), l.gbps()});
+  }
+  mc.source = "measured: the GPU engine's " + std::to_string(gemms.size()) +
+              " GEMMs of a decode step at this model's shapes (kernels::gemm::Gemm::linear bf16, "
+              "back to back), weight GB/s";
+  offload::ModelShapeRates& ms = hw.model_shapes;
+  if (ms.signature.empty()) ms.signature = offload::model_shape_signature(*model);
+  if (ms.model.empty()) ms.model = model_name;
+  ms.gpu_trunk = mc;
 }
 
 }  // namespace strata::tools

@@ -376,6 +376,68 @@ TEST_CASE("GPU engine decode: one stream, host round trips where the host groups
   CHECK_THROWS_AS(m.decode_step(Placement{0.5, 0.6, 0}, 1, 10), Error);  // sums to 1.1
 }
 
+TEST_CASE(
+    "GPU engine: the step's GEMM list covers the trunk, and its model-shape rate replaces "
+    "the one-shape curve for that model only",
+    "[cost]") {
+  const ModelConfig cfg = k3_slice8();
+  const HardwareProfile hw = gpu_machine();
+  const CostModel m(hw, cfg);
+  // Every trunk matrix but kv_b (inside the MLA core), norms, conv weights and biases.
+  const auto gemms = gpu_step_gemms(cfg);
+  double bytes = 0, shared = 0, head = 0;
+  for (const auto& g : gemms) {
+    const double b = 2.0 * double(g.out) * double(g.in);
+    bytes += b;
+    if (g.kind == GpuGemm::Kind::shared) shared += b;
+    if (g.kind == GpuGemm::Kind::head) head += b;
+  }
+  CHECK(head == double(m.head_bytes()));
+  CHECK(shared > 0);
+  CHECK(bytes <= double(m.trunk_bytes()));
+  CHECK(bytes > 0.97 * double(m.trunk_bytes()));
+  const auto base = m.engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  CHECK(base.gemms == int(gemms.size()));
+  // The same hardware with this model's step timed at 1 and 8 rows: every GEMM of a decode step
+  // at up to 8 rows takes that rate (fixed costs inside), larger steps keep the one-shape curve.
+  HardwareProfile own = hw;
+  own.model_shapes.signature = model_shape_signature(cfg);
+  own.model_shapes.model = "k3-slice8";
+  own.model_shapes.gpu_trunk = curve({{1, 2500}, {8, 2400}});
+  const CostModel mo(own, cfg);
+  CHECK(mo.rates_basis().find("this model's shapes") != std::string::npos);
+  CHECK(mo.gpu_gemm_seconds(12288, 7168, 1) == Approx(2.0 * 12288 * 7168 / 2500e9));
+  CHECK(mo.gpu_gemm_seconds(96, 7168, 8) == Approx(2.0 * 96 * 7168 / 2400e9));
+  CHECK(mo.gpu_gemm_seconds(12288, 7168, 512) == m.gpu_gemm_seconds(12288, 7168, 512));
+  const auto ownstep = mo.engine_step(Placement{1, 0, 0}, 1, 1, true, 256, true);
+  const auto kvb = mo.gpu_gemm_seconds(
+      double(cfg.mla.num_heads) * (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim),
+      cfg.mla.kv_lora_rank, 1);
+  // The step's GEMM time moved by exactly the list's bytes at the new rate (the kv_b GEMMs of
+  // the MLA layers, part of attention, moved with it).
+  CHECK(ownstep.gpu_dense_s - base.gpu_dense_s == Approx(bytes / 2500e9 -
+                                                         [&] {
+                                                           double t = 0;
+                                                           for (const auto& g : gemms)
+                                                             t += m.gpu_gemm_seconds(
+                                                                 double(g.out), double(g.in), 1);
+                                                           return t;
+                                                         }())
+                                                      .epsilon(1e-6));
+  CHECK(ownstep.gpu_attention_s - base.gpu_attention_s ==
+        Approx(cfg.num_mla_layers() *
+               (kvb - m.gpu_gemm_seconds(double(cfg.mla.num_heads) *
+                                             (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim),
+                                         cfg.mla.kv_lora_rank, 1)))
+            .epsilon(1e-6));
+  // Another model's rates are set aside, with a note.
+  HardwareProfile other = own;
+  other.model_shapes.signature = model_shape_signature(k3_mini());
+  const CostModel mx(other, cfg);
+  CHECK(mx.gpu_gemm_seconds(12288, 7168, 1) == m.gpu_gemm_seconds(12288, 7168, 1));
+  CHECK(mx.rates_basis().find("another model") != std::string::npos);
+}
+
 TEST_CASE("GPU engine prefill: staged rounds are copied on the host, then computed", "[cost]") {
   const ModelConfig cfg = k3_slice8();
   const HardwareProfile hw = gpu_machine();
