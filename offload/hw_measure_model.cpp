@@ -159,16 +159,18 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
   const ModelConfig& c = p.c;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   size_t total = size_t(V * D), max_rows = 1, max_cols = size_t(D), max_outs = 1;  // layers'
+  size_t largest = size_t(V * D);
   for (const FastLinearCall& call : fast_step_linears(c, true)) {
     max_outs = std::max(max_outs, call.matrices.size());
     for (auto [r, k] : call.matrices) {
-      total += size_t(r * k);
+      total += size_t(r * k), largest = std::max(largest, size_t(r * k));
       max_rows = std::max(max_rows, size_t(r)), max_cols = std::max(max_cols, size_t(k));
     }
   }
-  // The whole trunk when it fits 1 GiB (512 MiB quick), else that much in turn (elements of 2 B).
+  // The whole trunk when it fits 1 GiB (512 MiB quick), else that much in turn (elements of 2 B),
+  // and never less than the largest matrix (lm_head of a K3-wide model is 2.35 GB).
   const size_t cap = (p.o.quick ? size_t(256) : size_t(512)) << 20;
-  WeightPool pool(std::min(total, cap), fs::path(c.source).parent_path());
+  WeightPool pool(std::max(largest, std::min(total, cap)), fs::path(c.source).parent_path());
   cpu::Bf16Linear lin;
   RateCurve curve;
   for (int M : Ms) {
