@@ -9,9 +9,10 @@
 //   the delta-rule recurrence on the fp32 state [H, V, K] (FLA state_v_first), o rounded to bf16,
 //   y = RMSNorm(o; o_norm_w, eps)·σ(G) (FLA FusedRMSNormGated), one bf16 rounding.
 // Prefill uses the chunked WY/UT form (§4.5, chunk 32) in two phases: a chunk-parallel kernel
-// (intra-chunk matrices) and a state-carrying kernel split over V (columns of the state evolve
-// independently). Decode does everything for one (sequence, head) in one block, reading and
-// writing its 64 KiB of state once.
+// (intra-chunk matrices) and a state-carrying kernel — by default on tensor cores (tf32, fp32
+// accumulation) with one block per head holding the state in registers; STRATA_KDA_PREFILL=fp32
+// (read once) selects the fp32 CUDA-core kernels, split over V. Decode does everything for one
+// (sequence, head) in one block, reading and writing its 64 KiB of state once.
 //
 // Supported: K = V = 128, conv width 4 (K3 and Kimi-Linear); anything else returns an error
 // Status (cudaErrorInvalidValue) with a message saying what is supported.

@@ -226,6 +226,18 @@ TEST_CASE("kda gpu: long sequence (256K tokens) in many passes equals the recurr
   run_kda_case(c, 14);
 }
 
+// Several K3-shape sequences whose lengths end mid-chunk, over two calls in passes of 7 chunks:
+// the per-sequence chunk ranges, inert rows past each end and the state carried between passes.
+// (Run with STRATA_KDA_PREFILL=fp32 as well: both prefill paths against the reference.)
+TEST_CASE("kda gpu: K3 shape, 4 ragged sequences, 2 calls in passes of 7 chunks", "[gpu][kda]") {
+  KdaCase c;
+  c.H = 96;
+  c.calls = {{1000, 77, 515, 33}, {45, 0, 300, 64}};
+  c.max_chunks = 7;
+  c.decode_steps = 1;
+  run_kda_case(c, 40);
+}
+
 // Decode alone (no prefill call: one empty call fixes the sequence count) from a random state,
 // with every split of the state rows over CTAs: the same recurrence whichever CTA owns a row, the
 // q/k conv state written once after every CTA of the head has read it.
