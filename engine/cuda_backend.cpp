@@ -2071,7 +2071,8 @@ void CudaBackend::ffn(int l, const StepShape& s, Act x, Act out) {
     size_t next = 0, end = 0;  // next to acquire; required up to end
     void upto(size_t k) {
       k = std::min(k, ids.size());
-      if (k > end) src->require(layer, std::span<const int>(ids.data() + end, k - end));
+      if (k > end)
+        src->require(layer, std::span<const int>(ids.data() + end, k - end), int(ids.size()));
       end = std::max(end, k);
     }
     ~Required() {

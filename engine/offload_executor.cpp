@@ -117,8 +117,8 @@ ExpertWeights patched(ExpertWeights w, const ExpertTensors& et, const offload::E
 }
 }  // namespace
 
-void StoreExpertExecutor::require(int layer, std::span<const int> experts) {
-  store_.require(layer, experts);
+void StoreExpertExecutor::require(int layer, std::span<const int> experts, int layer_width) {
+  store_.require(layer, experts, layer_width);
 }
 
 HeldExpert StoreExpertExecutor::acquire(int layer, int e, const ExpertWeights& orig) {
@@ -149,7 +149,7 @@ void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTa
   for (size_t i0 = 0; i0 < tasks.size(); i0 += chunk) {
     const size_t n = std::min(chunk, tasks.size() - i0);
     std::span<const int> need(ids.data() + i0, n);
-    store_.require(l, need);
+    store_.require(l, need, int(ids.size()));
     std::vector<offload::ExpertHandle> held;
     held.reserve(n);
     size_t k = 0;

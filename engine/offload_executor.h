@@ -61,7 +61,8 @@ class HostExpertSource {
   virtual ~HostExpertSource() = default;
   virtual uint64_t slots() const = 0;
   virtual bool pinned() const = 0;  // held bytes are page-locked (cudaHostRegister)
-  virtual void require(int layer, std::span<const int> experts) = 0;
+  // `layer_width`: the experts this layer's step needs in all (offload::ExpertStore::require).
+  virtual void require(int layer, std::span<const int> experts, int layer_width) = 0;
   // `orig`: the expert's weights as the checkpoint maps them (shapes, formats).
   virtual HeldExpert acquire(int layer, int e, const ExpertWeights& orig) = 0;
   virtual void cancel(int layer, int e) = 0;
@@ -78,7 +79,7 @@ class StoreExpertExecutor final : public ExpertExecutor, public HostExpertSource
   void warm() override { inner_->warm(); }
   uint64_t slots() const override { return store_.slots(); }
   bool pinned() const override { return store_.pinned(); }
-  void require(int layer, std::span<const int> experts) override;
+  void require(int layer, std::span<const int> experts, int layer_width) override;
   HeldExpert acquire(int layer, int e, const ExpertWeights& orig) override;
   void cancel(int layer, int e) override;
 

@@ -445,8 +445,12 @@ double CostModel::host_miss_share(const Placement& p, double touched_per_layer) 
   if (c >= 1.0) return 0.0;
   const double E = cfg_.moe.num_experts;
   const double f = E > 0 ? std::clamp(touched_per_layer / E, 0.0, 1.0) : 1.0;
-  if (f >= 1.0) return 1.0;
-  if (f <= 0.0 || c <= 0.0) return 1.0 - std::max(0.0, c);
+  if (c <= 0.0) return 1.0;
+  if (f > c) {  // a scan: the cache keeps all but one layer's reads of what it held
+    const double L = std::max(1, cfg_.num_moe_layers());
+    return 1.0 - std::max(0.0, c - f / L);
+  }
+  if (f <= 0.0) return 1.0 - c;
   const double k = std::floor(std::log1p(-c) / std::log1p(-f));  // steps it survives
   return std::pow(1.0 - f, k);
 }

@@ -288,12 +288,14 @@ class CostModel {
   double disk_read_seconds() const;  // O_DIRECT read of one expert; +inf w/o disk rate
   // Share of the expert accesses outside the GPU cache that the host cache misses (read from
   // disk) in steady state when each step touches `touched_per_layer` of a MoE layer's experts, the
-  // layers in turn: the host cache (p.host of all experts) evicts its least recently used expert
-  // (offload/expert_store.h), so an expert is still there at its next use only if fewer distinct
-  // experts came between — with a fraction f of every layer touched per step, its next use k steps
-  // later finds it when k ≤ ln(1 − c) / ln(1 − f), c the cache's share of the experts outside the
-  // GPU cache. A step touching every expert (a prefill chunk) misses them all unless the cache
-  // holds every one; a narrow step (decode at small batch) hits about c. 0 without a disk share.
+  // layers in turn; c is the cache's share of the experts outside the GPU cache, f the share of a
+  // layer a step touches. A narrow step (f ≤ c) finds an expert still cached at its next use only
+  // if fewer distinct experts came between (the store evicts by recency and frequency,
+  // offload/expert_store.h): with f of every layer touched per step, its next use k steps later
+  // finds it when k ≤ ln(1 − c) / ln(1 − f). A wider step is a scan to the store (its layers need
+  // more than the cache holds): its reads are evicted first, newest first, so the cache keeps what
+  // it held but for the slots one layer's reads take — a hit share of c − f/L over L MoE layers
+  // (a prefill chunk touching every expert: c − 1/L). 0 without a disk share.
   double host_miss_share(const Placement& p, double touched_per_layer) const;
   // Smallest tokens-per-expert M for which staging + GPU compute beats the CPU:
   // stage_seconds() + gpu_expert_seconds(M) < cpu_expert_seconds(M). kNever when no M up to

@@ -138,6 +138,12 @@ ExpertStore::ExpertStore(ExpertLayout layout, const StoreConfig& config)
     if (!layout_.spans[i].empty())
       entries_[i].aligned_bytes = ExpertLayout::aligned_bytes(layout_.spans[i]);
   for (int64_t s = int64_t(nslots_) - 1; s >= 0; s--) free_slots_.push_back(int32_t(s));
+  for (int l = 0; l < layout_.num_layers; l++)
+    for (int e = 0; e < layout_.num_experts; e++)
+      if (layout_.has(l, e)) {
+        moe_layers_++;
+        break;
+      }
 
   tel_.host_budget_bytes = config_.host_budget_bytes;
   tel_.slots = nslots_;
@@ -184,6 +190,14 @@ double ExpertStore::key_of(double freq) const {
 }
 
 void ExpertStore::touch(Entry& en) {
+  const bool first_of_scan = en.stream && scan_;
+  en.stream = false;
+  if (first_of_scan) {  // first use of an expert read for a scan: evicted newest first
+    en.freq = 0;
+    en.key = kStreamKeyCeiling - double(++stream_seq_);
+    en.stream_clock = clock_;
+    return;
+  }
   // Bring the frequency to now, then count this use.
   double age = double(clock_) / config_.half_life_steps;
   double f_now = en.freq > 0 ? std::exp2(en.key - age) : 0;
@@ -213,6 +227,32 @@ uint64_t ExpertStore::host_used_bytes() const {
   return used_bytes_;
 }
 
+std::set<std::pair<double, uint32_t>>::iterator ExpertStore::victim() {
+  const auto kept = evictable_.lower_bound({kStreamKeyCeiling, 0});  // coldest outside the stream
+  if (kept == evictable_.begin()) return kept;                       // no streaming expert
+  const auto newest = evictable_.begin(), oldest = std::prev(kept);
+  const double now = double(clock_) / config_.half_life_steps;
+  if (!scan_) {  // one order, a streaming expert weighed as used once at its first use
+    return kept == evictable_.end() || weight(oldest) <= kept->first ? oldest : kept;
+  }
+  // A scan: the newest streaming expert goes first, unless an expert has gone stale — one outside
+  // the stream unused for kStaleHalfLives half-lives (its decayed frequency below
+  // 2^-kStaleHalfLives; a prediction not used yet is weighed by its router score instead), or the
+  // oldest streaming one, first used that long ago — so the kept set still follows a routing that
+  // drifts while steps scan.
+  if (kept != evictable_.end() && !entries_[kept->second].from_prefetch &&
+      kept->first < now - kStaleHalfLives)
+    return kept;
+  if (weight(oldest) < now - kStaleHalfLives) return oldest;
+  return newest;
+}
+
+double ExpertStore::weight(std::set<std::pair<double, uint32_t>>::iterator v) const {
+  return v->first < kStreamKeyCeiling
+             ? double(entries_[v->second].stream_clock) / config_.half_life_steps
+             : v->first;
+}
+
 int32_t ExpertStore::take_slot() {
   if (!free_slots_.empty()) {
     int32_t s = free_slots_.back();
@@ -220,8 +260,9 @@ int32_t ExpertStore::take_slot() {
     return s;
   }
   STRATA_ASSERT(!evictable_.empty());
-  auto [key, victim] = *evictable_.begin();
-  evictable_.erase(evictable_.begin());
+  const auto it = victim();
+  auto [key, victim] = *it;
+  evictable_.erase(it);
   Entry& v = entries_[victim];
   STRATA_ASSERT(v.state == State::host && v.claims == 0 && v.handles == 0);
   v.in_evictable = false;
@@ -243,9 +284,16 @@ void ExpertStore::free_slot(int32_t s) {
   free_slots_.push_back(s);
 }
 
+void ExpertStore::unstream(Entry& en) {
+  if (en.key >= kStreamKeyCeiling) return;
+  en.freq = 1;
+  en.key = key_of(1) - double(clock_ - en.stream_clock) / config_.half_life_steps;
+}
+
 void ExpertStore::make_evictable(uint32_t i) {
   Entry& en = entries_[i];
   if (en.state == State::host && en.claims == 0 && en.handles == 0 && !en.in_evictable) {
+    if (!scan_) unstream(en);  // released after the steps became narrow
     evictable_.insert({en.key, i});
     en.in_evictable = true;
   }
@@ -312,9 +360,25 @@ void ExpertStore::serve_waiting() {
   }
 }
 
-void ExpertStore::require(int layer, std::span<const int> experts) {
+void ExpertStore::require(int layer, std::span<const int> experts, int layer_width) {
   std::lock_guard lk(mu_);
   clock_++;
+  // A step whose layers together need more experts than the cache holds scans it: what it reads
+  // is kept only until the next read needs a slot, so the experts already cached survive the scan.
+  const uint64_t width = uint64_t(std::max<int64_t>(layer_width, int64_t(experts.size())));
+  const bool scan = width * moe_layers_ > nslots_;
+  if (scan_ && !scan) {
+    // Steps are narrow again: the streaming experts left by the scans become ordinary ones, keyed
+    // as used once at their first use, and the cache is one frequency-and-recency order as before.
+    std::vector<uint32_t> left;
+    for (auto it = evictable_.begin(); it != evictable_.end() && it->first < kStreamKeyCeiling;)
+      left.push_back(it->second), it = evictable_.erase(it);
+    for (uint32_t j : left) {
+      unstream(entries_[j]);
+      evictable_.insert({entries_[j].key, j});
+    }
+  }
+  scan_ = scan;
   for (int e : experts) {
     uint32_t i = index(layer, e);
     Entry& en = entries_[i];
@@ -328,8 +392,11 @@ void ExpertStore::require(int layer, std::span<const int> experts) {
     if (en.state == State::host) {
       tel_.host_hits++;
       if (en.from_prefetch) tel_.prefetch_hits++;
+      en.stream = en.from_prefetch && scan;  // a prediction of this scan, used once
     } else {
       tel_.disk_misses++;
+      en.stream = scan;
+      if (scan) tel_.stream_reads++;
       if (en.state == State::loading && en.from_prefetch) {
         tel_.late_prefetch++;
         reader_->promote(i);  // a queued prediction became a real miss
@@ -422,11 +489,17 @@ void ExpertStore::prefetch(int layer, std::span<const std::pair<int, float>> pre
     uint32_t i = index(layer, e);
     Entry& en = entries_[i];
     if (en.state != State::disk || en.waiting) continue;
-    // Admission: a free slot, or a colder unclaimed expert to replace. Claimed and held experts
-    // are never in evictable_, so the current step's experts cannot be evicted here.
-    double cand_key = key_of(double(w));
-    if (free_slots_.empty() &&
-        (!waiting_.empty() || evictable_.empty() || evictable_.begin()->first >= cand_key)) {
+    // Admission: a free slot, or the place of the expert a read would evict next (victim()) when
+    // that one is colder and not streaming — while a scan's streaming experts are what reads
+    // evict, predictions wait (each one the router gets wrong is a wasted read). Claimed and held
+    // experts are never in evictable_, so the current step's experts cannot be evicted here.
+    const double cand_key = key_of(double(w));
+    bool admit = !free_slots_.empty();
+    if (!admit && waiting_.empty() && !evictable_.empty()) {
+      const auto v = victim();
+      admit = v->first >= kStreamKeyCeiling && v->first < cand_key - kAdmitMarginHalfLives;
+    }
+    if (!admit) {
       tel_.prefetch_rejected++;
       continue;
     }

@@ -109,7 +109,14 @@ class ExpertStore {
   // Start-up lines: budget, slots, share of the model's experts, placement, I/O backend, notes.
   std::vector<std::string> describe() const;
 
-  void require(int layer, std::span<const int> experts);
+  // `layer_width`: how many experts this layer's step needs in all when `experts` is a part of
+  // them (0: experts.size()). A step whose layers need more experts than the cache holds
+  // (layer_width × MoE layers > slots(): a wide decode batch, a prefill chunk) is a scan: the
+  // experts it reads enter the cache as streaming — on their first use they become the first to
+  // be evicted, newest first — so the experts cached before the scan stay, and the next scan
+  // finds them (an LRU would evict each before its next use). Used again while cached, a
+  // streaming expert is kept like any other.
+  void require(int layer, std::span<const int> experts, int layer_width = 0);
   ExpertHandle acquire(int layer, int e);
   // Drops a claim of require() without acquiring (e.g. the step failed part-way).
   void cancel(int layer, int e);
@@ -144,6 +151,8 @@ class ExpertStore {
     bool from_prefetch = false;  // loaded by a prediction, not yet used
     bool filling = false;        // read by fill()
     bool in_evictable = false;
+    bool stream = false;       // read (or predicted) for a scanning step, not used since
+    int64_t stream_clock = 0;  // clock_ at its first use as a streaming expert
     int32_t slot = -1;
     int32_t claims = 0, handles = 0;
     double freq = 0, key = 0;
@@ -153,11 +162,18 @@ class ExpertStore {
   uint32_t index(int layer, int e) const;
   void release(int layer, int e);
   bool slot_available() const { return !free_slots_.empty() || !evictable_.empty(); }
-  int32_t take_slot();  // a free slot, else evicts the coldest unclaimed expert
+  int32_t take_slot();  // a free slot, else evicts victim()
+  // The unclaimed expert a slot is taken from. During a scan the newest streaming one, unless
+  // another has gone stale; otherwise the coldest by weight(). Requires !evictable_.empty().
+  std::set<std::pair<double, uint32_t>>::iterator victim();
+  // An evictable expert's key, a streaming one's as if used once at its first use.
+  double weight(std::set<std::pair<double, uint32_t>>::iterator v) const;
   void free_slot(int32_t slot);
   void start_read(uint32_t i, ReadPriority prio);
   void on_read_done(uint32_t i, ReadResult&& r);
   void make_evictable(uint32_t i);
+  // A streaming expert's key becomes an ordinary one: used once, at its first use.
+  void unstream(Entry& en);
   void serve_waiting();
   double key_of(double freq) const;
   void touch(Entry& en);
@@ -175,6 +191,14 @@ class ExpertStore {
   std::vector<int32_t> free_slots_;
   std::deque<uint32_t> waiting_;
   int64_t clock_ = 0;
+  // Streaming experts' keys: below every other key (kStreamKeyCeiling − n for the n-th), so they
+  // go first, the newest first.
+  static constexpr double kStreamKeyCeiling = -1e15;
+  static constexpr double kStaleHalfLives = 4;
+  static constexpr double kAdmitMarginHalfLives = 1;
+  uint64_t stream_seq_ = 0;
+  bool scan_ = false;        // the last require() was a scanning step's
+  uint64_t moe_layers_ = 0;  // layers of the layout with routed experts
   uint64_t used_bytes_ = 0;
   TierTelemetry tel_;
   uint64_t fill_pending_ = 0;  // fill() reads not completed

@@ -14,10 +14,11 @@ TierTelemetry TierTelemetry::since(const TierTelemetry& b) const {
   TierTelemetry d = *this;
   auto sub = [](uint64_t now, uint64_t then) { return now >= then ? now - then : 0; };
   using T = TierTelemetry;
-  for (uint64_t T::*m : {&T::gpu_hits, &T::host_hits, &T::prefetch_hits, &T::late_prefetch,
-                         &T::disk_misses, &T::bytes_read, &T::prefetch_bytes, &T::read_retries,
-                         &T::read_errors, &T::fill_bytes, &T::evictions, &T::prefetch_issued,
-                         &T::prefetch_rejected, &T::prefetch_wasted, &T::predictions_late})
+  for (uint64_t T::*m :
+       {&T::gpu_hits, &T::host_hits, &T::prefetch_hits, &T::late_prefetch, &T::disk_misses,
+        &T::bytes_read, &T::prefetch_bytes, &T::read_retries, &T::read_errors, &T::fill_bytes,
+        &T::evictions, &T::stream_reads, &T::prefetch_issued, &T::prefetch_rejected,
+        &T::prefetch_wasted, &T::predictions_late})
     d.*m = sub(this->*m, b.*m);
   for (double T::*m : {&T::read_busy_s, &T::fill_s, &T::blocked_s})
     d.*m = std::max(0.0, this->*m - b.*m);
@@ -36,13 +37,14 @@ std::string TierTelemetry::line() const {
   std::snprintf(buf, sizeof buf,
                 "experts: gpu %.1f%% host %.1f%% (prefetched %.1f%%) disk %.1f%% of %llu | "
                 "read %.3f GB at %.2f GB/s (%s, %llu retries, %llu errors), blocked %.3f s | "
-                "host cache %.1f/%.1f MiB peak, %llu evictions",
+                "host cache %.1f/%.1f MiB peak, %llu evictions, %llu streaming reads",
                 100.0 * double(gpu_hits) / n, 100.0 * double(host_hits) / n,
                 100.0 * double(prefetch_hits) / n, 100.0 * double(disk_misses) / n,
                 (unsigned long long)demand(), double(bytes_read) / 1e9, read_gbps(),
                 io_backend.c_str(), (unsigned long long)read_retries,
                 (unsigned long long)read_errors, blocked_s, double(host_peak_bytes) / 1048576.0,
-                double(host_budget_bytes) / 1048576.0, (unsigned long long)evictions);
+                double(host_budget_bytes) / 1048576.0, (unsigned long long)evictions,
+                (unsigned long long)stream_reads);
   std::string s = buf;
   if (fill_bytes > 0) {
     std::snprintf(buf, sizeof buf, " | filled at start %.3f GB in %.1f s", double(fill_bytes) / 1e9,
@@ -71,6 +73,7 @@ nlohmann::json TierTelemetry::json() const {
                {"used_bytes", host_used_bytes},
                {"slots", slots},
                {"evictions", evictions},
+               {"stream_reads", stream_reads},
                {"fill_bytes", fill_bytes},
                {"fill_s", fill_s}};
   j["disk"] = {

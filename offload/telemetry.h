@@ -29,6 +29,7 @@ struct TierTelemetry {
   // Host tier.
   uint64_t host_budget_bytes = 0, host_peak_bytes = 0, host_used_bytes = 0;
   uint64_t slots = 0, evictions = 0;
+  uint64_t stream_reads = 0;  // misses of scanning steps, cached as streaming (expert_store.h)
   uint64_t prefetch_issued = 0, prefetch_rejected = 0, prefetch_wasted = 0;
   double blocked_s = 0;  // time acquire() waited for reads
   // Prediction recall per lookahead distance d = 1, 2, … (index d-1).

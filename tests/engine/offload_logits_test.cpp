@@ -2,8 +2,8 @@
 // a synthetic k3-tiny with a host budget of 30% of its expert bytes gives logits bit-identical to
 // the in-memory run, for both expert numerics modes, with and without prefetch, and the store's
 // telemetry shows it really streamed (misses, evictions, bytes read, budget respected).
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <deque>
 
@@ -162,7 +162,7 @@ TEST_CASE("offload: the store as a host expert source hands out the checkpoint's
     const int E = int(mw.experts.size());
     std::vector<int> all(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) all[size_t(e)] = e;
-    src->require(l, all);
+    src->require(l, all, int(all.size()));
     for (int e = 0; e < E; ++e) {
       while (held.size() >= slots - 1) held.pop_front();
       held.push_back(src->acquire(l, e, mw.experts[size_t(e)]));
@@ -180,7 +180,7 @@ TEST_CASE("offload: the store as a host expert source hands out the checkpoint's
   const MoeWeights& mw = *model->weights().layers[size_t(last)].moe;
   std::vector<int> all(mw.experts.size());
   for (size_t e = 0; e < all.size(); ++e) all[e] = int(e);
-  src->require(last, all);
+  src->require(last, all, int(all.size()));
   { HeldExpert h = src->acquire(last, 0, mw.experts[0]); }
   for (size_t e = 1; e < all.size(); ++e) src->cancel(last, int(e));
   const auto t = rt.telemetry();

@@ -128,6 +128,66 @@ TEST_CASE("expert store: admission never evicts the current step's experts", "[s
   CHECK(st.telemetry().prefetch_hits == 1);
 }
 
+// One step over MoE layers 1..4, each needing `ids` (as the executor runs a layer: require the
+// layer's experts, with its width, then acquire, verify and release them). Returns the step's
+// host hits.
+uint64_t scan_step(ExpertStore& st, const test::SyntheticExperts& sx,
+                   const std::vector<std::vector<int>>& ids) {
+  const uint64_t before = st.telemetry().host_hits;
+  for (int l = 1; l <= 4; l++) {
+    const std::vector<int>& need = ids[size_t(l - 1)];
+    st.require(l, need, int(need.size()));
+    std::vector<ExpertHandle> held;
+    for (int e : need) {
+      held.push_back(st.acquire(l, e));
+      REQUIRE(sx.verify(held.back()));
+    }
+  }
+  return st.telemetry().host_hits - before;
+}
+
+TEST_CASE("expert store: a scan wider than the cache keeps part of it, narrow steps as before",
+          "[store]") {
+  test::SyntheticExperts sx("scan", 5, 8, 8192, 100);  // 4 MoE layers × 8 experts
+  StoreConfig c = config_for(sx, 12);
+  ExpertStore st(sx.layout, c);
+  REQUIRE(st.slots() == 12);
+  // Every step needs the same 6 experts of each layer: 24 > 12 slots, a scan. An LRU would evict
+  // each expert before its next use (no hits ever); the streaming reads are evicted newest first,
+  // so what was cached before them survives to the next step and is kept from then on: 12 slots
+  // minus one layer's 6 in use.
+  const std::vector<std::vector<int>> wide(4, {0, 1, 2, 3, 4, 5});
+  CHECK(scan_step(st, sx, wide) == 0);
+  for (int s = 0; s < 6; s++) {
+    INFO("step " << s);
+    CHECK(scan_step(st, sx, wide) >= 6);
+  }
+  CHECK(st.telemetry().stream_reads > 0);
+  // Narrow steps (2 experts per layer: 8 ≤ 12) are not scans: what they read stays cached as
+  // with any other read, and every later step hits.
+  ExpertStore st2(sx.layout, c);
+  const std::vector<std::vector<int>> narrow(4, {6, 7});
+  CHECK(scan_step(st2, sx, narrow) == 0);
+  CHECK(scan_step(st2, sx, narrow) == 8);
+  CHECK(st2.telemetry().stream_reads == 0);
+  // The routing moves to other experts while the steps scan: the experts kept from before go
+  // once unused for a few half-lives (here 1 require each), so the new ones are kept instead.
+  StoreConfig c3 = c;
+  c3.half_life_steps = 1;
+  ExpertStore st3(sx.layout, c3);
+  for (int s = 0; s < 3; s++) scan_step(st3, sx, wide);
+  const std::vector<std::vector<int>> moved(4, {2, 3, 4, 5, 6, 7});  // 0 and 1 no longer used
+  scan_step(st3, sx, moved);
+  uint64_t late = 0;
+  for (int s = 0; s < 4; s++) late = scan_step(st3, sx, moved);
+  CHECK(late >= 6);
+  for (int l = 1; l <= 4; l++) {
+    INFO("layer " << l);
+    CHECK(st3.residency(l, 0) == Residency::disk);
+    CHECK(st3.residency(l, 1) == Residency::disk);
+  }
+}
+
 TEST_CASE("expert store: demand reads wait for a slot, and acquire order works", "[store]") {
   test::SyntheticExperts sx("wait", 2, 8, 30000, 5000);
   ExpertStore st(sx.layout, config_for(sx, 2));
