@@ -433,7 +433,7 @@ HardwareProfile measure_hardware(const MeasureOptions& o) {
     RateSample u = eff(measure_host_read(plain, topo, bytes, rr, nullptr));
     const bool pinned_best = s.best_gbps() >= u.best_gbps();
     note += std::string(", ") + (pinned_best ? "pinned" : "unpinned") +
-            fmt(" threads (pinned %.1f GB/s, unpinned %.1f GB/s, best of %d)", s.best_gbps(),
+            fmt(" threads (pinned %.1f GB/s, unpinned %.1f GB/s, best of %.0f)", s.best_gbps(),
                 u.best_gbps(), rr);
     if (!pinned_best) s = u;
     mem_gbps = s.best_gbps();
