@@ -6,8 +6,8 @@
 #   configure  install-deps.sh, then CMake configure as scripts/demo.sh does it (CPU build: no CUDA)
 #   build      ... and build the strata binary (default; what CI runs)
 #   demo       ... and the rest of `scripts/demo.sh "The quick brown fox"` (synth k3-mini, run)
-#   test       ... and `scripts/test.sh` (the README's second command; ../shared is absent there,
-#              so the cases that need it skip)
+#   test       ... and `scripts/test.sh` (the README's second command; ../shared is absent there
+#              unless --shared lays it beside the copy, so the cases that need it skip)
 # It also lists the recommends of installed packages that are not installed (install-deps.sh
 # installs without them), so a package that only a recommend pulled in on a developer's machine
 # shows up here.
@@ -15,11 +15,22 @@
 # sanitizer and fuzz stages, and proves with three small programs that they suffice there: clang
 # builds and runs an ASan + UBSan program, its ASan report names file and line (llvm-symbolizer),
 # and a libFuzzer target links and runs. (The stages themselves run outside, in .ci/run.)
-# Not here: CUDA (not in the chroot), GPU tests, anything outside the Debian archive.
+# CUDA is not a Debian package: without --cuda the root has none and builds the CPU engine only.
+# Not here: GPU tests, anything else outside the Debian archive.
 #
-# Usage: sudo scripts/check-fresh.sh [--level configure|build|demo|test] [--ci] [--worktree] [--keep]
-#   --worktree  copy the working tree (tracked and untracked, not ignored) instead of HEAD
-#   --keep      leave the root in place afterwards (its path is printed)
+# CI (.ci/run) runs `--ci --level test --cuda --shared ../shared`: its one normal build and test
+# run are the README's two commands on this fresh root, so a package that only CI's own machine
+# has cannot hide there, and nothing is compiled twice.
+#
+# Usage: sudo scripts/check-fresh.sh [--level configure|build|demo|test] [--ci] [--cuda]
+#                                    [--shared DIR] [--worktree] [--keep]
+#   --cuda       mount this machine's CUDA toolkit (/usr/local/cuda, read-only) at the same path in
+#                the root — a fresh Debian 12 on which the user installed NVIDIA's toolkit, as the
+#                README's GPU build expects — so the build compiles the kernels too
+#   --shared DIR mount DIR (read-only) beside the copy, where ../shared is for a checkout, and pass
+#                STRATA_REQUIRE_SHARED from the environment into the chroot
+#   --worktree   copy the working tree (tracked and untracked, not ignored) instead of HEAD
+#   --keep       leave the root in place afterwards (its path is printed)
 # Environment: STRATA_FRESH_MIRROR (default: the bookworm main URI of /etc/apt/sources.list*),
 #   STRATA_FRESH_CACHE (directory for a tarball of the bare root, reused by later runs;
 #   default /var/cache/strata-fresh; empty: no cache), STRATA_FRESH_TMP (where the root is built;
@@ -31,8 +42,14 @@ level=build
 worktree=0
 keep=0
 ci=0
+cuda=0
+cuda_mounted=0
+shared=""
 while (($#)); do
   case "$1" in
+    --cuda) cuda=1; shift ;;
+    --shared) shared=${2:?--shared needs a directory}; shift 2 ;;
+    --shared=*) shared=${1#--shared=}; shift ;;
     --level) level=${2:?--level needs configure, build, demo or test}; shift 2 ;;
     --level=*) level=${1#--level=}; shift ;;
     --ci) ci=1; shift ;;
@@ -46,10 +63,14 @@ case "$level" in
   configure | build | demo | test) ;;
   *) echo "check-fresh: --level must be configure, build, demo or test, not '$level'" >&2; exit 1 ;;
 esac
+if [ -n "$shared" ]; then
+  [ -d "$shared" ] || { echo "check-fresh: --shared $shared is not a directory" >&2; exit 1; }
+  shared=$(cd "$shared" && pwd)
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-    exec sudo -n --preserve-env=STRATA_FRESH_MIRROR,STRATA_FRESH_CACHE,STRATA_FRESH_TMP \
+    exec sudo -n --preserve-env=STRATA_FRESH_MIRROR,STRATA_FRESH_CACHE,STRATA_FRESH_TMP,STRATA_REQUIRE_SHARED \
       "$0" "${args[@]}"
   fi
   echo "check-fresh: must run as root (debootstrap, mount and chroot need it): sudo $0" >&2
@@ -101,6 +122,12 @@ mounts=()
 cleanup() {
   local rc=$?
   local i
+  # Whatever still runs inside the root (the check was interrupted) goes first: its files are
+  # about to be removed.
+  local pr
+  for pr in /proc/[0-9]*; do
+    [ "$(readlink "$pr/root" 2>/dev/null)" = "$root" ] && kill -9 "${pr#/proc/}" 2>/dev/null || true
+  done
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
     umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null || true
   done
@@ -157,7 +184,26 @@ mount_in_root() {  # mount ARGS... TARGET; TARGET is unmounted on exit
 mount_in_root -t proc proc "$root/proc"
 mount_in_root --bind /dev "$root/dev"
 [ -d /dev/pts ] && mount_in_root --bind /dev/pts "$root/dev/pts"
+# hwloc (the topology cases, the engine's placement) reads the machine from /sys.
+mount_in_root -t sysfs sysfs "$root/sys"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+if ((cuda)); then
+  if [ -x /usr/local/cuda/bin/nvcc ]; then
+    mkdir -p "$root/usr/local/cuda"
+    mount_in_root --bind "$(readlink -f /usr/local/cuda)" "$root/usr/local/cuda"
+    mount -o remount,bind,ro "$root/usr/local/cuda"
+    cuda_mounted=1
+    say "CUDA toolkit mounted read-only at /usr/local/cuda ($(/usr/local/cuda/bin/nvcc --version | tail -1))"
+  else
+    say "note: --cuda, but no CUDA toolkit at /usr/local/cuda here: the root builds the CPU engine only"
+  fi
+fi
+if [ -n "$shared" ]; then
+  mkdir -p "$root/root/shared"
+  mount_in_root --bind "$shared" "$root/root/shared"
+  mount -o remount,bind,ro "$root/root/shared"
+  say "$shared mounted read-only at /root/shared (../shared of the copy)"
+fi
 # The host's apt settings for reaching this mirror (a proxy; Check-Valid-Until off for a mirror
 # serving a snapshot).
 for f in /etc/apt/apt.conf.d/*; do
@@ -214,7 +260,17 @@ dpkg-query -W -f='${db:Status-Abbrev}\t${Package}\t${Provides}\t${Recommends}\n'
             for (j = 1; j <= m; j++) { a = alt[j]; sub(/ *\(.*/, "", a); sub(/:any$/, "", a); if (a in have) ok = 1 }
             if (!ok && g[i] != "") print "    " g[i] " (recommended by " pkg ")" } } }' | sort
 step "cmake configure (as scripts/demo.sh does it)"
+export PATH="/usr/local/cuda/bin:$PATH"  # as demo.sh and test.sh: nvcc, where --cuda mounts it
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+if grep -q "^CMAKE_CUDA_COMPILER:.*nvcc" build/CMakeCache.txt; then
+  step "CUDA found: the kernels are built too"
+elif [ "$CUDA_MOUNTED" = 1 ]; then
+  grep -A8 "Looking for a CUDA compiler" build/CMakeFiles/CMakeOutput.log 2>/dev/null | head -20 || true
+  echo "check-fresh: --cuda mounted the toolkit, but CMake did not find nvcc in the root" >&2
+  exit 1
+else
+  step "no CUDA here: the CPU engine only"
+fi
 if [ "$LEVEL" = configure ]; then step "done"; exit 0; fi
 step "cmake --build build --target strata"
 cmake --build build -j "$(nproc)" --target strata
@@ -229,5 +285,5 @@ step "done"
 EOF
 say "running the README's commands in the chroot (level: $level)"
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
-  LEVEL="$level" CI_EXTRAS="$ci" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash /root/check.sh
+  LEVEL="$level" CI_EXTRAS="$ci" CUDA_MOUNTED="$cuda_mounted" STRATA_REQUIRE_SHARED="${STRATA_REQUIRE_SHARED:-}" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/bash /root/check.sh
 say "passed: a minimal Debian 12 root ran install-deps.sh$( ((ci)) && echo " (and --ci)") and the README's commands to '$level'"

@@ -12,11 +12,18 @@
 # needed (the tools and engine cases run the CLI, benches included), so the whole default target is
 # built. Not here: the normal build (scripts/test.sh, GCC), fuzzing (scripts/ci-fuzz.sh).
 #
-# Usage: scripts/ci-sanitize.sh [build-dir]   (default build-sanitize; env CTEST_ARGS adds ctest
-# arguments, e.g. CTEST_ARGS="-R storage" for a quick local run)
+# Usage: scripts/ci-sanitize.sh [--build-only] [build-dir]   (default build-sanitize; env
+# CTEST_ARGS adds ctest arguments, e.g. CTEST_ARGS="-R storage" for a quick local run).
+# --build-only stops after the build (.ci/run builds beside the fresh root's package downloads,
+# then runs the tests alone, so that no other job's load stretches their deadlines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+build_only=0
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 build=${1:-build-sanitize}
 scripts/install-deps.sh --ci
 gen=()
@@ -28,6 +35,10 @@ CC=clang CXX=clang++ cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Relea
   "${launcher[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)"
 built=$(date +%s)
+if ((build_only)); then
+  echo "ci-sanitize: built in $((built - start)) s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  exit 0
+fi
 
 export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
