@@ -551,6 +551,11 @@ __device__ __forceinline__ float rcp_ftz(float x) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// tf32r for finite x: the same bits without the inf/NaN guard (2 instructions instead of 4).
+__device__ __forceinline__ float tf32r_finite(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
 __device__ __forceinline__ float exp_ftz(float x) {
   return ex2_ftz(x * kLog2e);
 }
@@ -627,10 +632,9 @@ __global__ void __launch_bounds__(kThreads, 3)
         a1 += w1.z * bf_hi(x[r + 2]);
         a0 += w0.w * bf_lo(x[r + 3]);
         a1 += w1.w * bf_hi(x[r + 3]);
-        float2 o = round_bf2(silu_fast(a0), silu_fast(a1));
-        if (r >= rows) o = make_float2(0.f, 0.f);
-        *reinterpret_cast<float2*>(dst + r * PS + d) = o;
+        *reinterpret_cast<float2*>(dst + r * PS + d) = round_bf2(silu_fast(a0), silu_fast(a1));
       }
+      for (int r = rows; r < C; r++) *reinterpret_cast<float2*>(dst + r * PS + d) = float2{};
     } else {
       const float na = -expf(p.A_log[h]) * kLog2e, lb = p.lower_bound;
       const float2 bias = *reinterpret_cast<const float2*>(p.dt_bias + ch);
@@ -685,9 +689,10 @@ __global__ void __launch_bounds__(kThreads, 3)
       float qg[4], kt[4], qf[4], kf[4], kd[4];
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const float up = exp_ftz(Gv[e] - grv[e]), down = exp_ftz(grv[e] - Gv[e]);
-        qg[e] = tf32r(qn[e] * up * erv[e]);
-        kt[e] = tf32r(kn[e] * down * elv[e]);
+        const float l2 = (Gv[e] - grv[e]) * kLog2e;
+        const float up = ex2_ftz(l2), down = ex2_ftz(-l2);
+        qg[e] = tf32r_finite(qn[e] * up * erv[e]);
+        kt[e] = tf32r_finite(kn[e] * down * elv[e]);
         qf[e] = qn[e] * up;
         kf[e] = kn[e] * up;
         kd[e] = kn[e] * down;
@@ -721,7 +726,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int r = m0 + g + (e >= 2 ? 8 : 0), i = n0 + 2 * t + (e & 1);
-      Ag[r * C + i] = i <= r ? tf32r(aq[e]) : 0.f;
+      Ag[r * C + i] = i <= r ? tf32r_finite(aq[e]) : 0.f;
       Lm[r * LS + i] = i < r ? beta[r] * lk[e] : 0.f;
     }
   }
@@ -731,7 +736,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   float* Tm = qs;
   float* Xm = qs + C * LS;
   if (warp == 0) {
-    // The diagonal blocks: lane 16b + c solves column c of block b (rows 16b ..).
+    // The diagonal blocks: lane b + c solves column c of the block at rows b .. b+15 (b = 0, 16).
     const int b = 16 * (lane / 16), c = lane % 16;
     float x[16];
 #pragma unroll
@@ -806,8 +811,10 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int nt = 0; nt < 4; nt++) {
         const int r = 16 * mt + g, col = n0 + 8 * nt + 2 * t;
         const float* a = acc[mt][nt];
-        const float2 lo = isU ? make_float2(a[0], a[1]) : make_float2(tf32r(a[0]), tf32r(a[1]));
-        const float2 hi = isU ? make_float2(a[2], a[3]) : make_float2(tf32r(a[2]), tf32r(a[3]));
+        const float2 lo =
+            isU ? make_float2(a[0], a[1]) : make_float2(tf32r_finite(a[0]), tf32r_finite(a[1]));
+        const float2 hi =
+            isU ? make_float2(a[2], a[3]) : make_float2(tf32r_finite(a[2]), tf32r_finite(a[3]));
         *reinterpret_cast<float2*>(dst + r * D + col) = lo;
         *reinterpret_cast<float2*>(dst + (r + 8) * D + col) = hi;
       }
@@ -851,6 +858,19 @@ __device__ __forceinline__ void load_stage(float* st, const float* blk, int tid)
   if (tid < D / 4) cp_async16(gs + tid * 4, blk + 4 * C * D + C * C + tid * 4, 16);
 }
 
+// An mma operand rounded to tf32 (nearest, ties away): cvt.rna is emulated on sm_90 as
+// "|x| < inf ? bits + 0x1000 : bits" then a mask the tensor core does not need (it reads the top
+// 19 bits), so for finite operands the add alone gives the same product (kAdd; 1 instruction
+// instead of 3).
+template <bool kAdd>
+__device__ __forceinline__ uint32_t tf32_op(float x) {
+  if constexpr (kAdd)
+    return __float_as_uint(x) + 0x1000u;
+  else
+    return tf32(x);
+}
+
+template <bool kAdd>
 __global__ void __launch_bounds__(kThreads, 1)
     chunk_scan_tc(int H, const SeqTable seqs, int c0, int nc, const float* ws, float* state,
                   const uint16_t* gate, const float* onw, float eps, uint16_t* y) {
@@ -908,7 +928,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; e++) vt[i][e] = ot[i][e] = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-      const uint32_t a0 = tf32(s[j][0]), a1 = tf32(s[j][2]), a2 = tf32(s[j][1]), a3 = tf32(s[j][3]);
+      const uint32_t a0 = tf32_op<kAdd>(s[j][0]), a1 = tf32_op<kAdd>(s[j][2]),
+                     a2 = tf32_op<kAdd>(s[j][1]), a3 = tf32_op<kAdd>(s[j][3]);
 #pragma unroll
       for (int nt = 0; nt < 4; nt++) {
         const float2 w = *reinterpret_cast<const float2*>(Ws + (8 * nt + g) * WSt + 8 * j + 2 * t);
@@ -922,10 +943,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
       const float* u = Us + (8 * nt + 2 * t) * KSt + v0 + g;
-      va[nt][0] = tf32(u[0] - vt[nt][0]);
-      va[nt][2] = tf32(u[KSt] - vt[nt][1]);
-      va[nt][1] = tf32(u[8] - vt[nt][2]);
-      va[nt][3] = tf32(u[KSt + 8] - vt[nt][3]);
+      va[nt][0] = tf32_op<kAdd>(u[0] - vt[nt][0]);
+      va[nt][2] = tf32_op<kAdd>(u[KSt] - vt[nt][1]);
+      va[nt][1] = tf32_op<kAdd>(u[8] - vt[nt][2]);
+      va[nt][3] = tf32_op<kAdd>(u[KSt + 8] - vt[nt][3]);
     }
     // Oᵀ += Ṽᵀ A_qkᵀ (A_qk[r][c] = 0 for c > r: k-steps kt ≤ nt only).
 #pragma unroll
@@ -1045,12 +1066,16 @@ bool fp32_path() {
   return v;
 }
 
-// STRATA_KDA_PREP=tc2 (read once) selects chunk_prep_tc2 for the factored prep, =tc the older
-// chunk_prep_tc (A/B runs).
-bool prep_tc2() {
-  static const bool v = [] {
+// STRATA_KDA_PREP (read once), for A/B runs of the tensor-core path: tc2 = chunk_prep_tc2 and
+// the scan's one-instruction tf32 rounding; tc2-rna = chunk_prep_tc2 with the scan's cvt.rna;
+// tc (the default for now) = chunk_prep_tc and cvt.rna.
+enum class PrepArm { tc, tc2, tc2_rna_scan };
+PrepArm prep_arm() {
+  static const PrepArm v = [] {
     const char* e = std::getenv("STRATA_KDA_PREP");
-    return e && std::strcmp(e, "tc2") == 0;
+    if (e && std::strcmp(e, "tc2") == 0) return PrepArm::tc2;
+    if (e && std::strcmp(e, "tc2-rna") == 0) return PrepArm::tc2_rna_scan;
+    return PrepArm::tc;
   }();
   return v;
 }
@@ -1116,10 +1141,14 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
     // other gates use chunk_prep, whose operands the scan's tf32 conversion truncates.
     const bool factored = p.gate_form == GateForm::bounded && p.lower_bound >= -5.0f;
     if (Status a = rt::allow_dynamic_smem(chunk_prep, int(kPrepSmem)); !a.ok()) return a;
-    const bool tc2 = factored && prep_tc2() && tc2_aligned(p, in);
+    const PrepArm arm = prep_arm();
+    const bool tc2 = factored && arm != PrepArm::tc && tc2_aligned(p, in);
+    const bool add_round = arm == PrepArm::tc2;
     if (Status a = rt::allow_dynamic_smem(chunk_prep_tc, int(kPrepTcSmem)); !a.ok()) return a;
     if (Status a = rt::allow_dynamic_smem(chunk_prep_tc2, int(kPrepTc2Smem)); !a.ok()) return a;
-    if (Status a = rt::allow_dynamic_smem(chunk_scan_tc, int(kScanTcSmem)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(chunk_scan_tc<true>, int(kScanTcSmem)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(chunk_scan_tc<false>, int(kScanTcSmem)); !a.ok())
+      return a;
     for (int64_t c0 = 0; c0 < nch; c0 += nc) {
       const dim3 pg(unsigned(std::min<int64_t>(nc, nch - c0)), unsigned(H), unsigned(N));
       if (tc2)
@@ -1129,7 +1158,8 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
         chunk_prep_tc<<<pg, kThreads, kPrepTcSmem, s>>>(p, in, tbl, st.conv, int(c0), int(nc), ws);
       else
         chunk_prep<<<pg, kThreads, kPrepSmem, s>>>(p, in, tbl, st.conv, int(c0), int(nc), ws);
-      chunk_scan_tc<<<dim3(H, N), kThreads, kScanTcSmem, s>>>(
+      (add_round ? chunk_scan_tc<true>
+                 : chunk_scan_tc<false>)<<<dim3(H, N), kThreads, kScanTcSmem, s>>>(
           H, tbl, int(c0), int(nc), ws, st.recurrent, in.gate, p.o_norm_w, p.o_norm_eps, y);
     }
   }
