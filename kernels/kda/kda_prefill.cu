@@ -860,17 +860,20 @@ __device__ __forceinline__ void load_stage(float* st, const float* blk, int tid)
 
 // An mma operand rounded to tf32 (nearest, ties away): cvt.rna is emulated on sm_90 as
 // "|x| < inf ? bits + 0x1000 : bits" then a mask the tensor core does not need (it reads the top
-// 19 bits), so for finite operands the add alone gives the same product (kAdd; 1 instruction
+// 19 bits), so for finite operands the add alone gives the same product (kFast; 1 instruction
 // instead of 3).
-template <bool kAdd>
+template <bool kFast>
 __device__ __forceinline__ uint32_t tf32_op(float x) {
-  if constexpr (kAdd)
+  if constexpr (kFast)
     return __float_as_uint(x) + 0x1000u;
   else
     return tf32(x);
 }
 
-template <bool kAdd>
+// kFast (the tc2 arm): tf32_op's one-instruction rounding, and the gated norm's σ and bf16
+// roundings on the MUFU unit and F2FP (a few ulp in σ before y's bf16 rounding); false: the
+// chunk_prep_tc-era kernel, bit for bit.
+template <bool kFast>
 __global__ void __launch_bounds__(kThreads, 1)
     chunk_scan_tc(int H, const SeqTable seqs, int c0, int nc, const float* ws, float* state,
                   const uint16_t* gate, const float* onw, float eps, uint16_t* y) {
@@ -928,8 +931,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; e++) vt[i][e] = ot[i][e] = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-      const uint32_t a0 = tf32_op<kAdd>(s[j][0]), a1 = tf32_op<kAdd>(s[j][2]),
-                     a2 = tf32_op<kAdd>(s[j][1]), a3 = tf32_op<kAdd>(s[j][3]);
+      const uint32_t a0 = tf32_op<kFast>(s[j][0]), a1 = tf32_op<kFast>(s[j][2]),
+                     a2 = tf32_op<kFast>(s[j][1]), a3 = tf32_op<kFast>(s[j][3]);
 #pragma unroll
       for (int nt = 0; nt < 4; nt++) {
         const float2 w = *reinterpret_cast<const float2*>(Ws + (8 * nt + g) * WSt + 8 * j + 2 * t);
@@ -943,10 +946,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
       const float* u = Us + (8 * nt + 2 * t) * KSt + v0 + g;
-      va[nt][0] = tf32_op<kAdd>(u[0] - vt[nt][0]);
-      va[nt][2] = tf32_op<kAdd>(u[KSt] - vt[nt][1]);
-      va[nt][1] = tf32_op<kAdd>(u[8] - vt[nt][2]);
-      va[nt][3] = tf32_op<kAdd>(u[KSt + 8] - vt[nt][3]);
+      va[nt][0] = tf32_op<kFast>(u[0] - vt[nt][0]);
+      va[nt][2] = tf32_op<kFast>(u[KSt] - vt[nt][1]);
+      va[nt][1] = tf32_op<kFast>(u[8] - vt[nt][2]);
+      va[nt][3] = tf32_op<kFast>(u[KSt + 8] - vt[nt][3]);
     }
     // Oᵀ += Ṽᵀ A_qkᵀ (A_qk[r][c] = 0 for c > r: k-steps kt ≤ nt only).
 #pragma unroll
@@ -987,19 +990,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 4; i++) {
       const int r = 4 * warp + i, pos = c * C + r;
       const float4 o4 = *reinterpret_cast<const float4*>(Os + r * KSt + 4 * lane);
-      const float o[4] = {round_bf(o4.x), round_bf(o4.y), round_bf(o4.z), round_bf(o4.w)};
+      float o[4];
+      if constexpr (kFast) {
+        const float2 o01 = round_bf2(o4.x, o4.y), o23 = round_bf2(o4.z, o4.w);
+        o[0] = o01.x, o[1] = o01.y, o[2] = o23.x, o[3] = o23.y;
+      } else {
+        o[0] = round_bf(o4.x), o[1] = round_bf(o4.y), o[2] = round_bf(o4.z), o[3] = round_bf(o4.w);
+      }
       float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
       ss = warp_sum(ss);
       if (pos < L) {
         const float rstd = 1.0f / sqrtf(ss / float(D) + eps);
         const float ga[4] = {bf(uint16_t(gv[i].x)), bf(uint16_t(gv[i].x >> 16)),
                              bf(uint16_t(gv[i].y)), bf(uint16_t(gv[i].y >> 16))};
-        uint16_t r16[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) r16[e] = to_bf(o[e] * rstd * wn[e] * sigmoidf_(ga[e]));
         uint2 pk;
-        pk.x = uint32_t(r16[0]) | (uint32_t(r16[1]) << 16);
-        pk.y = uint32_t(r16[2]) | (uint32_t(r16[3]) << 16);
+        if constexpr (kFast) {
+          float yv[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            yv[e] = o[e] * rstd * wn[e] * rcp_ftz(1.0f + ex2_ftz(ga[e] * -kLog2e));
+          const __nv_bfloat162 y01 = __floats2bfloat162_rn(yv[0], yv[1]);
+          const __nv_bfloat162 y23 = __floats2bfloat162_rn(yv[2], yv[3]);
+          memcpy(&pk.x, &y01, 4);
+          memcpy(&pk.y, &y23, 4);
+        } else {
+          uint16_t r16[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++) r16[e] = to_bf(o[e] * rstd * wn[e] * sigmoidf_(ga[e]));
+          pk.x = uint32_t(r16[0]) | (uint32_t(r16[1]) << 16);
+          pk.y = uint32_t(r16[2]) | (uint32_t(r16[3]) << 16);
+        }
         *reinterpret_cast<uint2*>(y + int64_t(start + pos) * HV + h * D + 4 * lane) = pk;
       }
     }
@@ -1067,8 +1087,8 @@ bool fp32_path() {
 }
 
 // STRATA_KDA_PREP (read once), for A/B runs of the tensor-core path: tc2 = chunk_prep_tc2 and
-// the scan's one-instruction tf32 rounding; tc2-rna = chunk_prep_tc2 with the scan's cvt.rna;
-// tc (the default for now) = chunk_prep_tc and cvt.rna.
+// chunk_scan_tc<true>; tc2-rna = chunk_prep_tc2 with chunk_scan_tc<false>; tc (the default for
+// now) = chunk_prep_tc and chunk_scan_tc<false>.
 enum class PrepArm { tc, tc2, tc2_rna_scan };
 PrepArm prep_arm() {
   static const PrepArm v = [] {
@@ -1143,7 +1163,7 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
     if (Status a = rt::allow_dynamic_smem(chunk_prep, int(kPrepSmem)); !a.ok()) return a;
     const PrepArm arm = prep_arm();
     const bool tc2 = factored && arm != PrepArm::tc && tc2_aligned(p, in);
-    const bool add_round = arm == PrepArm::tc2;
+    const bool fast_scan = arm == PrepArm::tc2;
     if (Status a = rt::allow_dynamic_smem(chunk_prep_tc, int(kPrepTcSmem)); !a.ok()) return a;
     if (Status a = rt::allow_dynamic_smem(chunk_prep_tc2, int(kPrepTc2Smem)); !a.ok()) return a;
     if (Status a = rt::allow_dynamic_smem(chunk_scan_tc<true>, int(kScanTcSmem)); !a.ok()) return a;
@@ -1158,7 +1178,7 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
         chunk_prep_tc<<<pg, kThreads, kPrepTcSmem, s>>>(p, in, tbl, st.conv, int(c0), int(nc), ws);
       else
         chunk_prep<<<pg, kThreads, kPrepSmem, s>>>(p, in, tbl, st.conv, int(c0), int(nc), ws);
-      (add_round ? chunk_scan_tc<true>
+      (fast_scan ? chunk_scan_tc<true>
                  : chunk_scan_tc<false>)<<<dim3(H, N), kThreads, kScanTcSmem, s>>>(
           H, tbl, int(c0), int(nc), ws, st.recurrent, in.gate, p.o_norm_w, p.o_norm_eps, y);
     }
