@@ -28,6 +28,11 @@ int main(int argc, char** argv) {
     for (auto& x : *w) x = 0.6f * U(rng);
   for (auto& x : A_log) x = U(rng);
   for (auto& x : dt) x = -1.25f + 1.75f * U(rng);
+  std::vector<uint16_t> gout(size_t(R) * HK);
+  for (auto& x : gout) x = tobf(Nd(rng));
+  std::vector<float> onw(D), S0(size_t(N) * H * D * D);
+  for (auto& x : onw) x = 1.0f + 0.2f * U(rng);
+  for (auto& x : S0) x = 0.1f * Nd(rng);
   Params p;
   p.H = H, p.conv_q = wq.data(), p.conv_k = wk.data(), p.conv_v = wv.data(), p.A_log = A_log.data();
   p.dt_bias = dt.data();
@@ -41,7 +46,25 @@ int main(int argc, char** argv) {
   float* wsp = ws.data();
   launch(dim3{unsigned(nc), unsigned(H), unsigned(N)}, kThreads, kPrepTc2Smem,
          [&] { chunk_prep_tc2(p, in, tbl, conv.data(), 0, nc, wsp); });
-  // Reference in double.
+  // The scan, both variants, from the same state: the state must match bit for bit (tf32_op's add
+  // is cvt.rna's rounding), y up to rare bf16 flips from the fast σ.
+  std::vector<float> S1 = S0, S2 = S0;
+  std::vector<uint16_t> y1(size_t(R) * HK, 0xffff), y2(size_t(R) * HK, 0xffff);
+  launch(dim3{unsigned(H), unsigned(N), 1}, kThreads, kScanTcSmem, [&] {
+    chunk_scan_tc<false>(H, tbl, 0, nc, wsp, S1.data(), gout.data(), onw.data(), 1e-5f, y1.data());
+  });
+  launch(dim3{unsigned(H), unsigned(N), 1}, kThreads, kScanTcSmem, [&] {
+    chunk_scan_tc<true>(H, tbl, 0, nc, wsp, S2.data(), gout.data(), onw.data(), 1e-5f, y2.data());
+  });
+  size_t state_diff = 0, y_diff = 0;
+  for (size_t i = 0; i < S1.size(); i++) state_diff += memcmp(&S1[i], &S2[i], 4) != 0;
+  for (size_t i = 0; i < y1.size(); i++) y_diff += y1[i] != y2[i];
+  printf("scan<true> vs scan<false>: %zu of %zu state values differ, %zu of %zu y values\n",
+         state_diff, S1.size(), y_diff, y1.size());
+  // Reference in double: the prep's definitions per chunk, and the recurrence token by token
+  // (S ← diag(e^g) S; S += β k (v − Sᵀk)ᵀ; o = Sᵀq; y = bf16(RMSNorm(bf16(o))·w·σ(gate))).
+  std::vector<double> Sref(S0.begin(), S0.end());  // [n][h][v][k]
+  std::vector<float> yref(size_t(R) * HK, 0.f);
   double worst[6] = {0, 0, 0, 0, 0, 0};
   const char* names[6] = {"W", "U", "Qg", "Kt", "A", "gC"};
   for (int n = 0; n < N; n++)
@@ -109,6 +132,30 @@ int main(int argc, char** argv) {
               w -= Lr[r * C + i] * Wr[i * D + d], u -= Lr[r * C + i] * Ur[i * D + d];
             Wr[r * D + d] = w, Ur[r * D + d] = u;
           }
+        double* Sh = Sref.data() + (size_t(n) * H + h) * D * D;
+        for (int r = 0; r < rows; r++) {
+          const int pos = p0 + r;
+          std::vector<double> kv(D, 0), o(D, 0);
+          for (int vv = 0; vv < D; vv++)
+            for (int kk = 0; kk < D; kk++) {
+              const double gk = G[r * D + kk] - (r > 0 ? G[(r - 1) * D + kk] : 0.0);
+              Sh[vv * D + kk] *= std::exp(gk);
+              kv[vv] += Sh[vv * D + kk] * k[r * D + kk];
+            }
+          for (int vv = 0; vv < D; vv++) {
+            const double dv = beta[r] * (v[r * D + vv] - kv[vv]);
+            for (int kk = 0; kk < D; kk++) Sh[vv * D + kk] += k[r * D + kk] * dv;
+            for (int kk = 0; kk < D; kk++) o[vv] += Sh[vv * D + kk] * q[r * D + kk];
+          }
+          double ss = 0;
+          for (int vv = 0; vv < D; vv++) o[vv] = frombf(tobf(float(o[vv]))), ss += o[vv] * o[vv];
+          const double rstd = 1 / std::sqrt(ss / D + 1e-5);
+          for (int vv = 0; vv < D; vv++) {
+            const double ga = frombf(gout[size_t(start + pos) * HK + h * D + vv]);
+            yref[size_t(start + pos) * HK + h * D + vv] =
+                frombf(tobf(float(o[vv] * rstd * onw[vv] / (1 + std::exp(-ga)))));
+          }
+        }
         const float* blk = wsp + ((int64_t(n) * nc + j) * H + h) * kChunkFloats;
         const std::vector<double>* refs[6] = {&Wr, &Ur, &Qr, &Kr, &Ar, &gr};
         const int64_t off[6] = {0, C * D, 2 * C * D, 3 * C * D, 4 * C * D, 4 * C * D + C * C};
@@ -129,4 +176,18 @@ int main(int argc, char** argv) {
         }
       }
   for (int a = 0; a < 6; a++) printf("worst rel_l2 %s %.3e\n", names[a], worst[a]);
+  // End to end (tc2 prep + the fast scan) against the recurrence; the test's tolerances are
+  // y rel L2 ≤ 5e-3 and state ≤ 2e-3 (tf32 operands in the scan).
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yref.size(); i++) {
+    const double d = frombf(y2[i]) - yref[i];
+    num += d * d, den += double(yref[i]) * yref[i];
+  }
+  printf("end to end: y rel_l2 %.3e", std::sqrt(num / den));
+  num = den = 0;
+  for (size_t i = 0; i < Sref.size(); i++) {
+    const double d = S2[i] - Sref[i];
+    num += d * d, den += Sref[i] * Sref[i];
+  }
+  printf(", state rel_l2 %.3e\n", std::sqrt(num / den));
 }

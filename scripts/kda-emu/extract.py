@@ -5,7 +5,8 @@
 import re, sys, os
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 src = open(os.path.join(root, 'kernels/kda/kda_prefill.cu')).read()
-seg = src[src.index('// chunk_prep_tc2: the same outputs'):src.index('// chunk_scan_tc (grid:')]
+# chunk_prep_tc2 and its helpers, then chunk_scan_tc (up to gated_norm).
+seg = src[src.index('// chunk_prep_tc2: the same outputs'):src.index('// y ← bf16(RMSNorm(o)')]
 seg = seg.replace('extern __shared__ __align__(16) float sm[];', 'float* sm = emu_sm;')
 seg = re.sub(r'__device__ __forceinline__ float ex2_ftz\(float x\) \{.*?\n\}',
              '__device__ __forceinline__ float ex2_ftz(float x) {\n  const float y = std::exp2(x);\n'
@@ -34,6 +35,14 @@ inline uint32_t tf32(float x) {
   return u & 0xffffe000u;
 }
 inline float tf32r(float x) { return __uint_as_float(tf32(x)); }
+inline uint16_t to_bf(float f) { return bf16_rn(f); }
+inline float round_bf(float f) { return bf(to_bf(f)); }
+// cp.async as a synchronous copy: the scan overwrites a stage only after the barrier that ends
+// every warp's use of it, so the data each warp reads is the same.
+inline void cp_async16(void* smem, const void* gmem, int) { memcpy(smem, gmem, 16); }
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
 inline void mma_tf32(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                      uint32_t b1) {
   mma_emu(c, a0, a1, a2, a3, b0, b1);

@@ -1,11 +1,15 @@
 #!/bin/bash
-# CPU check of chunk_prep_tc2 without a GPU: the kernel's source runs on emulated threads (one
-# std::thread per CUDA thread, warp shuffles and mma.sync m16n8k8 tf32 emulated, exact exp/rcp) and
-# its workspace (W, U, Γ⊙Q, K̃, A_qk, e^{G_C}) is compared with a double-precision evaluation of the
-# definitions (forward substitution of (I + L)) over 2 sequences (75 and 40 tokens: full, ragged,
-# conv-state chunks) × 2 heads, for q/k/v row strides 3·H·K, H·K and 3·H·K + 2.
-# Expected: rel L2 ≈ 2–3e-4 for the tf32-rounded W, Γ⊙Q, K̃, A_qk; ≤ 1e-5 for U and e^{G_C}.
-# Usage: bash scripts/kda-emu/run.sh   (about 10 s on 2 cores)
+# CPU check of chunk_prep_tc2 and chunk_scan_tc without a GPU: the kernels' source runs on emulated
+# threads (one std::thread per CUDA thread, warp shuffles and mma.sync m16n8k8 tf32 emulated,
+# cp.async as a copy, exact exp2/rcp in place of the MUFU approximations). The prep's workspace (W,
+# U, Γ⊙Q, K̃, A_qk, e^{G_C}) is compared with a double-precision evaluation of the definitions
+# (forward substitution of (I + L)); chunk_scan_tc<true> with <false> (state bit for bit, y); and
+# the pipeline's y and final state with the recurrence token by token. 2 sequences (75 and 40
+# tokens: full, ragged and conv-state chunks) × 2 heads, q/k/v row strides 3·H·K, H·K, 3·H·K + 2.
+# Expected: rel L2 ≈ 2–3e-4 for the tf32-rounded W, Γ⊙Q, K̃, A_qk, ≤ 1e-5 for U and e^{G_C}; no
+# state difference between the scans; end to end y ≈ 1.5e-3 and state ≈ 3e-4 (test tolerances
+# 5e-3 and 2e-3).
+# Usage: bash scripts/kda-emu/run.sh   (about 40 s on 2 cores)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
