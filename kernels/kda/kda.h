@@ -11,7 +11,9 @@
 // Prefill uses the chunked WY/UT form (§4.5, chunk 32) in two phases: a chunk-parallel kernel
 // (intra-chunk matrices) and a state-carrying kernel — by default on tensor cores (tf32, fp32
 // accumulation) with one block per head holding the state in registers; STRATA_KDA_PREFILL=fp32
-// (read once) selects the fp32 CUDA-core kernels, split over V. Decode does everything for one
+// (read once) selects the fp32 CUDA-core kernels, split over V. The tensor-core prep is
+// chunk_prep_tc2 (streamed conv/gate, (I + L)^-1 blockwise); STRATA_KDA_PREP=tc (read once)
+// selects the form before it, for A/B runs. Decode does everything for one
 // (sequence, head) in one block, reading and writing its 64 KiB of state once.
 //
 // Supported: K = V = 128, conv width 4 (K3 and Kimi-Linear); anything else returns an error

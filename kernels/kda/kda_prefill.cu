@@ -474,6 +474,353 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// chunk_prep_tc2: the same outputs as chunk_prep_tc (same gate condition, same factored decays)
+// with the CUDA-core work cut down:
+//   A. conv + SiLU and the gate stream down the chunk: each thread owns a pair of channels of one
+//      of q, k, v, z (warps 0–1 q, 2–3 k, 4–5 v, 6–7 z), loads each input row once (35 rows of
+//      4 bytes: 3 of conv history, 32 of the chunk) and keeps the conv window and the running sum
+//      G in registers; the z threads also give exp(G_C), exp(G_m) and exp(G_C − G_m).
+//   B. a warp per row for the L2 norms, which also writes Γ⊙Q, K̃ and the factored operands with
+//      two exps per element (exp(G) = e^{G−G_m}·e^{G_m}, exp(G_C − G) = e^{G_C−G_m}·e^{G_m−G}).
+//   C. L and A_qk as in chunk_prep_tc.
+//   D. (I + L)⁻¹ = T blockwise: the two 16 × 16 diagonal blocks by forward substitution (one warp,
+//      a column per lane), T21 = −T22·L21·T11 (a thread per element), then W = T·diag(β)(Γ⊙K) and
+//      U = T·diag(β)V as 3xTF32 products (the forward substitution of chunk_prep_tc as GEMMs).
+// Fast exp/division in conv, SiLU and the gate (__expf, __fdividef: a few ulp before the bf16
+// rounding of q, k, v). Needs 4-byte aligned q/k/v/z with an even row stride, 16-byte aligned
+// conv weights and 8-byte aligned dt_bias (prefill() checks; chunk_prep_tc otherwise).
+constexpr size_t kPrepTc2Smem = sizeof(float) * (4 * C * PS + C * LS + C + 3 * D);
+
+// 3xTF32 product with both operands already split into tf32 high and low parts.
+__device__ __forceinline__ void mma_3xtf32_split(float* c, const uint32_t* ah, const uint32_t* al,
+                                                 uint32_t bh0, uint32_t bh1, uint32_t bl0,
+                                                 uint32_t bl1) {
+  mma_tf32(c, al[0], al[1], al[2], al[3], bh0, bh1);
+  mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+
+// x = hi + lo + O(2^-20 |x|), both parts tf32 by truncation (3 instructions; cvt.rna is ~4 each on
+// sm_90).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+}
+
+// 3xTF32 with split_tf32 operands: c += a·b for an A fragment a[4] and B values b0, b1.
+__device__ __forceinline__ void mma_3xtf32_trunc(float* c, const float* a, float b0, float b1) {
+  uint32_t ah[4], al[4], bh0, bh1, bl0, bl1;
+#pragma unroll
+  for (int i = 0; i < 4; i++) split_tf32(a[i], ah[i], al[i]);
+  split_tf32(b0, bh0, bl0);
+  split_tf32(b1, bh1, bl1);
+  mma_tf32(c, al[0], al[1], al[2], al[3], bh0, bh1);
+  mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+
+__device__ __forceinline__ float bf_lo(uint32_t w) {
+  return __uint_as_float(w << 16);
+}
+
+__device__ __forceinline__ float bf_hi(uint32_t w) {
+  return __uint_as_float(w & 0xffff0000u);
+}
+
+// Two floats rounded to bf16 (nearest even) and widened back.
+__device__ __forceinline__ float2 round_bf2(float a, float b) {
+  const __nv_bfloat162 r = __floats2bfloat162_rn(a, b);
+  uint32_t w;
+  memcpy(&w, &r, sizeof(w));
+  return make_float2(bf_lo(w), bf_hi(w));
+}
+
+// 2^x and 1/x on the MUFU unit, denormals flushed (no range fix-ups): for arguments whose
+// results are normal or negligible.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// tf32r for finite x: the same bits without the inf/NaN guard (2 instructions instead of 4).
+__device__ __forceinline__ float tf32r_finite(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
+__device__ __forceinline__ float exp_ftz(float x) {
+  return ex2_ftz(x * kLog2e);
+}
+
+__device__ __forceinline__ float silu_fast(float x) {
+  return x * rcp_ftz(1.0f + ex2_ftz(x * -kLog2e));
+}
+
+__global__ void __launch_bounds__(kThreads, 3)
+    chunk_prep_tc2(Params p, Inputs in, const SeqTable seqs, const uint16_t* conv_state, int c0,
+                   int nc, float* ws) {
+  const int j = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
+  const int start = seqs.cu[n], L = seqs.cu[n + 1] - start;
+  const int p0 = (c0 + j) * C;
+  if (p0 >= L) return;
+  extern __shared__ __align__(16) float sm[];
+  float* qs = sm;
+  float* ks = qs + C * PS;
+  float* vs = ks + C * PS;
+  float* Gs = vs + C * PS;
+  float* Lm = Gs + C * PS;    // [C][LS]
+  float* beta = Lm + C * LS;  // [C]
+  float* gref = beta + C;     // [D] G_m
+  float* elr = gref + D;      // [D] exp(G_{C−1} − G_m)
+  float* eref = elr + D;      // [D] exp(G_m)
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, H = p.H, HK = H * D;
+  const int rows = min(C, L - p0);
+
+  float* blk = ws + ((int64_t(n) * nc + j) * H + h) * kChunkFloats;
+  float* Wg = blk;
+  float* Ug = blk + C * D;
+  float* Qg = blk + 2 * C * D;
+  float* Kt = blk + 3 * C * D;
+  float* Ag = blk + 4 * C * D;
+  float* gC = Ag + C * C;
+
+  // A. Conv + SiLU (bf16-rounded) of q, k, v; the gate and its in-chunk cumulative sum G; β.
+  //    Rows past the sequence end are inert: zero q, k, v, zero decay, β = 0.
+  if (tid < C)
+    beta[tid] = tid < rows ? sigmoidf_(bf(in.b[int64_t(start + p0 + tid) * H + h])) : 0.f;
+  {
+    const int role = warp / 2;  // 0 q, 1 k, 2 v, 3 z
+    const int d = 2 * ((warp % 2) * 32 + lane), ch = h * D + d;
+    if (role < 3) {
+      const uint16_t* src = role == 0 ? in.q : role == 1 ? in.k : in.v;
+      const float* cw = (role == 0 ? p.conv_q : role == 1 ? p.conv_k : p.conv_v) + int64_t(ch) * 4;
+      const float4 w0 = *reinterpret_cast<const float4*>(cw);
+      const float4 w1 = *reinterpret_cast<const float4*>(cw + 4);
+      // Rows p0 − 3 .. p0 + 31 of channels d, d + 1 (bf16 pairs); the first three from the conv
+      // state when the chunk starts the sequence.
+      const int64_t s2 = in.qkv_stride / 2;  // row stride in pairs
+      const unsigned* xp =
+          reinterpret_cast<const unsigned*>(src + int64_t(start + p0) * in.qkv_stride + ch);
+      uint32_t x[C + 3];
+      if (p0 > 0) {
+#pragma unroll
+        for (int r = 0; r < 3; r++) x[r] = __ldg(xp + (r - 3) * s2);
+      } else {
+        const uint16_t* cs = conv_state + int64_t(n) * 3 * HK * 3 + int64_t(role * HK + ch) * 3;
+#pragma unroll
+        for (int r = 0; r < 3; r++) x[r] = uint32_t(cs[r]) | (uint32_t(cs[r + 3]) << 16);
+      }
+#pragma unroll
+      for (int r = 0; r < C; r++) x[r + 3] = r < rows ? __ldg(xp + r * s2) : 0u;
+      float* dst = role == 0 ? qs : role == 1 ? ks : vs;
+#pragma unroll
+      for (int r = 0; r < C; r++) {
+        float a0 = 0.f, a1 = 0.f;
+        a0 += w0.x * bf_lo(x[r]);
+        a1 += w1.x * bf_hi(x[r]);
+        a0 += w0.y * bf_lo(x[r + 1]);
+        a1 += w1.y * bf_hi(x[r + 1]);
+        a0 += w0.z * bf_lo(x[r + 2]);
+        a1 += w1.z * bf_hi(x[r + 2]);
+        a0 += w0.w * bf_lo(x[r + 3]);
+        a1 += w1.w * bf_hi(x[r + 3]);
+        *reinterpret_cast<float2*>(dst + r * PS + d) = round_bf2(silu_fast(a0), silu_fast(a1));
+      }
+      for (int r = rows; r < C; r++) *reinterpret_cast<float2*>(dst + r * PS + d) = float2{};
+    } else {
+      const float na = -expf(p.A_log[h]) * kLog2e, lb = p.lower_bound;
+      const float2 bias = *reinterpret_cast<const float2*>(p.dt_bias + ch);
+      const unsigned* zp = reinterpret_cast<const unsigned*>(in.z + int64_t(start + p0) * HK + ch);
+      uint32_t z[C];
+#pragma unroll
+      for (int r = 0; r < C; r++) z[r] = r < rows ? __ldg(zp + r * (HK / 2)) : 0u;
+      float G0 = 0.f, G1 = 0.f, m0 = 0.f, m1 = 0.f;
+#pragma unroll
+      for (int r = 0; r < C; r++) {
+        if (r < rows) {
+          G0 += lb * rcp_ftz(1.0f + ex2_ftz(na * (bf_lo(z[r]) + bias.x)));
+          G1 += lb * rcp_ftz(1.0f + ex2_ftz(na * (bf_hi(z[r]) + bias.y)));
+        }
+        *reinterpret_cast<float2*>(Gs + r * PS + d) = make_float2(G0, G1);
+        if (r == kRef) m0 = G0, m1 = G1;
+      }
+      *reinterpret_cast<float2*>(gref + d) = make_float2(m0, m1);
+      *reinterpret_cast<float2*>(elr + d) = make_float2(exp_ftz(G0 - m0), exp_ftz(G1 - m1));
+      *reinterpret_cast<float2*>(eref + d) = make_float2(exp_ftz(m0), exp_ftz(m1));
+      *reinterpret_cast<float2*>(gC + d) = make_float2(__expf(G0), __expf(G1));
+    }
+  }
+  __syncthreads();
+
+  // B. Row r (warp r % 8): L2 norms of q and k (bf16-rounded as FLA's chunk path stores them, q
+  //    then scaled); to the workspace Γ⊙Q and K̃ = e^{G_C−G}⊙K; in place qs ← q·e^{G−G_m},
+  //    ks ← k·e^{G−G_m}, Gs ← k·e^{G_m−G}. Lane l owns columns 4l .. 4l+3.
+  {
+    const float scale = 1.0f / sqrtf(float(D));
+    const float4 gr = *reinterpret_cast<const float4*>(gref + 4 * lane);
+    const float4 el = *reinterpret_cast<const float4*>(elr + 4 * lane);
+    const float4 er = *reinterpret_cast<const float4*>(eref + 4 * lane);
+#pragma unroll 2
+    for (int i = 0; i < C / 8; i++) {
+      const int r = warp + 8 * i;
+      float4* qp = reinterpret_cast<float4*>(qs + r * PS + 4 * lane);
+      float4* kp = reinterpret_cast<float4*>(ks + r * PS + 4 * lane);
+      float4* gp = reinterpret_cast<float4*>(Gs + r * PS + 4 * lane);
+      const float4 q = *qp, k = *kp, G = *gp;
+      float sq = q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+      float sk = k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w;
+      sq = warp_sum(sq);
+      sk = warp_sum(sk);
+      const float rq = 1.0f / sqrtf(sq + p.l2_eps), rk = 1.0f / sqrtf(sk + p.l2_eps);
+      const float2 q01 = round_bf2(q.x * rq, q.y * rq), q23 = round_bf2(q.z * rq, q.w * rq);
+      const float2 k01 = round_bf2(k.x * rk, k.y * rk), k23 = round_bf2(k.z * rk, k.w * rk);
+      const float qn[4] = {q01.x * scale, q01.y * scale, q23.x * scale, q23.y * scale};
+      const float kn[4] = {k01.x, k01.y, k23.x, k23.y};
+      const float Gv[4] = {G.x, G.y, G.z, G.w}, grv[4] = {gr.x, gr.y, gr.z, gr.w};
+      const float elv[4] = {el.x, el.y, el.z, el.w}, erv[4] = {er.x, er.y, er.z, er.w};
+      float qg[4], kt[4], qf[4], kf[4], kd[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float l2 = (Gv[e] - grv[e]) * kLog2e;
+        const float up = ex2_ftz(l2), down = ex2_ftz(-l2);
+        qg[e] = tf32r_finite(qn[e] * up * erv[e]);
+        kt[e] = tf32r_finite(kn[e] * down * elv[e]);
+        qf[e] = qn[e] * up;
+        kf[e] = kn[e] * up;
+        kd[e] = kn[e] * down;
+      }
+      *reinterpret_cast<float4*>(Qg + r * D + 4 * lane) = make_float4(qg[0], qg[1], qg[2], qg[3]);
+      *reinterpret_cast<float4*>(Kt + r * D + 4 * lane) = make_float4(kt[0], kt[1], kt[2], kt[3]);
+      *qp = make_float4(qf[0], qf[1], qf[2], qf[3]);
+      *kp = make_float4(kf[0], kf[1], kf[2], kf[3]);
+      *gp = make_float4(kd[0], kd[1], kd[2], kd[3]);
+    }
+  }
+  __syncthreads();
+
+  // C. A_qk and L as in chunk_prep_tc (operands split by truncation).
+  const int g = lane / 4, t = lane % 4;
+  {
+    const int m0 = 16 * (warp / 4), n0 = 8 * (warp % 4);
+    float aq[4] = {0.f, 0.f, 0.f, 0.f}, lk[4] = {0.f, 0.f, 0.f, 0.f};
+    if (n0 <= m0 + 15) {
+#pragma unroll 4
+      for (int k0 = 0; k0 < D; k0 += 8) {
+        const float* qa = qs + (m0 + g) * PS + k0 + t;
+        const float* ka = ks + (m0 + g) * PS + k0 + t;
+        const float* kb = Gs + (n0 + g) * PS + k0 + t;
+        const float fq[4] = {qa[0], qa[8 * PS], qa[4], qa[8 * PS + 4]};
+        const float fk[4] = {ka[0], ka[8 * PS], ka[4], ka[8 * PS + 4]};
+        mma_3xtf32_trunc(aq, fq, kb[0], kb[4]);
+        mma_3xtf32_trunc(lk, fk, kb[0], kb[4]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = m0 + g + (e >= 2 ? 8 : 0), i = n0 + 2 * t + (e & 1);
+      Ag[r * C + i] = i <= r ? tf32r_finite(aq[e]) : 0.f;
+      Lm[r * LS + i] = i < r ? beta[r] * lk[e] : 0.f;
+    }
+  }
+  __syncthreads();
+
+  // D. T = (I + L)⁻¹ in the space of qs (free now): [C][LS], and X = L21·T11 [16][LS] after it.
+  float* Tm = qs;
+  float* Xm = qs + C * LS;
+  if (warp == 0) {
+    // The diagonal blocks: lane b + c solves column c of the block at rows b .. b+15 (b = 0, 16).
+    const int b = 16 * (lane / 16), c = lane % 16;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      const float* lr = Lm + (b + i) * LS + b;
+      float acc = i == c ? 1.f : 0.f;
+#pragma unroll
+      for (int jj = 0; jj < i; jj++) acc -= lr[jj] * x[jj];
+      x[i] = acc;
+      Tm[(b + i) * LS + b + c] = acc;
+    }
+  }
+  __syncthreads();
+  const int ti = tid / 16, tc = tid % 16;
+  {
+    float acc = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) acc += Lm[(16 + ti) * LS + jj] * Tm[jj * LS + tc];
+    Xm[ti * LS + tc] = acc;
+  }
+  __syncthreads();
+  {
+    float acc = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) acc += Tm[(16 + ti) * LS + 16 + jj] * Xm[jj * LS + tc];
+    Tm[(16 + ti) * LS + tc] = -acc;
+  }
+  __syncthreads();
+
+  // W = T·diag(β)(Γ⊙K) (warps 0–3; Γ⊙K = ks·e^{G_m}) and U = T·diag(β)V (warps 4–7), warp w%4
+  // owning columns 32(w%4) ..; T's upper right block is zero (k-steps 0, 1 only for rows 0–15).
+  {
+    const bool isU = warp >= 4;
+    const int n0 = 32 * (warp % 4);
+    const float* R = isU ? vs : ks;
+    float acc[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+      const int r0 = 8 * kt + t, r1 = r0 + 4;
+      const float b0 = beta[r0], b1 = beta[r1];
+      uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        const int col = n0 + 8 * nt + g;
+        const float em = isU ? 1.f : eref[col];
+        split_tf32(b0 * (R[r0 * PS + col] * em), bh[nt][0], bl[nt][0]);
+        split_tf32(b1 * (R[r1 * PS + col] * em), bh[nt][1], bl[nt][1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++) {
+        if (mt == 0 && kt >= 2) continue;
+        const float* ta = Tm + (16 * mt + g) * LS + 8 * kt + t;
+        const float fa[4] = {ta[0], ta[8 * LS], ta[4], ta[8 * LS + 4]};
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) split_tf32(fa[e], ah[e], al[e]);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+          mma_3xtf32_split(acc[mt][nt], ah, al, bh[nt][0], bh[nt][1], bl[nt][0], bl[nt][1]);
+      }
+    }
+    float* dst = isU ? Ug : Wg;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        const int r = 16 * mt + g, col = n0 + 8 * nt + 2 * t;
+        const float* a = acc[mt][nt];
+        const float2 lo =
+            isU ? make_float2(a[0], a[1]) : make_float2(tf32r_finite(a[0]), tf32r_finite(a[1]));
+        const float2 hi =
+            isU ? make_float2(a[2], a[3]) : make_float2(tf32r_finite(a[2]), tf32r_finite(a[3]));
+        *reinterpret_cast<float2*>(dst + r * D + col) = lo;
+        *reinterpret_cast<float2*>(dst + (r + 8) * D + col) = hi;
+      }
+  }
+}
+
 // chunk_scan_tc (grid: head × sequence, 8 warps): one block walks a head's chunks with the whole
 // transposed state S'[v][k] in registers as mma accumulators — warp w owns rows v = 16w .. 16w+15
 // (16 n-tiles over k, 64 floats a thread); columns v evolve independently, so the warps never
@@ -511,6 +858,22 @@ __device__ __forceinline__ void load_stage(float* st, const float* blk, int tid)
   if (tid < D / 4) cp_async16(gs + tid * 4, blk + 4 * C * D + C * C + tid * 4, 16);
 }
 
+// An mma operand rounded to tf32 (nearest, ties away): cvt.rna is emulated on sm_90 as
+// "|x| < inf ? bits + 0x1000 : bits" then a mask the tensor core does not need (it reads the top
+// 19 bits), so for finite operands the add alone gives the same product (kFast; 1 instruction
+// instead of 3).
+template <bool kFast>
+__device__ __forceinline__ uint32_t tf32_op(float x) {
+  if constexpr (kFast)
+    return __float_as_uint(x) + 0x1000u;
+  else
+    return tf32(x);
+}
+
+// kFast (the tc2 arm): tf32_op's one-instruction rounding, and the gated norm's σ and bf16
+// roundings on the MUFU unit and F2FP (a few ulp in σ before y's bf16 rounding); false: the
+// chunk_prep_tc-era kernel, bit for bit.
+template <bool kFast>
 __global__ void __launch_bounds__(kThreads, 1)
     chunk_scan_tc(int H, const SeqTable seqs, int c0, int nc, const float* ws, float* state,
                   const uint16_t* gate, const float* onw, float eps, uint16_t* y) {
@@ -568,7 +931,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; e++) vt[i][e] = ot[i][e] = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-      const uint32_t a0 = tf32(s[j][0]), a1 = tf32(s[j][2]), a2 = tf32(s[j][1]), a3 = tf32(s[j][3]);
+      const uint32_t a0 = tf32_op<kFast>(s[j][0]), a1 = tf32_op<kFast>(s[j][2]),
+                     a2 = tf32_op<kFast>(s[j][1]), a3 = tf32_op<kFast>(s[j][3]);
 #pragma unroll
       for (int nt = 0; nt < 4; nt++) {
         const float2 w = *reinterpret_cast<const float2*>(Ws + (8 * nt + g) * WSt + 8 * j + 2 * t);
@@ -582,10 +946,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
       const float* u = Us + (8 * nt + 2 * t) * KSt + v0 + g;
-      va[nt][0] = tf32(u[0] - vt[nt][0]);
-      va[nt][2] = tf32(u[KSt] - vt[nt][1]);
-      va[nt][1] = tf32(u[8] - vt[nt][2]);
-      va[nt][3] = tf32(u[KSt + 8] - vt[nt][3]);
+      va[nt][0] = tf32_op<kFast>(u[0] - vt[nt][0]);
+      va[nt][2] = tf32_op<kFast>(u[KSt] - vt[nt][1]);
+      va[nt][1] = tf32_op<kFast>(u[8] - vt[nt][2]);
+      va[nt][3] = tf32_op<kFast>(u[KSt + 8] - vt[nt][3]);
     }
     // Oᵀ += Ṽᵀ A_qkᵀ (A_qk[r][c] = 0 for c > r: k-steps kt ≤ nt only).
 #pragma unroll
@@ -626,19 +990,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 4; i++) {
       const int r = 4 * warp + i, pos = c * C + r;
       const float4 o4 = *reinterpret_cast<const float4*>(Os + r * KSt + 4 * lane);
-      const float o[4] = {round_bf(o4.x), round_bf(o4.y), round_bf(o4.z), round_bf(o4.w)};
+      float o[4];
+      if constexpr (kFast) {
+        const float2 o01 = round_bf2(o4.x, o4.y), o23 = round_bf2(o4.z, o4.w);
+        o[0] = o01.x, o[1] = o01.y, o[2] = o23.x, o[3] = o23.y;
+      } else {
+        o[0] = round_bf(o4.x), o[1] = round_bf(o4.y), o[2] = round_bf(o4.z), o[3] = round_bf(o4.w);
+      }
       float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
       ss = warp_sum(ss);
       if (pos < L) {
         const float rstd = 1.0f / sqrtf(ss / float(D) + eps);
         const float ga[4] = {bf(uint16_t(gv[i].x)), bf(uint16_t(gv[i].x >> 16)),
                              bf(uint16_t(gv[i].y)), bf(uint16_t(gv[i].y >> 16))};
-        uint16_t r16[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) r16[e] = to_bf(o[e] * rstd * wn[e] * sigmoidf_(ga[e]));
         uint2 pk;
-        pk.x = uint32_t(r16[0]) | (uint32_t(r16[1]) << 16);
-        pk.y = uint32_t(r16[2]) | (uint32_t(r16[3]) << 16);
+        if constexpr (kFast) {
+          float yv[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            yv[e] = o[e] * rstd * wn[e] * rcp_ftz(1.0f + ex2_ftz(ga[e] * -kLog2e));
+          const __nv_bfloat162 y01 = __floats2bfloat162_rn(yv[0], yv[1]);
+          const __nv_bfloat162 y23 = __floats2bfloat162_rn(yv[2], yv[3]);
+          memcpy(&pk.x, &y01, 4);
+          memcpy(&pk.y, &y23, 4);
+        } else {
+          uint16_t r16[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++) r16[e] = to_bf(o[e] * rstd * wn[e] * sigmoidf_(ga[e]));
+          pk.x = uint32_t(r16[0]) | (uint32_t(r16[1]) << 16);
+          pk.y = uint32_t(r16[2]) | (uint32_t(r16[3]) << 16);
+        }
         *reinterpret_cast<uint2*>(y + int64_t(start + pos) * HV + h * D + 4 * lane) = pk;
       }
     }
@@ -705,6 +1086,31 @@ bool fp32_path() {
   return v;
 }
 
+// STRATA_KDA_PREP (read once), for A/B runs of the tensor-core path: tc2 (the default: 4.98
+// against 10.60 ms at T = 16K on an H100, docs/performance.md "KDA") = chunk_prep_tc2 and
+// chunk_scan_tc<true>; tc = chunk_prep_tc and chunk_scan_tc<false> (the form before);
+// tc2-rna = chunk_prep_tc2 with chunk_scan_tc<false>.
+enum class PrepArm { tc, tc2, tc2_rna_scan };
+PrepArm prep_arm() {
+  static const PrepArm v = [] {
+    const char* e = std::getenv("STRATA_KDA_PREP");
+    if (e && std::strcmp(e, "tc") == 0) return PrepArm::tc;
+    if (e && std::strcmp(e, "tc2-rna") == 0) return PrepArm::tc2_rna_scan;
+    return PrepArm::tc2;
+  }();
+  return v;
+}
+
+// chunk_prep_tc2's alignment needs (pair loads of q/k/v/z, float4 conv weights, float2 dt_bias).
+bool tc2_aligned(const Params& p, const Inputs& in) {
+  const auto mis = [](const void* ptr, uintptr_t a) {
+    return reinterpret_cast<uintptr_t>(ptr) % a;
+  };
+  return in.qkv_stride % 2 == 0 && !mis(in.q, 4) && !mis(in.k, 4) && !mis(in.v, 4) &&
+         !mis(in.z, 4) && !mis(p.conv_q, 16) && !mis(p.conv_k, 16) && !mis(p.conv_v, 16) &&
+         !mis(p.dt_bias, 8);
+}
+
 }  // namespace
 
 size_t prefill_workspace_bytes(int H, int N, int64_t max_len, int64_t max_chunks) {
@@ -756,15 +1162,25 @@ Status prefill(const Params& p, const Inputs& in, const int32_t* cu_seqlens_host
     // other gates use chunk_prep, whose operands the scan's tf32 conversion truncates.
     const bool factored = p.gate_form == GateForm::bounded && p.lower_bound >= -5.0f;
     if (Status a = rt::allow_dynamic_smem(chunk_prep, int(kPrepSmem)); !a.ok()) return a;
+    const PrepArm arm = prep_arm();
+    const bool tc2 = factored && arm != PrepArm::tc && tc2_aligned(p, in);
+    const bool fast_scan = arm == PrepArm::tc2;
     if (Status a = rt::allow_dynamic_smem(chunk_prep_tc, int(kPrepTcSmem)); !a.ok()) return a;
-    if (Status a = rt::allow_dynamic_smem(chunk_scan_tc, int(kScanTcSmem)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(chunk_prep_tc2, int(kPrepTc2Smem)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(chunk_scan_tc<true>, int(kScanTcSmem)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(chunk_scan_tc<false>, int(kScanTcSmem)); !a.ok())
+      return a;
     for (int64_t c0 = 0; c0 < nch; c0 += nc) {
       const dim3 pg(unsigned(std::min<int64_t>(nc, nch - c0)), unsigned(H), unsigned(N));
-      if (factored)
+      if (tc2)
+        chunk_prep_tc2<<<pg, kThreads, kPrepTc2Smem, s>>>(p, in, tbl, st.conv, int(c0), int(nc),
+                                                          ws);
+      else if (factored)
         chunk_prep_tc<<<pg, kThreads, kPrepTcSmem, s>>>(p, in, tbl, st.conv, int(c0), int(nc), ws);
       else
         chunk_prep<<<pg, kThreads, kPrepSmem, s>>>(p, in, tbl, st.conv, int(c0), int(nc), ws);
-      chunk_scan_tc<<<dim3(H, N), kThreads, kScanTcSmem, s>>>(
+      (fast_scan ? chunk_scan_tc<true>
+                 : chunk_scan_tc<false>)<<<dim3(H, N), kThreads, kScanTcSmem, s>>>(
           H, tbl, int(c0), int(nc), ws, st.recurrent, in.gate, p.o_norm_w, p.o_norm_eps, y);
     }
   }

@@ -35,6 +35,10 @@ struct KdaCase {
   bool random_initial_state = true;
   int64_t max_chunks = 0;  // > 0 forces several passes per call
   int decode_split = 0;    // CTAs per head in decode (0: decode_split_for(N))
+  // >= 0: q, k, v interleaved in one [rows, 3·H·K + qkv_pad] buffer (the engine's fused
+  // projection layout when 0; an odd pad makes the row stride odd, which chunk_prep_tc2's pair
+  // loads cannot take, so prefill falls back to chunk_prep_tc). −1: three [rows, H·K] buffers.
+  int qkv_pad = -1;
 };
 
 constexpr int D = 128;
@@ -129,10 +133,21 @@ void run_kda_case(const KdaCase& kc, uint32_t seed) {
     auto q = random_bf16(R * HK, rng, 1.f), k = random_bf16(R * HK, rng, 1.f),
          v = random_bf16(R * HK, rng, 1.f), z = random_bf16(R * HK, rng, 1.f),
          b = random_bf16(R * H, rng, 1.f), go = random_bf16(R * HK, rng, 1.f);
-    DevBuf<uint16_t> dq(q.bits), dk(k.bits), dv(v.bits), dz(z.bits), db(b.bits), dg(go.bits);
+    const int64_t stride = kc.qkv_pad >= 0 ? 3 * HK + kc.qkv_pad : HK;
+    std::vector<uint16_t> qkv;
+    if (kc.qkv_pad >= 0) {
+      qkv.assign(size_t(R * stride), 0x7fc0);  // NaN in the pad columns
+      for (int64_t r = 0; r < R; r++)
+        for (int part = 0; part < 3; part++)
+          std::memcpy(&qkv[size_t(r * stride + part * HK)],
+                      &(part == 0 ? q : part == 1 ? k : v).bits[size_t(r * HK)], HK * 2);
+    }
+    DevBuf<uint16_t> dq(kc.qkv_pad >= 0 ? qkv : q.bits), dk(k.bits), dv(v.bits), dz(z.bits),
+        db(b.bits), dg(go.bits);
     DevBuf<uint16_t> dy(R * HK);
     dy.fill_bytes(0xff);  // NaN: every row must be written
-    kk::Inputs in{dq.p, dk.p, dv.p, HK, dz.p, db.p, dg.p};
+    kk::Inputs in{dq.p, dk.p, dv.p, stride, dz.p, db.p, dg.p};
+    if (kc.qkv_pad >= 0) in.k = dq.p + HK, in.v = dq.p + 2 * HK;
     if (decode) {
       auto s = kk::decode(p, in, N, st, dy.p, nullptr, nullptr, kc.decode_split);
       INFO(s.message);
@@ -228,7 +243,8 @@ TEST_CASE("kda gpu: long sequence (256K tokens) in many passes equals the recurr
 
 // Several K3-shape sequences whose lengths end mid-chunk, over two calls in passes of 7 chunks:
 // the per-sequence chunk ranges, inert rows past each end and the state carried between passes.
-// (Run with STRATA_KDA_PREFILL=fp32 as well: both prefill paths against the reference.)
+// (Run with STRATA_KDA_PREFILL=fp32 and STRATA_KDA_PREP=tc as well: every prefill path against
+// the reference.)
 TEST_CASE("kda gpu: K3 shape, 4 ragged sequences, 2 calls in passes of 7 chunks", "[gpu][kda]") {
   KdaCase c;
   c.H = 96;
@@ -236,6 +252,22 @@ TEST_CASE("kda gpu: K3 shape, 4 ragged sequences, 2 calls in passes of 7 chunks"
   c.max_chunks = 7;
   c.decode_steps = 1;
   run_kda_case(c, 40);
+}
+
+// q, k, v interleaved in one buffer as the engine's fused projection writes them (row stride
+// 3·H·K, unlike z's H·K), then with an odd row stride (the prefill's unaligned fallback).
+TEST_CASE("kda gpu: K3 shape, q/k/v interleaved in one buffer, even and odd row stride",
+          "[gpu][kda]") {
+  for (int pad : {0, 1}) {
+    INFO("qkv_pad " << pad);
+    KdaCase c;
+    c.H = 96;
+    c.calls = {{200, 45}, {70, 0}};
+    c.max_chunks = 3;
+    c.decode_steps = 1;
+    c.qkv_pad = pad;
+    run_kda_case(c, 41 + pad);
+  }
 }
 
 // Decode alone (no prefill call: one empty call fixes the sequence count) from a random state,
