@@ -201,7 +201,10 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
 }
 
 void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
-                       const std::vector<int>& tokens) {
+                       const std::vector<std::string>& paths, const std::vector<int>& tokens) {
+  const auto wanted = [&](moe::ExpertPath p) {
+    return paths.empty() || std::find(paths.begin(), paths.end(), path_name(p)) != paths.end();
+  };
   std::mt19937_64 rng(1234);
   {
     ExpertPool pool;
@@ -254,14 +257,14 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
       Routed batch(pool, T, rng);
       for (auto path : {moe::ExpertPath::wgmma, moe::ExpertPath::gemm, moe::ExpertPath::imma,
                         moe::ExpertPath::gemv})
-        grouped_line(batch, T, path, "", 5);
+        if (wanted(path)) grouped_line(batch, T, path, "", 5);
     }
     // The GEMM path when nearly every weight row is outside its window (strict fallback per row).
     pool.refill_scales(117, 121);
     if (std::find(Ts.begin(), Ts.end(), 1024) != Ts.end()) {
       Routed batch(pool, 1024, rng);
-      grouped_line(batch, 1024, moe::ExpertPath::wgmma, " (codes 117..121: strict rows)", 3);
-      grouped_line(batch, 1024, moe::ExpertPath::gemm, " (codes 117..121: strict rows)", 3);
+      for (auto path : {moe::ExpertPath::wgmma, moe::ExpertPath::gemm})
+        if (wanted(path)) grouped_line(batch, 1024, path, " (codes 117..121: strict rows)", 3);
     }
     pool.refill_scales(117, 120);
   }

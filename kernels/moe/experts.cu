@@ -131,11 +131,18 @@ Workspace carve(void* base, int T, int P, int H, int I) {
   char* b = static_cast<char*>(base);
   size_t off = 0;
   Workspace w;
+  const auto k128 = [](int K) { return (size_t(K) + 127) & ~size_t(127); };
   w.x = carve_rows(b, off, T, H);
-  w.gu = take<float>(b, off, size_t(P) * size_t(I) * 8);
-  w.h_q = carve_rows(b, off, P, I);
   w.xp = carve_planes(b, off, T, H);
+  w.gu = take<float>(b, off, size_t(P) * size_t(I) * 8);
+  w.pk_down = b ? reinterpret_cast<int8_t*>(w.gu) : nullptr;  // 2·P·I128 ≤ 8·P·I bytes
+  // h_q and hp, then what gate|up's packed planes need beyond them.
+  const size_t late = off;
+  w.h_q = carve_rows(b, off, P, I);
   w.hp = carve_planes(b, off, P, I);
+  const size_t pk_gate_up = 2 * size_t(P) * k128(H);
+  if (off - late < pk_gate_up) off = late + align256(pk_gate_up);
+  w.pk_gate_up = b ? reinterpret_cast<int8_t*>(b + late) : nullptr;
   w.bytes = off;
   return w;
 }

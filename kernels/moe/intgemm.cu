@@ -39,8 +39,14 @@
 // memory, and two consumer warpgroups run Hopper's warpgroup MMA on them and on the planes, both
 // operands from shared memory; the integer method, window scan, epilogue and strict fallback are
 // gemm_kernel's, so its outputs are the same bits.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
+#include <cuda/ptx>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/moe/contract_device.cuh"
@@ -103,6 +109,10 @@ struct GemmArgs {
   Planes planes;           // hi, lo planes and per-row metadata of the input rows
   int K, N, split;         // input width, output rows; rows ≥ split from w3 (gate|up) — N: w2
   float* out;              // [P, N]
+  // The wgmma form's multicast layout of the pairs' planes (pack_planes): the hi plane, the lo
+  // plane at pk + P·K128; P pairs.
+  const int8_t* pk = nullptr;
+  int P = 0;
 };
 
 __device__ __forceinline__ void cp16(void* dst, const void* src) {
@@ -957,6 +967,20 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
 }
 
+// The same for a K-major operand in the 128-byte swizzle (the multicast form's planes): rows of
+// 128 bytes, 8-row atoms of 1024 bytes (1024-aligned), the 16-byte chunk c of row r at c ^ (r mod
+// 8); the stride offset is the next 8 rows (1024 B), the leading offset unused; a k32 step within
+// the rows is a start 32 bytes further (the swizzle applies to the address bits).
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void* p) {
+  const uint32_t addr = smem_u32(p);
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* b, unsigned parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, b,
+                                              parity)) {
+  }
+}
+
 constexpr int kCoreBytes = 128;            // one 8 × 16-byte core matrix
 constexpr int kCoreGroup = 1024;           // B: the next 8 tokens of one stage
 constexpr int kACoreGroup = 256;           // A: the next 8 rows of one block
@@ -969,8 +993,9 @@ static_assert(kWsAStage % 128 == 0 && kABlock % 16 == 0, "descriptor alignment")
 
 // BN tokens per tile; one producer warpgroup; SA decoded-weight stages (the decode runs up to
 // SA − 1 stages ahead of the wgmmas), SB plane stages (copied SB − 2 stages ahead: their latency is
-// an L2 or DRAM trip), packed weights PD stages ahead in PD + 1 slots; MINB CTAs per SM.
-template <int BN, int SA, int SB, int PD, int MINB>
+// an L2 or DRAM trip), packed weights PD stages ahead in PD + 1 slots; MINB CTAs per SM; CL CTAs
+// per cluster (CL > 1: the multicast form, whose plane stages start 1024-aligned: + 1 KB).
+template <int BN, int SA, int SB, int PD, int MINB, int CL = 1>
 struct WsTile {
   static constexpr int kProducers = 128, kThreads = kProducers + kWsConsumers;
   static constexpr int kItems = 4;  // (row, block) items a producer thread decodes per stage
@@ -982,28 +1007,39 @@ struct WsTile {
   static_assert(BN == 16 || BN == 32 || BN == 64 || BN == 128,
                 "wgmma N: the quarters of BN must be s8 widths");
   static_assert(SA >= 2 && SB >= 3 && PD >= 1, "B slots: kt − 2 is refilled at stage kt");
+  static_assert(CL == 1 || (SB >= SA && (CL == 2 || CL == 4)),
+                "multicast: plane stages issued SB − SA stages before their decode");
   static size_t smem(int nb) {
     return size_t(SA) * kWsAStage + size_t(SB) * kBStage + size_t(PD + 1) * kWsPkStage +
-           size_t(kBM) * nb;
+           size_t(kBM) * nb + (CL > 1 ? 1024 : 0);
   }
 };
 
-template <int BN, int SA, int SB, int PD, int MINB>
-__global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
+template <int BN, int SA, int SB, int PD, int MINB, int CL>
+__global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB, CL>::kThreads, MINB)
     wgmma_kernel(GemmArgs a) {
-  using Tl = WsTile<BN, SA, SB, PD, MINB>;
+  using Tl = WsTile<BN, SA, SB, PD, MINB, CL>;
   constexpr int kBStage = Tl::kBStage, kPk = PD + 1, kDB = SB - 2;
   constexpr int kProducers = Tl::kProducers, kThreadsAll = Tl::kThreads, kItems = Tl::kItems;
   // Instruction widths for tiles of up to BN/4 and 3·BN/4 tokens (BN = 16: 8 and 16).
   constexpr int kNq1 = BN == 16 ? 8 : BN / 4, kNq3 = BN == 16 ? 16 : 3 * BN / 4;
+  constexpr bool kMc = CL > 1;
+  // The multicast form issues plane stage j at the producer's iteration j − kLB.
+  constexpr int kLB = SB - SA;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* const sA = smem;                   // SA decoded stages
-  uint8_t* const sB = sA + SA * kWsAStage;    // SB plane stages
-  uint8_t* const sP = sB + SB * kBStage;      // kPk packed stages
-  uint8_t* const sS = sP + kPk * kWsPkStage;  // [kBM, nb] scale codes
+  // The multicast form: the plane stages first, from a 1024-aligned offset (the swizzle atoms;
+  // the same offset in every CTA of the cluster, as the multicast copies need).
+  uint8_t* const base = kMc ? smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u) : smem;
+  uint8_t* const sA = kMc ? base + SB * kBStage : base;               // SA decoded stages
+  uint8_t* const sB = kMc ? base : sA + SA * kWsAStage;               // SB plane stages
+  uint8_t* const sP = kMc ? sA + SA * kWsAStage : sB + SB * kBStage;  // kPk packed stages
+  uint8_t* const sS = sP + kPk * kWsPkStage;                          // [kBM, nb] scale codes
   // full[a]: the stage in A slot a is decoded (producers arrive); empty[a]: the consumers' wgmmas
-  // of that stage are done.
+  // of that stage are done. The multicast form's plane slots: full_b[b] (the local issuer's
+  // expect-tx arrival, the cluster's copies' bytes), empty_b[b] (every consumer warp of the
+  // cluster is done with the slot: CL · 8 arrivals).
   __shared__ __align__(8) uint64_t full[SA], empty[SA];
+  __shared__ __align__(8) uint64_t full_b[kMc ? SB : 1], empty_b[kMc ? SB : 1];
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
   __shared__ int32_t s_tokrow[BN], s_tokemin[BN], s_tokst[BN], s_bad[BN];
   __shared__ int32_t s_nbad;
@@ -1011,7 +1047,10 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = blockIdx.y, row0 = blockIdx.x * kBM;
   const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
-  if (p1 <= p0 || row0 >= a.N) return;
+  // A cluster shares g, so it returns whole; a CTA of the multicast form past N (the expert's row
+  // tiles not a multiple of CL) still copies its share of the planes and releases its slots: it
+  // runs the tiles on clamped rows and stores nothing.
+  if (p1 <= p0 || (!kMc && row0 >= a.N)) return;
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
   // Warp-uniform by construction (a shuffle from lane 0), so that ptxas sees the roles' branches
@@ -1021,7 +1060,36 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
   if (tid == 0) {
     for (int s = 0; s < SA; s++)
       mbar_init(&full[s], kProducers), mbar_init(&empty[s], kWsConsumers);
+    if constexpr (kMc) {
+      for (int s = 0; s < SB; s++) mbar_init(&full_b[s], 1), mbar_init(&empty_b[s], CL * 8);
+      cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    }
   }
+  // Every CTA's barriers are initialized before any peer signals them.
+  if constexpr (kMc) cooperative_groups::this_cluster().sync();
+  const uint32_t crank = kMc ? cooperative_groups::this_cluster().block_rank() : 0u;
+  // Plane stage j (it: the CTA's stage number) of the token tile pt, cnt, by tid 0: once every
+  // consumer warp of the cluster is done with the slot, expect the whole stage's bytes on this
+  // CTA's full_b and copy this CTA's share of the tile's tokens (cnt·rank/CL … ) to every CTA.
+  const auto issue_b_mc = [&](int j, int it, int pt, int cnt) {
+    const int s = it % SB;
+    mbar_wait_cluster(&empty_b[s], ((it / SB) & 1) ^ 1);
+    const uint32_t bytes = 2u * uint32_t(cnt) * uint32_t(kBK);
+    (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                               cuda::ptx::space_shared, &full_b[s], bytes);
+    const int t0 = int(crank) * cnt / CL, t1 = (int(crank) + 1) * cnt / CL;
+    if (t1 > t0) {
+      const size_t src = (size_t(j) * size_t(a.P) + size_t(pt + t0)) * kBK;
+      const size_t plane = size_t(a.P) * size_t(nkt) * kBK;
+      uint8_t* const d = sB + s * kBStage + t0 * kBK;
+      const uint32_t n = uint32_t(t1 - t0) * uint32_t(kBK);
+      const uint16_t mask = uint16_t((1u << CL) - 1u);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, d, a.pk + src, n,
+                               &full_b[s], mask);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, d + BN * kBK,
+                               a.pk + plane + src, n, &full_b[s], mask);
+    }
+  };
 
   // Producer: its 16-byte packed chunks (rows tid / 4 + 32·i, block tid mod 4 of each
   // stage).
@@ -1084,6 +1152,10 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
           cp_commit();
         }
       }
+      if constexpr (kMc) {
+        if (tid == 0)
+          for (int j = 0; j < kLB && j < nkt; j++) issue_b_mc(j, it0 + j, pt, cnt);
+      }
       // The decode's map: lane l of warp w (of 4) decodes block l mod 4 of row
       // 8·(w + 4·i) + 2·(l / 8) + (l mod 8) / 4 for i < 4 (a quarter-warp: 2 rows × 4 blocks,
       // 128 contiguous packed bytes).
@@ -1091,6 +1163,9 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
       constexpr int kPass = 8 * 4;  // rows between a thread's items
       for (int kt = 0; kt < nkt; kt++) {
         const int it = it0 + kt;
+        if constexpr (kMc) {
+          if (tid == 0 && kt + kLB < nkt) issue_b_mc(kt + kLB, it + kLB, pt, cnt);
+        }
         cp_wait<PD - 1>();        // this thread's packed chunks of stage kt have landed
         bar_sync(1, kProducers);  // every producer's; and stage kt − 1 is decoded by all
         if (kt + PD < nkt) issue_packed(kt + PD);  // into stage kt − 1's slot
@@ -1163,10 +1238,24 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
           }
         }
       };
-      for (int s = 0; s < kDB; s++) {
-        if (s < nkt) issue_b(s);
-        cp_commit();
+      if constexpr (!kMc) {
+        for (int s = 0; s < kDB; s++) {
+          if (s < nkt) issue_b(s);
+          cp_commit();
+        }
       }
+      // The multicast form: this warp is done with plane slot b (its wgmmas that read it have
+      // completed) — one arrival on that slot's empty_b in every CTA of the cluster.
+      const auto release_b = [&](int b) {
+        __syncwarp();
+        if (lane == 0) {
+          const auto cl = cooperative_groups::this_cluster();
+          for (unsigned r = 0; r < unsigned(CL); r++)
+            cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
+                                       cuda::ptx::space_cluster,
+                                       cl.map_shared_rank(&empty_b[b], r));
+        }
+      };
       // The main loop and epilogue for one wgmma width N (the tile's count rounded up to a quarter
       // of BN), instantiated per width so that every wgmma of a loop writes the same accumulator
       // registers (a width chosen inside the loop made ptxas move them between stages).
@@ -1177,14 +1266,19 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
         for (int r = 0; r < N / 2; r++) acc_hi[r] = 0, acc_lo[r] = 0;
         for (int kt = 0; kt < nkt; kt++) {
           const int it = it0 + kt;
-          cp_wait<kDB - 1>();   // this thread's planes of stage kt have landed
-          fence_proxy_async();  // visible to the wgmmas
-          mbar_wait(&full[it % SA], (it / SA) & 1);
-          // Every consumer's planes of stage kt are in; every consumer is past stage kt − 1's
-          // wgmma_wait<1>, so both warpgroups are done with stage kt − 2's B slot: refill it.
-          bar_sync(2, kWsConsumers);
-          if (kt + kDB < nkt) issue_b(kt + kDB);
-          cp_commit();
+          if constexpr (kMc) {
+            mbar_wait(&full[it % SA], (it / SA) & 1);
+            mbar_wait(&full_b[it % SB], (it / SB) & 1);  // the cluster's copies of stage kt
+          } else {
+            cp_wait<kDB - 1>();   // this thread's planes of stage kt have landed
+            fence_proxy_async();  // visible to the wgmmas
+            mbar_wait(&full[it % SA], (it / SA) & 1);
+            // Every consumer's planes of stage kt are in; every consumer is past stage kt − 1's
+            // wgmma_wait<1>, so both warpgroups are done with stage kt − 2's B slot: refill it.
+            bar_sync(2, kWsConsumers);
+            if (kt + kDB < nkt) issue_b(kt + kDB);
+            cp_commit();
+          }
           const uint8_t* A = sA + (it % SA) * kWsAStage + cg * 8 * kACoreGroup;
           const uint8_t* B = sB + (it % SB) * kBStage;
           // Every stage has kKB blocks: past nb the producer wrote zero weights, so the stale
@@ -1195,20 +1289,30 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
 #pragma unroll
           for (int kb = 0; kb < kKB; kb++) {
             const uint64_t da = smem_desc(A + kb * kABlock, kCoreBytes, kACoreGroup);
-            const uint8_t* bk = B + kb * 2 * kCoreBytes;
-            wgmma_ss<N>(acc_hi, da, smem_desc(bk, kCoreBytes, kCoreGroup));
-            wgmma_ss<N>(acc_lo, da, smem_desc(bk + BN * kBK, kCoreBytes, kCoreGroup));
+            if constexpr (kMc) {
+              const uint8_t* bk = B + kb * 32;
+              wgmma_ss<N>(acc_hi, da, smem_desc_sw128(bk));
+              wgmma_ss<N>(acc_lo, da, smem_desc_sw128(bk + BN * kBK));
+            } else {
+              const uint8_t* bk = B + kb * 2 * kCoreBytes;
+              wgmma_ss<N>(acc_hi, da, smem_desc(bk, kCoreBytes, kCoreGroup));
+              wgmma_ss<N>(acc_lo, da, smem_desc(bk + BN * kBK, kCoreBytes, kCoreGroup));
+            }
           }
           wgmma_commit();
 #pragma unroll
           for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
-          wgmma_wait<1>();  // the previous stage's wgmmas are done: release its A slot
-          if (kt > 0) mbar_arrive(&empty[(it - 1) % SA]);
+          wgmma_wait<1>();  // the previous stage's wgmmas are done: release its slots
+          if (kt > 0) {
+            mbar_arrive(&empty[(it - 1) % SA]);
+            if constexpr (kMc) release_b((it - 1) % SB);
+          }
         }
         wgmma_wait<0>();
 #pragma unroll
         for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
         mbar_arrive(&empty[(it0 + nkt - 1) % SA]);
+        if constexpr (kMc) release_b((it0 + nkt - 1) % SB);
         cp_wait<0>();
         bar_sync(2, kWsConsumers);  // s_bad, s_nbad
 
@@ -1236,6 +1340,8 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
     it0 += nkt;
     __syncthreads();  // the next tile rewrites the token tables
   }
+  // No CTA leaves while a peer may still signal its barriers or copy into it.
+  if constexpr (kMc) cooperative_groups::this_cluster().sync();
 }
 
 // Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A with a known 32 × N B
@@ -1279,11 +1385,45 @@ __device__ void probe_one(int32_t* out, uint8_t* sA, uint8_t* sB) {
       out[(r >= 2 ? r_hi : r_lo) * N + f * 8 + 2 * tig + (r & 1)] = acc[4 * f + r];
   __syncthreads();
 }
+// The multicast form's B: 16 token rows of 128 bytes in the 128-byte swizzle; B(k, t) in columns
+// 96 + k (the last k32 step of a stage: the descriptor's start 96 bytes in), the other columns
+// hold 0x7F (a wrong start or swizzle shows as wrong sums).
+__device__ void probe_sw128(int32_t* out, uint8_t* sA, uint8_t* sB) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  for (int i = tid; i < 64 * 32; i += 128) {
+    const int r = i / 32, k = i % 32;
+    sA[(r >> 3) * kACoreGroup + (k >> 4) * kCoreBytes + (r & 7) * 16 + (k & 15)] =
+        uint8_t(probe_a(r, k));
+  }
+  for (int i = tid; i < 16 * 128; i += 128) {
+    const int t = i / 128, col = i % 128;
+    sB[t * 128 + (((col >> 4) ^ (t & 7)) << 4) + (col & 15)] =
+        col >= 96 ? uint8_t(probe_b(col - 96, t)) : uint8_t(0x7F);
+  }
+  fence_proxy_async();
+  __syncthreads();
+  int acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) acc[i] = 0;
+  wgmma_fence();
+  wgmma_ss<16>(acc, smem_desc(sA, kCoreBytes, kACoreGroup), smem_desc_sw128(sB + 96));
+  wgmma_commit();
+  wgmma_wait<0>();
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+#pragma unroll
+  for (int f = 0; f < 2; f++)
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+      out[(r >= 2 ? r_hi : r_lo) * 16 + f * 8 + 2 * tig + (r & 1)] = acc[4 * f + r];
+  __syncthreads();
+}
 __global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
   __shared__ __align__(128) uint8_t sA[8 * kACoreGroup];
   __shared__ __align__(128) uint8_t sB[3 * kCoreGroup];
+  __shared__ __align__(1024) uint8_t sBsw[16 * 128];
   probe_one<16>(out, sA, sB);
   probe_one<24>(out + 64 * 16, sA, sB);
+  probe_sw128(out + 64 * (16 + 24), sA, sBsw);
 }
 
 // Per input row: metadata (e_min, status) and, for rows inside the window, the two planes. One
@@ -1342,6 +1482,47 @@ Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void
   return kernels::detail::launch_status();
 }
 
+// The pairs' planes in the multicast form's layout (wgmma_kernel, CL > 1), from planes of input
+// rows (row_map: pair → row; nullptr: the pair itself): pair p's 128 columns of stage kt at
+// (kt·P + p)·128 of each plane (hi; lo at P·K128), their 16-byte chunk c at c ^ ((p − p0) mod 8),
+// p0 the first pair of p's group — the 128-byte swizzle of the pair's row in its token tile (tiles
+// start at p0 + a multiple of 8), so that a tile's stage is one contiguous run of rows per plane.
+// Columns past K are left as they are (they meet the producer's zero weights). One CTA per pair.
+constexpr int kPackThreads = 128;
+__global__ void __launch_bounds__(kPackThreads)
+    pack_planes_kernel(Planes in, const int32_t* row_map, const int32_t* group_offsets, int G,
+                       int P, int K, int8_t* out) {
+  const int p = int(blockIdx.x);
+  int lo = 0, hi = G;  // group_offsets[lo] ≤ p < group_offsets[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (__ldg(group_offsets + mid) <= p)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const int sw = (p - __ldg(group_offsets + lo)) & 7;
+  const size_t row = row_map ? size_t(__ldg(row_map + p)) : size_t(p);
+  const size_t plane = size_t(P) * size_t((K + kBK - 1) / kBK) * kBK;
+  for (int c16 = int(threadIdx.x); c16 < K / 16; c16 += kPackThreads) {
+    const size_t src = row * size_t(K) + size_t(c16) * 16;
+    const size_t dst =
+        (size_t(c16 >> 3) * size_t(P) + size_t(p)) * kBK + size_t(((c16 & 7) ^ sw) * 16);
+    const uint4 h = *reinterpret_cast<const uint4*>(in.hi + src);
+    const uint4 l = *reinterpret_cast<const uint4*>(in.lo + src);
+    *reinterpret_cast<uint4*>(out + dst) = h;
+    *reinterpret_cast<uint4*>(out + plane + dst) = l;
+  }
+}
+
+Status pack_planes(const Planes& in, const int32_t* row_map, const int32_t* group_offsets, int G,
+                   int P, int K, int8_t* out, void* stream) {
+  if (P == 0 || G == 0) return {};
+  pack_planes_kernel<<<unsigned(P), kPackThreads, 0, kernels::detail::as_stream(stream)>>>(
+      in, row_map, group_offsets, G, P, K, out);
+  return kernels::detail::launch_status();
+}
+
 template <int BN, int STAGES, int MINB>
 Status launch_tile(const GemmArgs& a, int G, void* stream) {
   const size_t smem = Tile<BN, STAGES, MINB>::smem(a.K / c::kBlock);
@@ -1375,16 +1556,32 @@ Status launch(const GemmArgs& a, int G, int P, void* stream) {
   return launch_tile<64, 3, 2>(a, G, stream);
 }
 
-template <int BN, int SA, int SB, int PD, int MINB>
+template <int BN, int SA, int SB, int PD, int MINB, int CL>
 Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
-  using Tl = WsTile<BN, SA, SB, PD, MINB>;
+  using Tl = WsTile<BN, SA, SB, PD, MINB, CL>;
   const size_t smem = Tl::smem(a.K / c::kBlock);
-  if (Status st = rt::allow_dynamic_smem(wgmma_kernel<BN, SA, SB, PD, MINB>, int(smem)); !st.ok())
-    return st;
-  const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  wgmma_kernel<BN, SA, SB, PD, MINB>
-      <<<grid, Tl::kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
-  return kernels::detail::launch_status();
+  const auto kernel = wgmma_kernel<BN, SA, SB, PD, MINB, CL>;
+  if (Status st = rt::allow_dynamic_smem(kernel, int(smem)); !st.ok()) return st;
+  const unsigned tiles = unsigned((a.N + kBM - 1) / kBM);
+  if constexpr (CL == 1) {
+    kernel<<<dim3(tiles, unsigned(G)), Tl::kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+    return kernels::detail::launch_status();
+  } else {
+    // Clusters of CL row tiles of one expert (grid.x rounded up to a multiple of CL).
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((tiles + CL - 1) / CL * CL, unsigned(G));
+    cfg.blockDim = dim3(Tl::kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = kernels::detail::as_stream(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return kernels::detail::status_of(cudaLaunchKernelEx(&cfg, kernel, a));
+  }
 }
 
 // The warp-specialized tiles by the mean tokens per expert. 16- and 32-token tiles (weight
@@ -1393,18 +1590,54 @@ Status launch_wgmma_tile(const GemmArgs& a, int G, void* stream) {
 // 3 stages ahead: T = 64 / 256 / 1024 lines 6.64 / 10.03 / 12.43 ms against 8.66 / 12.85 / 14.96
 // (docs/performance.md). 64- and 128-token tiles: one CTA per SM (187 and 222 KB), the decode up
 // to 3 (2) stages ahead: T = 4096 28.26 ms against 31.82 with 1 stage.
-Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
-  if (P < 8 * G) return launch_wgmma_tile<16, 2, 4, 4, 2>(a, G, stream);
-  if (P < 32 * G) return launch_wgmma_tile<32, 2, 4, 2, 2>(a, G, stream);
-  if (P < 64 * G) return launch_wgmma_tile<64, 4, 4, 4, 1>(a, G, stream);
-  return launch_wgmma_tile<128, 3, 4, 3, 1>(a, G, stream);
+// The multicast form (CL > 1) keeps the tiles; its 64-token tile takes a fifth plane stage (its
+// plane copies then start a stage before their decode, SB − SA = 1, as the 128-token tile's).
+template <int CL>
+Status launch_wgmma_cl(const GemmArgs& a, int G, int P, void* stream) {
+  if (P < 8 * G) return launch_wgmma_tile<16, 2, 4, 4, 2, CL>(a, G, stream);
+  if (P < 32 * G) return launch_wgmma_tile<32, 2, 4, 2, 2, CL>(a, G, stream);
+  if (P < 64 * G) return launch_wgmma_tile<64, 4, (CL > 1 ? 5 : 4), 4, 1, CL>(a, G, stream);
+  return launch_wgmma_tile<128, 3, 4, 3, 1, CL>(a, G, stream);
 }
+
+// The wgmma form: planes of the inputs, in the multicast layout too when the planes are
+// multicast, then the kernel.
+Status run_wgmma(GemmArgs a, const Planes& planes_in, int8_t* pk, int G, int P, void* stream) {
+  const int cl = wgmma_planes_cluster();
+  if (cl == 1) return launch_wgmma_cl<1>(a, G, P, stream);
+  if (Status s = pack_planes(planes_in, a.row_map, a.group_offsets, G, P, a.K, pk, stream); !s.ok())
+    return s;
+  a.pk = pk;
+  a.P = P;
+  return cl == 2 ? launch_wgmma_cl<2>(a, G, P, stream) : launch_wgmma_cl<4>(a, G, P, stream);
+}
+
+std::atomic<int> g_planes_cluster_override{0};
 
 Status not_supported() {
   return {int(cudaErrorNotSupported), "grouped_experts: the GEMM path takes input widths <= 4096"};
 }
 
 }  // namespace
+
+int wgmma_planes_cluster() {
+  if (const int o = g_planes_cluster_override.load(std::memory_order_relaxed); o != 0) return o;
+  static const int from_env = [] {
+    const char* e = std::getenv("STRATA_WGMMA_PLANES");
+    if (e == nullptr || std::strcmp(e, "") == 0) return 1;
+    if (std::strcmp(e, "mc2") == 0) return 2;
+    if (std::strcmp(e, "mc4") == 0) return 4;
+    std::fprintf(stderr,
+                 "STRATA_WGMMA_PLANES=%s: expected mc2 or mc4; the planes are not multicast\n", e);
+    return 1;
+  }();
+  return from_env;
+}
+
+void set_wgmma_planes_cluster(int cluster) {
+  g_planes_cluster_override.store(cluster == 2 || cluster == 4 || cluster == 1 ? cluster : 0,
+                                  std::memory_order_relaxed);
+}
 
 Status wgmma_probe(int32_t* out, void* stream) {
   wgmma_probe_kernel<<<1, 128, 0, kernels::detail::as_stream(stream)>>>(out);
@@ -1433,14 +1666,14 @@ Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.H)) return not_supported();
   if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
-  return launch_wgmma(a, b.G, b.P, stream);
+  return run_wgmma(a, ws.xp, ws.pk_gate_up, b.G, b.P, stream);
 }
 
 Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.I)) return not_supported();
   if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
-  return launch_wgmma(a, b.G, b.P, stream);
+  return run_wgmma(a, ws.hp, ws.pk_down, b.G, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail

@@ -35,6 +35,12 @@ struct Workspace {
   QuantRows h_q;        // [P, I] glu(g, u) quantized
   Planes xp;            // [T, H] planes of x (GEMM path)
   Planes hp;            // [P, I] planes of h (GEMM path)
+  // The wgmma form's planes per pair in its multicast layout (intgemm.cu, pack_planes): hi at
+  // pk_*, lo at pk_* + P·K128 (K128 = K rounded up to 128). Scratch that aliases buffers dead at
+  // the step that uses it: gate|up's (K = H) lies over h_q and hp (written after gate|up), down's
+  // (K = I) over gu (read by the GLU before down).
+  int8_t* pk_gate_up = nullptr;
+  int8_t* pk_down = nullptr;
   size_t bytes = 0;
 };
 
@@ -67,10 +73,17 @@ Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 // The same path with wgmma (sm_90a warpgroup MMA) in the main loop; same planes, same bits.
 Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+// The wgmma form's plane copies (tests and benches): 1 — each CTA copies its token tile's planes
+// (cp.async); 2 or 4 — clusters of that many row tiles of one expert, the planes multicast to the
+// cluster by bulk copies. wgmma_planes_cluster() is the override if set, else STRATA_WGMMA_PLANES
+// (unset: 1; "mc2": 2; "mc4": 4; read once); set_wgmma_planes_cluster(0) clears the override.
+int wgmma_planes_cluster();
+void set_wgmma_planes_cluster(int cluster);
 // The wgmma form's operand and result layouts on known values (a test's diagnostic: a wrong map
-// shows as a pattern of wrong rows or columns): out [64·16 + 64·24] int32 = D of a 64 × 32 by
-// 32 × N product for N = 16, then N = 24 (row-major), A(r, k) = (7r + 3k) mod 11 − 5,
-// B(k, t) = (5t + k) mod 13 − 6.
+// shows as a pattern of wrong rows or columns): out [64·16 + 64·24 + 64·16] int32 = D of a
+// 64 × 32 by 32 × N product for N = 16, then N = 24 (row-major), then N = 16 with B in the
+// multicast form's 128-byte-swizzled layout (columns 96–127 of its stage rows), A(r, k) =
+// (7r + 3k) mod 11 − 5, B(k, t) = (5t + k) mod 13 − 6.
 Status wgmma_probe(int32_t* out, void* stream);
 
 }  // namespace strata::kernels::moe::detail

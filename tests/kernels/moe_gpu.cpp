@@ -163,7 +163,7 @@ Prepared prepare(const Case& c) {
 
 // Runs the GPU experts on `path` and checks every output bit against the contract, and that the
 // sentinel rows after y are untouched. Returns the GEMM path's window counts (zeros otherwise).
-moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
+moe::GemmWindowCounts check_gpu_once(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
   INFO("path " << (path == moe::ExpertPath::gemv    ? "gemv"
                    : path == moe::ExpertPath::imma  ? "imma"
@@ -234,6 +234,24 @@ moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma)
     REQUIRE(moe::gemm_window_counts(ws.get(), c.T, p.P, c.H, c.I, &wc).ok());
   return wc;
+}
+
+// check_gpu_once; the wgmma form (and automatic, which may take it) once per way of copying its
+// planes: per CTA, and multicast to clusters of 2 and 4 row tiles (the expert's row tiles not
+// always a multiple of the cluster: the CTAs past N only copy and release). Returns the first
+// run's counts.
+moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
+  if (path != moe::ExpertPath::wgmma && path != moe::ExpertPath::automatic)
+    return check_gpu_once(p, path);
+  moe::GemmWindowCounts first;
+  for (const int cluster : {1, 2, 4}) {
+    INFO("wgmma planes: cluster " << cluster);
+    moe::detail::set_wgmma_planes_cluster(cluster);
+    const moe::GemmWindowCounts wc = check_gpu_once(p, path);
+    if (cluster == 1) first = wc;
+  }
+  moe::detail::set_wgmma_planes_cluster(0);
+  return first;
 }
 
 GluParams situ(double b1 = 4.0, double b2 = 25.0) {
@@ -545,13 +563,14 @@ TEST_CASE("moe gpu: wgmma operand and result layouts on known values", "[gpu]") 
   // One m64nNk32 s8 wgmma (N = 16, 24) with A and B in shared memory and D stored by
   // the maps the wgmma path uses. If the op-checks of the path fail, this says which map: a wrong
   // A map shows as wrong rows (or all), a wrong B descriptor or D map as wrong columns.
-  DeviceBuffer d_out(size_t(64) * (16 + 24) * 4);
+  // The third product is N = 16 with B in the multicast form's 128-byte swizzle ("N=16sw").
+  DeviceBuffer d_out(size_t(64) * (16 + 24 + 16) * 4);
   d_out.fill(0xFF);
   REQUIRE(moe::detail::wgmma_probe(d_out.as<int32_t>(), nullptr).ok());
   strata::kernels::device_sync("wgmma_probe");
-  const std::vector<int32_t> got = d_out.to_vector<int32_t>(size_t(64) * (16 + 24));
+  const std::vector<int32_t> got = d_out.to_vector<int32_t>(size_t(64) * (16 + 24 + 16));
   size_t off = 0, bad = 0;
-  for (const int N : {16, 24}) {
+  for (const int N : {16, 24, 16}) {
     for (int r = 0; r < 64; r++)
       for (int t = 0; t < N; t++) {
         int32_t want = 0;
