@@ -810,6 +810,22 @@ __global__ void __launch_bounds__(kThreads, MINB) strip_kernel(GemmArgs a) {
 //   packed stage (8 KB): row r's 64 packed bytes of the stage at r·64.
 // N (tokens per wgmma) is the tile's count rounded up to a quarter of BN (8 or 16 at BN = 16);
 // columns past the count read stale shared memory and are never stored.
+//
+// The multicast form (CL = 2 or 4; opt-in, STRATA_WGMMA_PLANES=mc2|mc4, not yet measured on a
+// GPU). The profile of the per-CTA form at T = 4096 is bound by L2 → SM traffic: each of an
+// expert's row tiles copies its token tile's planes again (≈ 19 KB of planes per 8 KB of packed
+// weights per stage). Here clusters of CL adjacent row tiles of one expert share the planes:
+// pack_planes first lays the pairs' planes out per stage (pair p's 128 columns of stage kt at
+// (kt·P + p)·128, in the 128-byte swizzle of the pair's row in its token tile), so a tile's stage
+// is one contiguous run of rows per plane; the producer's thread 0 of each CTA copies its share of
+// the tile's rows (cnt·rank/CL …) with one cp.async.bulk per plane, multicast to every CTA of the
+// cluster, SB − SA stages before their decode. Slot handover: full_b (the local expect-tx
+// arrival plus the whole stage's bytes from every CTA's copies), empty_b (every consumer warp of
+// the cluster releases the slot once its wgmmas that read it are done: remote arrivals), waited
+// by the issuer before it copies into the slot again. The consumers no longer copy; their B
+// descriptors read the 128-byte swizzle. CTAs past N (row tiles not a multiple of CL) run the
+// tiles on clamped rows, copy their share and store nothing; the cluster syncs after the barriers'
+// initialization and before it exits.
 template <int N>
 __device__ __forceinline__ void wgmma_ss(int* d, uint64_t da, uint64_t db);
 template <>
