@@ -1171,6 +1171,7 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB, CL>::kThreads, MI
       if constexpr (kMc) {
         if (tid == 0)
           for (int j = 0; j < kLB && j < nkt; j++) issue_b_mc(j, it0 + j, pt, cnt);
+        __syncwarp();  // warp 0 whole again before its barriers
       }
       // The decode's map: lane l of warp w (of 4) decodes block l mod 4 of row
       // 8·(w + 4·i) + 2·(l / 8) + (l mod 8) / 4 for i < 4 (a quarter-warp: 2 rows × 4 blocks,
@@ -1181,6 +1182,7 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB, CL>::kThreads, MI
         const int it = it0 + kt;
         if constexpr (kMc) {
           if (tid == 0 && kt + kLB < nkt) issue_b_mc(kt + kLB, it + kLB, pt, cnt);
+          __syncwarp();  // warp 0 whole again before bar.sync (aligned)
         }
         cp_wait<PD - 1>();        // this thread's packed chunks of stage kt have landed
         bar_sync(1, kProducers);  // every producer's; and stage kt − 1 is decoded by all
@@ -1271,6 +1273,7 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB, CL>::kThreads, MI
                                        cuda::ptx::space_cluster,
                                        cl.map_shared_rank(&empty_b[b], r));
         }
+        __syncwarp();  // converged for the next wgmmas (.sync.aligned)
       };
       // The main loop and epilogue for one wgmma width N (the tile's count rounded up to a quarter
       // of BN), instantiated per width so that every wgmma of a loop writes the same accumulator
