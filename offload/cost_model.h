@@ -134,11 +134,11 @@ struct CostAssumptions {
   // GPU trunk: GEMV at 85 % of HBM copy, GEMM at 90 % of the bf16 peak (kernels/gemm measured).
   double gpu_trunk_hbm_efficiency = 0.85;
   double gpu_trunk_gemm_efficiency = 0.90;
-  // H200 kernel rates as shares of the bf16 GEMM peak (docs/performance.md "CUDA kernels I", peaks
-  // 820 TFLOP/s / 4230 GB/s in the same run): KDA prefill 0.79 M token-layers/s = 13.6 TFLOP/s
-  // (1.7 %), MLA prefill 310 TFLOP/s (38 %), MLA decode 174–221 TFLOP/s (26 %); KDA decode streams
-  // its state at 40–50 % of HBM copy at batch 1 (90 % at batch 64).
-  double gpu_kda_prefill_gemm_share = 0.017;
+  // Kernel rates as shares of the bf16 GEMM peak measured in the same run (docs/performance.md
+  // "KDA", "MLA"): KDA prefill 3.29 M token-layers/s = 57.0 TFLOP/s on an H100 (7.2 % of 794;
+  // chunk_prep_tc2, 2026-12-06), MLA prefill 310 TFLOP/s (38 % on the H200), MLA decode 174–221
+  // TFLOP/s (26 %); KDA decode streams its state at 40–50 % of HBM copy at batch 1 (90 % at 64).
+  double gpu_kda_prefill_gemm_share = 0.072;
   double gpu_mla_prefill_gemm_share = 0.38;
   double gpu_mla_decode_gemm_share = 0.26;
   double gpu_kda_decode_hbm_efficiency = 0.5;
