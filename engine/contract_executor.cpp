@@ -9,6 +9,7 @@
 // every other GEMM output of that mode (a deterministic function of the contract's bits).
 // Not reentrant: one run() at a time per executor (the scratch buffers are reused across calls).
 #include <immintrin.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -117,14 +118,21 @@ class ContractExecutor final : public ExpertExecutor {
     xq_.quantize(x, T, int(Din));
     cpu::run_experts_cpu(jobs_, xq_, glu, opt_);
 
-    // Each expert's rows to their output slots (slots are distinct across the layer).
-    row = 0;
-    for (const ExpertTask& task : tasks)
-      for (size_t r = 0; r < task.slots.size(); ++r, ++row) {
+    // Each expert's rows to their output slots (slots are distinct across the layer), experts in
+    // parallel: a prefill chunk moves T·k rows of Din here, which one thread made a serial share of
+    // the step (docs/planner.md, (2) on an H100 host). Each row's bits do not depend on who copies.
+    row_start_.resize(tasks.size() + 1);
+    row_start_[0] = 0;
+    for (size_t e = 0; e < tasks.size(); ++e)
+      row_start_[e + 1] = row_start_[e] + tasks[e].slots.size();
+    tbb::parallel_for(size_t(0), tasks.size(), [&](size_t e) {
+      const ExpertTask& task = tasks[e];
+      for (size_t r = 0; r < task.slots.size(); ++r) {
         float* out = y + int64_t(task.slots[r]) * Din;
-        std::copy_n(ybuf_.data() + row * size_t(Din), Din, out);
+        std::copy_n(ybuf_.data() + (row_start_[e] + r) * size_t(Din), Din, out);
         cpu::ref::round_if(p, out, Din);
       }
+    });
   }
 
  private:
@@ -142,6 +150,7 @@ class ContractExecutor final : public ExpertExecutor {
   cpu::QuantizedActivations xq_;  // reused: quantized layer input
   std::vector<cpu::ExpertTask> jobs_;
   std::vector<float> ybuf_;  // reused: [Σ tokens, Din] kernel outputs, expert by expert
+  std::vector<size_t> row_start_;  // reused: each task's first row in ybuf_
 };
 
 }  // namespace

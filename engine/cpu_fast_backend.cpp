@@ -552,11 +552,13 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
     el.in_dim = Din;
     el.intermediate = m.intermediate_size;
     executor_->run(el, tasks, zin, y.data(), kBf16);
-    for (int64_t t = 0; t < T; ++t)
+    // Tokens in parallel, each token's slots in order: the same sums as one thread's loop.
+    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
       for (int64_t j = 0; j < K; ++j)
         ref::accumulate_weighted(acc.data() + t * Din, y.data() + (t * K + j) * Din,
                                  r.weights[size_t(t * K + j)], Din);
-    cpu::round_bf16_fast(acc.data(), T * Din);
+      cpu::round_bf16_fast(acc.data() + t * Din, Din);
+    });
   }
   dump(l, "moe_routed", acc.data(), T, {Din});
   // Stable LatentMoE: RMSNorm of the aggregate (round), then the up-projection (round: GEMM).
