@@ -149,7 +149,7 @@ class ContractExecutor final : public ExpertExecutor {
   cpu::CpuExpertOptions opt_;
   cpu::QuantizedActivations xq_;  // reused: quantized layer input
   std::vector<cpu::ExpertTask> jobs_;
-  std::vector<float> ybuf_;  // reused: [Σ tokens, Din] kernel outputs, expert by expert
+  std::vector<float> ybuf_;        // reused: [Σ tokens, Din] kernel outputs, expert by expert
   std::vector<size_t> row_start_;  // reused: each task's first row in ybuf_
 };
 
