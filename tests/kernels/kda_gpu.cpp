@@ -140,7 +140,11 @@ void run_kda_case(const KdaCase& kc, uint32_t seed) {
       for (int64_t r = 0; r < R; r++)
         for (int part = 0; part < 3; part++)
           std::memcpy(&qkv[size_t(r * stride + part * HK)],
-                      &(part == 0 ? q : part == 1 ? k : v).bits[size_t(r * HK)], HK * 2);
+                      &(part == 0   ? q
+                        : part == 1 ? k
+                                    : v)
+                           .bits[size_t(r * HK)],
+                      HK * 2);
     }
     DevBuf<uint16_t> dq(kc.qkv_pad >= 0 ? qkv : q.bits), dk(k.bits), dv(v.bits), dz(z.bits),
         db(b.bits), dg(go.bits);
