@@ -2,6 +2,10 @@
 // the reference ops (bf16 mode) otherwise.
 #include "cpu/row_ops.h"
 
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+
 #include "storage/bf16.h"
 
 namespace strata::cpu {
@@ -29,6 +33,17 @@ void add_round_fast(float* a, const float* b, int64_t n) {
 void round_bf16_fast(float* x, int64_t n) {
   if (row_ops_avx512()) return detail::round_bf16_avx512(x, n);
   ref::round_bf16_inplace(x, n);
+}
+
+void merge_routed_fast(const float* y, const float* w, float* acc, int64_t T, int64_t K,
+                       int64_t D) {
+  tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
+    float* a = acc + t * D;
+    std::fill(a, a + D, 0.0f);
+    for (int64_t j = 0; j < K; ++j)
+      ref::accumulate_weighted(a, y + (t * K + j) * D, w[t * K + j], D);
+    round_bf16_fast(a, D);
+  });
 }
 
 void sigmoid_gate_fast(float* o, const float* g, int64_t n) {

@@ -52,6 +52,10 @@ void short_conv_silu_seqs_fast(const ConvSeq* seqs, int64_t n, const float* w, i
 // ref::kda_gate (the bounded form vectorised; the softplus form is the reference op).
 void kda_gate_fast(const ref::KdaGate& gate, const float* z, float* g, int64_t T, int64_t H,
                    int64_t K);
+// The routed experts' merge of the fast backend: acc[t] = round(Σ_j w[t·K + j] · y[t·K + j]) over
+// j in order (ref::accumulate_weighted from zero, then round_bf16_fast), tokens in parallel —
+// each token's bits those of one thread's loop. y: [T·K, D], w: [T·K], acc: [T, D].
+void merge_routed_fast(const float* y, const float* w, float* acc, int64_t T, int64_t K, int64_t D);
 // ref::attn_res_mix in bf16 mode.
 void attn_res_mix_fast(const float* const* sources, int64_t n, const float* norm_w,
                        const float* proj_w, float* out, int64_t T, int64_t D, float eps);

@@ -539,7 +539,6 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   // Routed experts through the executor, merged per token in increasing expert id, acc = acc +
   // w·y in fp32 (docs/numerics.md §5), one rounding at the end (round).
   const Scratch::Buf acc = scratch_.take(size_t(T * Din));
-  std::fill(acc.begin(), acc.end(), 0.0f);  // the merge accumulates into it
   {
     Timed t(prof_, FastBackendProfile::experts);
     std::vector<ExpertTask> tasks = group_by_expert(r);
@@ -552,13 +551,7 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
     el.in_dim = Din;
     el.intermediate = m.intermediate_size;
     executor_->run(el, tasks, zin, y.data(), kBf16);
-    // Tokens in parallel, each token's slots in order: the same sums as one thread's loop.
-    tbb::parallel_for(int64_t(0), T, [&](int64_t t) {
-      for (int64_t j = 0; j < K; ++j)
-        ref::accumulate_weighted(acc.data() + t * Din, y.data() + (t * K + j) * Din,
-                                 r.weights[size_t(t * K + j)], Din);
-      cpu::round_bf16_fast(acc.data() + t * Din, Din);
-    });
+    cpu::merge_routed_fast(y.data(), r.weights.data(), acc.data(), T, K, Din);
   }
   dump(l, "moe_routed", acc.data(), T, {Din});
   // Stable LatentMoE: RMSNorm of the aggregate (round), then the up-projection (round: GEMM).

@@ -186,3 +186,23 @@ TEST_CASE("row ops: norms, the KDA conv and gate, the AttnRes mix", "[row_ops]")
     }
   }
 }
+
+TEST_CASE("row ops: the routed merge equals one thread's loop bit for bit", "[row_ops]") {
+  const int64_t T = 37, K = 4, D = 512;
+  std::vector<float> y(size_t(T * K * D)), w(size_t(T * K));
+  uint32_t s = 12345;
+  auto next = [&] {
+    s = s * 1664525u + 1013904223u;
+    return float(int(s >> 9) - (1 << 22)) * 1e-6f;
+  };
+  for (float& v : y) v = next();
+  for (float& v : w) v = next();
+  std::vector<float> want(size_t(T * D), 0.0f), got(size_t(T * D), 7.0f);  // got: not zeroed
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j)
+      ref::accumulate_weighted(want.data() + t * D, y.data() + (t * K + j) * D,
+                               w[size_t(t * K + j)], D);
+  cpu::round_bf16_fast(want.data(), T * D);
+  cpu::merge_routed_fast(y.data(), w.data(), got.data(), T, K, D);
+  CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+}
