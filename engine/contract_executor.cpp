@@ -115,8 +115,12 @@ class ContractExecutor final : public ExpertExecutor {
       row += task.tokens.size();
       jobs_.push_back(j);
     }
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
     xq_.quantize(x, T, int(Din));
+    const auto t1 = clock::now();
     cpu::run_experts_cpu(jobs_, xq_, glu, opt_);
+    const auto t2 = clock::now();
 
     // Each expert's rows to their output slots (slots are distinct across the layer), experts in
     // parallel: a prefill chunk moves T·k rows of Din here, which one thread made a serial share of
@@ -133,7 +137,15 @@ class ContractExecutor final : public ExpertExecutor {
         cpu::ref::round_if(p, out, Din);
       }
     });
+    quantize_s_ += std::chrono::duration<double>(t1 - t0).count();
+    kernels_s_ += std::chrono::duration<double>(t2 - t1).count();
+    copy_s_ += std::chrono::duration<double>(clock::now() - t2).count();
   }
+
+  std::vector<std::pair<std::string, double>> telemetry_values() const override {
+    return {{"quantize_s", quantize_s_}, {"kernels_s", kernels_s_}, {"copy_s", copy_s_}};
+  }
+  void reset_telemetry() override { quantize_s_ = kernels_s_ = copy_s_ = 0; }
 
  private:
   // With pinned threads: one worker per core, hwloc-bound (cpu/topology.h), as `bench
@@ -151,6 +163,7 @@ class ContractExecutor final : public ExpertExecutor {
   std::vector<cpu::ExpertTask> jobs_;
   std::vector<float> ybuf_;        // reused: [Σ tokens, Din] kernel outputs, expert by expert
   std::vector<size_t> row_start_;  // reused: each task's first row in ybuf_
+  double quantize_s_ = 0, kernels_s_ = 0, copy_s_ = 0;  // run()'s parts since reset_telemetry()
 };
 
 }  // namespace

@@ -156,6 +156,20 @@ std::string CpuFastBackend::telemetry_line() const {
   std::snprintf(buf, sizeof buf, ", other %.3f of a %.3f ms step",
                 std::max(0.0, prof_.step_seconds - timed) / n * 1e3, prof_.step_seconds / n * 1e3);
   s += buf;
+  if (prof_.moe_calls > 0) {
+    std::snprintf(buf, sizeof buf, " | routed experts: group %.3f, run %.3f, merge %.3f ms",
+                  prof_.expert_group_s / n * 1e3, prof_.expert_run_s / n * 1e3,
+                  prof_.expert_merge_s / n * 1e3);
+    s += buf;
+    std::snprintf(buf, sizeof buf, "; per MoE layer %.1f pairs, %.1f experts, largest %.1f tokens",
+                  prof_.expert_pairs / prof_.moe_calls, prof_.expert_tasks / prof_.moe_calls,
+                  prof_.expert_max_tokens / prof_.moe_calls);
+    s += buf;
+    for (const auto& [k, v] : executor_->telemetry_values()) {
+      std::snprintf(buf, sizeof buf, ", %s %.3f ms", k.c_str(), v / n * 1e3);
+      s += buf;
+    }
+  }
   return s;
 }
 
@@ -166,6 +180,14 @@ std::vector<std::pair<std::string, double>> CpuFastBackend::telemetry_values() c
                                        "mla_core_s", "experts_s", "row_ops_s"};
   for (int k = 0; k < P::kinds; ++k) v.push_back({keys[k], prof_.seconds[size_t(k)]});
   v.push_back({"step_s", prof_.step_seconds});
+  v.push_back({"experts_group_s", prof_.expert_group_s});
+  v.push_back({"experts_run_s", prof_.expert_run_s});
+  v.push_back({"experts_merge_s", prof_.expert_merge_s});
+  v.push_back({"moe_calls", prof_.moe_calls});
+  v.push_back({"expert_pairs", prof_.expert_pairs});
+  v.push_back({"expert_tasks", prof_.expert_tasks});
+  v.push_back({"expert_max_tokens", prof_.expert_max_tokens});
+  for (const auto& [k, x] : executor_->telemetry_values()) v.push_back({"executor_" + k, x});
   v.push_back({"gemv_weight_bytes", prof_.weight_bytes[P::gemv]});
   v.push_back({"gemm_weight_bytes", prof_.weight_bytes[P::gemm]});
   return v;
@@ -541,7 +563,16 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   const Scratch::Buf acc = scratch_.take(size_t(T * Din));
   {
     Timed t(prof_, FastBackendProfile::experts);
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
     std::vector<ExpertTask> tasks = group_by_expert(r);
+    const auto t1 = clock::now();
+    prof_.moe_calls += 1;
+    prof_.expert_pairs += double(T * K);
+    prof_.expert_tasks += double(tasks.size());
+    size_t largest = 0;
+    for (const ExpertTask& task : tasks) largest = std::max(largest, task.tokens.size());
+    prof_.expert_max_tokens += double(largest);
     const Scratch::Buf y = scratch_.take(size_t(T * K * Din));
     ExpertLayer el;
     el.layer = l;
@@ -551,7 +582,12 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
     el.in_dim = Din;
     el.intermediate = m.intermediate_size;
     executor_->run(el, tasks, zin, y.data(), kBf16);
+    const auto t2 = clock::now();
     cpu::merge_routed_fast(y.data(), r.weights.data(), acc.data(), T, K, Din);
+    const auto t3 = clock::now();
+    prof_.expert_group_s += std::chrono::duration<double>(t1 - t0).count();
+    prof_.expert_run_s += std::chrono::duration<double>(t2 - t1).count();
+    prof_.expert_merge_s += std::chrono::duration<double>(t3 - t2).count();
   }
   dump(l, "moe_routed", acc.data(), T, {Din});
   // Stable LatentMoE: RMSNorm of the aggregate (round), then the up-projection (round: GEMM).

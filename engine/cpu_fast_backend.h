@@ -45,6 +45,12 @@ struct FastBackendProfile {
   std::array<double, kinds> flops{};         // gemv/gemm: 2·T·N·K
   // begin_step to commit_step: the kinds above and what none of them times.
   double step_seconds = 0;
+  // Inside `experts`: grouping the routing by expert, the executor's run, the merge; and the
+  // routing's shape summed over MoE layers: (token, expert) pairs, distinct experts, the largest
+  // group's tokens (pairs / experts is the mean tokens per expert; the largest against it, the
+  // spread that a flat routing does not have).
+  double expert_group_s = 0, expert_run_s = 0, expert_merge_s = 0;
+  double expert_pairs = 0, expert_tasks = 0, expert_max_tokens = 0, moe_calls = 0;
   static const char* name(Kind k);
 };
 
@@ -72,7 +78,10 @@ class CpuFastBackend final : public CpuHostBackend {
 
   // The profile per step since the last reset: "cpu fast backend: N steps | ms per step: …".
   std::string telemetry_line() const override;
-  void reset_telemetry() override { prof_ = {}, steps_ = 0; }
+  void reset_telemetry() override {
+    prof_ = {}, steps_ = 0;
+    executor_->reset_telemetry();
+  }
   std::vector<std::pair<std::string, double>> telemetry_values() const override;
 
  private:

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/ref/ops.h"
@@ -77,6 +78,10 @@ class ExpertExecutor {
   // x: [T, in_dim] expert inputs; y: [T·top_k, in_dim].
   virtual void run(const ExpertLayer& layer, std::span<const ExpertTask> tasks, const float* x,
                    float* y, Precision p) = 0;
+  // Where run()'s time went since the last reset_telemetry(): named seconds (a wrapper's own
+  // parts, then its inner executor's), for the backend's telemetry. Default: none.
+  virtual std::vector<std::pair<std::string, double>> telemetry_values() const { return {}; }
+  virtual void reset_telemetry() {}
 };
 
 // The executor for a numerics mode. contract requires MXFP4 experts, bf16 requires bf16 experts

@@ -132,8 +132,16 @@ void StoreExpertExecutor::cancel(int layer, int e) {
   store_.cancel(layer, e);
 }
 
+std::vector<std::pair<std::string, double>> StoreExpertExecutor::telemetry_values() const {
+  std::vector<std::pair<std::string, double>> v = {{"store_s", store_s_}};
+  for (auto& kv : inner_->telemetry_values()) v.push_back(kv);
+  return v;
+}
+
 void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTask> tasks,
                               const float* x, float* y, Precision p) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double inner_s = 0;
   const int l = layer.layer;
   std::vector<int> ids;
   ids.reserve(tasks.size());
@@ -165,10 +173,14 @@ void StoreExpertExecutor::run(const ExpertLayer& layer, std::span<const ExpertTa
       for (int e : need) shadow.experts[size_t(e)] = layer.weights->experts[size_t(e)];
       throw;
     }
+    const auto r0 = std::chrono::steady_clock::now();
     inner_->run(el, tasks.subspan(i0, n), x, y, p);
+    inner_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     // Back to the checkpoint's views: no view outlives its handle.
     for (int e : need) shadow.experts[size_t(e)] = layer.weights->experts[size_t(e)];
   }
+  store_s_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - inner_s;
 }
 
 OffloadRuntime::OffloadRuntime(const Model& model, const OffloadOptions& o)

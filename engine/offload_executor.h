@@ -77,6 +77,12 @@ class StoreExpertExecutor final : public ExpertExecutor, public HostExpertSource
            Precision p) override;
   HostExpertSource* host_source() override { return this; }
   void warm() override { inner_->warm(); }
+  // "store_s" (claiming and releasing the layer's experts), then the inner executor's values.
+  std::vector<std::pair<std::string, double>> telemetry_values() const override;
+  void reset_telemetry() override {
+    store_s_ = 0;
+    inner_->reset_telemetry();
+  }
   uint64_t slots() const override { return store_.slots(); }
   bool pinned() const override { return store_.pinned(); }
   void require(int layer, std::span<const int> experts, int layer_width) override;
@@ -85,6 +91,7 @@ class StoreExpertExecutor final : public ExpertExecutor, public HostExpertSource
 
  private:
   std::unique_ptr<ExpertExecutor> inner_;
+  double store_s_ = 0;  // run()'s time outside the inner executor since reset_telemetry()
   const Checkpoint& ck_;
   offload::ExpertStore& store_;
   offload::Prefetcher* prefetcher_;

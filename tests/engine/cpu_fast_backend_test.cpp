@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "engine/cpu_backend.h"
@@ -236,4 +237,44 @@ TEST_CASE("fast CPU backend: several sequences in one step, each on its own stat
   const double d = rel_l2(a[0], b[0]);
   INFO("slot 0 after batched steps against slot 3 alone: rel L2 " << d);
   CHECK(d < 5e-3);
+}
+
+TEST_CASE("fast CPU backend: the routed experts' telemetry counts the routing and splits the time",
+          "[engine][cpu_fast]") {
+  // The planner's diagnosis reads these: (token, expert) pairs, distinct experts and the largest
+  // group per MoE layer, and the experts' time split into grouping, the executor's run (its
+  // quantize, kernels and copy) and the merge.
+  auto model = Model::load(synth_model("k3-tiny", "telemetry"));
+  const ModelConfig& c = model->config();
+  CpuFastBackend be(*model, test::bf16_contract(), 1);
+  Session s(*model, be, 0);
+  const std::vector<int32_t> prompt = {5, 17, 300, 2, 999, 41, 7, 8, 9, 10, 11};
+  s.forward(prompt);
+  std::map<std::string, double> v;
+  for (const auto& [k, x] : be.telemetry_values()) v[k] = x;
+  const double layers = c.num_moe_layers(), T = double(prompt.size()), K = c.moe.top_k;
+  REQUIRE(layers > 0);
+  CHECK(v.at("steps") == 1);
+  CHECK(v.at("moe_calls") == layers);
+  CHECK(v.at("expert_pairs") == T * K * layers);
+  // Each layer touches between K and min(E, T·K) experts; its largest group has ≥ T·K / experts.
+  CHECK(v.at("expert_tasks") >= K * layers);
+  CHECK(v.at("expert_tasks") <= std::min(double(c.moe.num_experts), T * K) * layers);
+  CHECK(v.at("expert_max_tokens") * v.at("expert_tasks") >= v.at("expert_pairs") - 1e-9);
+  CHECK(v.at("expert_max_tokens") <= T * layers);
+  const double parts = v.at("experts_group_s") + v.at("experts_run_s") + v.at("experts_merge_s");
+  CHECK(v.at("experts_run_s") > 0);
+  CHECK(parts <= v.at("experts_s"));
+  const double inner =
+      v.at("executor_quantize_s") + v.at("executor_kernels_s") + v.at("executor_copy_s");
+  CHECK(v.at("executor_kernels_s") > 0);
+  CHECK(inner <= v.at("experts_run_s"));
+  const std::string line = be.telemetry_line();
+  CHECK(line.find("routed experts: group") != std::string::npos);
+  CHECK(line.find("kernels_s") != std::string::npos);
+  be.reset_telemetry();
+  for (const auto& [k, x] : be.telemetry_values()) {
+    INFO(k);
+    CHECK(x == 0);
+  }
 }
