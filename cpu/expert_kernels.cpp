@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 
 #include "cpu/expert_kernels_impl.h"
+#include "cpu/ref/ops.h"
 #include "storage/error.h"
 
 namespace strata::cpu {
@@ -532,6 +534,41 @@ void run_experts_cpu(std::span<const ExpertTask> tasks, const float* x, int T, c
     ws.xq.quantize(x, T, tasks[0].w.hidden);
     run_layer(tasks, ws.xq, glu, isa, opt, ws);
   });
+}
+
+void RoutedExperts::run(std::span<ExpertTask> tasks, std::span<const int32_t* const> slots,
+                        const float* x, int T, const GluParams& glu, const CpuExpertOptions& opt,
+                        float* out, bool round_bf16, Times* times) {
+  STRATA_ASSERT(slots.size() == tasks.size());
+  if (tasks.empty()) return;
+  const int H = tasks[0].w.hidden;
+  row_start_.resize(tasks.size() + 1);
+  row_start_[0] = 0;
+  for (size_t e = 0; e < tasks.size(); ++e)
+    row_start_[e + 1] = row_start_[e] + size_t(std::max(0, tasks[e].n_tokens));
+  ybuf_.resize(row_start_.back() * size_t(H));
+  for (size_t e = 0; e < tasks.size(); ++e) tasks[e].y = ybuf_.data() + row_start_[e] * size_t(H);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  xq_.quantize(x, T, H);
+  const auto t1 = clock::now();
+  run_experts_cpu(tasks, xq_, glu, opt);
+  const auto t2 = clock::now();
+  // Each task's rows to their slots, tasks in parallel: a prefill chunk moves T·k rows of H here,
+  // which one thread made a serial share of the step (docs/planner.md, (2) on an H100 host). A
+  // row's bits do not depend on who copies it.
+  tbb::parallel_for(size_t(0), tasks.size(), [&](size_t e) {
+    for (int r = 0; r < tasks[e].n_tokens; ++r) {
+      float* o = out + int64_t(slots[e][r]) * H;
+      std::copy_n(ybuf_.data() + (row_start_[e] + size_t(r)) * size_t(H), H, o);
+      if (round_bf16) ref::round_bf16_inplace(o, H);
+    }
+  });
+  if (times) {
+    times->quantize_s += std::chrono::duration<double>(t1 - t0).count();
+    times->kernels_s += std::chrono::duration<double>(t2 - t1).count();
+    times->copy_s += std::chrono::duration<double>(clock::now() - t2).count();
+  }
 }
 
 }  // namespace strata::cpu

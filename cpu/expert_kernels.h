@@ -126,4 +126,26 @@ void run_experts_cpu(std::span<const ExpertTask> tasks, const float* x, int T, c
 void run_experts_cpu(std::span<const ExpertTask> tasks, const QuantizedActivations& xq,
                      const GluParams& glu, const CpuExpertOptions& opt = {});
 
+// The routed experts of one MoE layer as the engine's contract executor runs them
+// (engine/contract_executor.cpp), and as bench hw's model-shape expert probe times them: x [T, H]
+// quantized once, every task's kernels into consecutive rows of a scratch buffer (task after
+// task; run() sets each task's y), then each task's rows copied to their slot rows of out [·, H],
+// tasks in parallel, each row rounded to bf16 when round_bf16 (the bf16 model's GEMM-output
+// rounding). slots[e]: tasks[e].n_tokens slot indices, distinct over the layer. The bits are
+// run_experts_cpu's. Not reentrant (the buffers are reused, grow-only).
+class RoutedExperts {
+ public:
+  struct Times {  // added to by each run()
+    double quantize_s = 0, kernels_s = 0, copy_s = 0;
+  };
+  void run(std::span<ExpertTask> tasks, std::span<const int32_t* const> slots, const float* x,
+           int T, const GluParams& glu, const CpuExpertOptions& opt, float* out, bool round_bf16,
+           Times* times = nullptr);
+
+ private:
+  QuantizedActivations xq_;
+  std::vector<float> ybuf_;        // [Σ tokens, H] kernel outputs, task after task
+  std::vector<size_t> row_start_;  // each task's first row in ybuf_
+};
+
 }  // namespace strata::cpu

@@ -4,12 +4,12 @@
 // the bits of the scalar contract (strata::cpu::expert_ffn_contract, docs/numerics.md), so this
 // executor's outputs are those of one expert_ffn_contract call per (token, expert) pair
 // (tests/engine/contract_fast_test.cpp checks the logits bit for bit, per ISA).
-// The kernels write each expert's rows contiguously into a scratch buffer held here; they are
-// then copied to their output slots. In bf16 mode the fp32 contract output is rounded to bf16 like
-// every other GEMM output of that mode (a deterministic function of the contract's bits).
-// Not reentrant: one run() at a time per executor (the scratch buffers are reused across calls).
+// The kernels write each expert's rows contiguously into a scratch buffer, then they are copied to
+// their output slots (cpu::RoutedExperts, which bench hw's expert probe runs too). In bf16 mode the
+// fp32 contract output is rounded to bf16 like every other GEMM output of that mode (a
+// deterministic function of the contract's bits). Not reentrant: one run() at a time per executor
+// (the scratch buffers are reused across calls).
 #include <immintrin.h>
-#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -83,21 +83,18 @@ class ContractExecutor final : public ExpertExecutor {
     glu.beta2 = layer.glu.beta2;
     const int64_t Din = layer.in_dim;
 
-    // Rows needed: every (token, slot) pair; tokens x[0 .. T) are quantized once.
-    size_t rows = 0;
+    // Tokens x[0 .. T) are quantized once.
     int T = 0;
     for (const ExpertTask& task : tasks) {
       STRATA_ASSERT(task.tokens.size() == task.slots.size());
-      rows += task.tokens.size();
       for (int32_t t : task.tokens) {
         STRATA_ASSERT(t >= 0);
         T = std::max(T, t + 1);
       }
     }
-    ybuf_.resize(rows * size_t(Din));
     jobs_.clear();
     jobs_.reserve(tasks.size());
-    size_t row = 0;
+    slots_.clear();
     for (const ExpertTask& task : tasks) {
       const ExpertWeights& w = layer.weights->experts[size_t(task.expert)];
       cpu::ExpertTask j;
@@ -111,41 +108,18 @@ class ContractExecutor final : public ExpertExecutor {
       j.w.inter = int(layer.intermediate);
       j.token_rows = task.tokens.data();
       j.n_tokens = int(task.tokens.size());
-      j.y = ybuf_.data() + row * size_t(Din);
-      row += task.tokens.size();
       jobs_.push_back(j);
+      slots_.push_back(task.slots.data());
     }
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
-    xq_.quantize(x, T, int(Din));
-    const auto t1 = clock::now();
-    cpu::run_experts_cpu(jobs_, xq_, glu, opt_);
-    const auto t2 = clock::now();
-
-    // Each expert's rows to their output slots (slots are distinct across the layer), experts in
-    // parallel: a prefill chunk moves T·k rows of Din here, which one thread made a serial share of
-    // the step (docs/planner.md, (2) on an H100 host). Each row's bits do not depend on who copies.
-    row_start_.resize(tasks.size() + 1);
-    row_start_[0] = 0;
-    for (size_t e = 0; e < tasks.size(); ++e)
-      row_start_[e + 1] = row_start_[e] + tasks[e].slots.size();
-    tbb::parallel_for(size_t(0), tasks.size(), [&](size_t e) {
-      const ExpertTask& task = tasks[e];
-      for (size_t r = 0; r < task.slots.size(); ++r) {
-        float* out = y + int64_t(task.slots[r]) * Din;
-        std::copy_n(ybuf_.data() + (row_start_[e] + r) * size_t(Din), Din, out);
-        cpu::ref::round_if(p, out, Din);
-      }
-    });
-    quantize_s_ += std::chrono::duration<double>(t1 - t0).count();
-    kernels_s_ += std::chrono::duration<double>(t2 - t1).count();
-    copy_s_ += std::chrono::duration<double>(clock::now() - t2).count();
+    routed_.run(jobs_, slots_, x, T, glu, opt_, y, p == Precision::bf16, &times_);
   }
 
   std::vector<std::pair<std::string, double>> telemetry_values() const override {
-    return {{"quantize_s", quantize_s_}, {"kernels_s", kernels_s_}, {"copy_s", copy_s_}};
+    return {{"quantize_s", times_.quantize_s},
+            {"kernels_s", times_.kernels_s},
+            {"copy_s", times_.copy_s}};
   }
-  void reset_telemetry() override { quantize_s_ = kernels_s_ = copy_s_ = 0; }
+  void reset_telemetry() override { times_ = {}; }
 
  private:
   // With pinned threads: one worker per core, hwloc-bound (cpu/topology.h), as `bench
@@ -159,11 +133,10 @@ class ContractExecutor final : public ExpertExecutor {
   std::atomic<int> spinners_{0};      // enqueued by warm(), not finished
   cpu::CpuExpertWorkspace ws_;  // reused (grow-only) by every run_experts_cpu call of this executor
   cpu::CpuExpertOptions opt_;
-  cpu::QuantizedActivations xq_;  // reused: quantized layer input
-  std::vector<cpu::ExpertTask> jobs_;
-  std::vector<float> ybuf_;        // reused: [Σ tokens, Din] kernel outputs, expert by expert
-  std::vector<size_t> row_start_;  // reused: each task's first row in ybuf_
-  double quantize_s_ = 0, kernels_s_ = 0, copy_s_ = 0;  // run()'s parts since reset_telemetry()
+  cpu::RoutedExperts routed_;          // the layer's kernels, copies to slots and their buffers
+  std::vector<cpu::ExpertTask> jobs_;  // reused
+  std::vector<const int32_t*> slots_;  // reused: each job's slots
+  cpu::RoutedExperts::Times times_;    // run()'s parts since reset_telemetry()
 };
 
 }  // namespace
