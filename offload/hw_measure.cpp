@@ -198,6 +198,73 @@ std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt, 
   };
 }
 
+std::function<void()> CpuExpertProbe::prepare_routed(int T, int k, cpu::CpuExpertOptions opt,
+                                                     double* experts) {
+  STRATA_ASSERT(T >= 1 && k >= 1 && k <= experts_);
+  struct Routing {
+    std::vector<std::vector<int32_t>> tokens, slots;  // per touched expert
+    std::vector<cpu::ExpertTask> tasks;
+    std::vector<const int32_t*> slot_rows;
+  };
+  struct Routed {
+    std::vector<float> x, out, w, acc;
+    std::vector<Routing> routings;
+    cpu::RoutedExperts routed;
+    cpu::CpuExpertOptions opt;
+    int T = 0, k = 0, H = 0;
+    size_t next = 0;
+  };
+  auto c = std::make_shared<Routed>();
+  const int H = hidden_;
+  c->T = T, c->k = k, c->H = H;
+  c->x.resize(size_t(T) * H);
+  for (size_t i = 0; i < c->x.size(); ++i)
+    c->x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+  c->out.resize(size_t(T) * size_t(k) * H);
+  c->acc.resize(size_t(T) * H);
+  c->w.assign(size_t(T) * size_t(k), 1.0f / float(k));
+  const size_t groups = views_.size() / size_t(experts_);
+  const size_t n_routings = std::max<size_t>(16, groups);
+  std::mt19937 rng(uint32_t(T) * 7919u + uint32_t(k));
+  std::vector<int32_t> order(static_cast<size_t>(experts_));
+  double touched = 0;
+  for (size_t i = 0; i < n_routings; ++i) {
+    const size_t g = i % groups;
+    Routing r;
+    r.tokens.resize(size_t(experts_));
+    r.slots.resize(size_t(experts_));
+    for (int t = 0; t < T; ++t) {
+      // k distinct experts (a partial shuffle), ascending as the router's top-k ids.
+      for (size_t e = 0; e < order.size(); ++e) order[e] = int32_t(e);
+      for (int j = 0; j < k; ++j)
+        std::swap(order[size_t(j)], order[size_t(j) + std::uniform_int_distribution<size_t>(
+                                                          0, order.size() - 1 - size_t(j))(rng)]);
+      std::sort(order.begin(), order.begin() + k);
+      for (int j = 0; j < k; ++j) {
+        r.tokens[size_t(order[size_t(j)])].push_back(t);
+        r.slots[size_t(order[size_t(j)])].push_back(t * k + j);
+      }
+    }
+    for (size_t e = 0; e < size_t(experts_); ++e) {
+      if (r.tokens[e].empty()) continue;
+      r.tasks.push_back(
+          {views_[g * size_t(experts_) + e], r.tokens[e].data(), int(r.tokens[e].size()), nullptr});
+      r.slot_rows.push_back(r.slots[e].data());
+    }
+    touched += double(r.tasks.size());
+    c->routings.push_back(std::move(r));
+  }
+  if (experts) *experts = touched / double(n_routings);
+  c->opt = opt;
+  if (!c->opt.arena) c->opt.arena = &arena_.arena();
+  const GluParams glu{true, 4.0, 25.0};
+  return [c, glu] {
+    Routing& r = c->routings[c->next++ % c->routings.size()];
+    c->routed.run(r.tasks, r.slot_rows, c->x.data(), c->T, glu, c->opt, c->out.data(), true);
+    cpu::merge_routed_fast(c->out.data(), c->w.data(), c->acc.data(), c->T, c->k, c->H);
+  };
+}
+
 // ------------------------------------------------------------------------------------------------
 // Disk
 

@@ -134,6 +134,12 @@ class CpuExpertProbe {
   // long as the callable. `per_call` (0 = all `experts`): that many of a group's experts per call,
   // a different random pick each call. The probe must outlive it.
   std::function<void()> prepare(int M, cpu::CpuExpertOptions opt, int per_call = 0);
+  // A callable that runs one MoE layer's routed experts as the engine does (cpu::RoutedExperts:
+  // T tokens quantized once, each expert's tokens gathered, the rows copied to their slots with
+  // their bf16 rounding), then the backend's merge (cpu::merge_routed_fast) — over a flat random
+  // routing of T tokens to k distinct experts each (one of 16 routings per call, the groups in
+  // turn). *experts: the mean distinct experts per routing (the bytes a call touches).
+  std::function<void()> prepare_routed(int T, int k, cpu::CpuExpertOptions opt, double* experts);
 
  private:
   struct Call;

@@ -219,20 +219,22 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
   return curve;
 }
 // Tokens per expert M ↔ the step that gives it: the fewest tokens T whose flat routing gives at
-// least M tokens per touched expert (T·k / U(T) ≥ M), and the experts U(T) it touches.
-int experts_touched(const ModelConfig& c, int M) {
-  const double E = c.moe.num_experts, k = c.moe.top_k;
-  if (M <= 1) return int(k);
-  for (double T = 1;; T += 1) {
-    const double U = flat_distinct_experts(c, T);
-    if (T * k / U >= M || U > E - 0.5) return std::clamp(int(std::lround(U)), 1, int(E));
-  }
+// least M tokens per touched expert (T·k / U(T) ≥ M; U(T) → E, so T ≈ M·E / k for large M).
+int step_tokens_for(const ModelConfig& c, int M) {
+  const double k = c.moe.top_k;
+  if (M <= 1) return 1;
+  for (int T = 1;; ++T)
+    if (T * k / flat_distinct_experts(c, T) >= M) return T;
 }
 
-// The CPU expert kernel at the model's expert shape: M tokens per expert, as many experts per
-// call as that step's MoE layer touches (random ones of the layer, the model's MoE layers in
-// turn), then the backend's merge (every (token, expert) output weighted into its token's row,
-// one bf16 rounding). GB/s of expert weights with the CPU expert job's start taken out.
+// The CPU routed experts at the model's expert shape as the engine runs a MoE layer of them: for
+// each M, a step of T = step_tokens_for(M) tokens routed flat at random (each token to k distinct
+// experts; the experts' token counts spread as a flat router's do), cpu::RoutedExperts (quantize
+// once, gather, kernels, copy to slots with the bf16 rounding) and the backend's merge, the
+// model's MoE layers in turn. GB/s of the touched experts' weights with the CPU expert job's
+// start taken out. (The form before timed the kernels alone on M consecutive rows per expert:
+// on an H100 machine's 16 threads the engine's routed experts took ≈ 1.8× its time from 2
+// tokens per expert — docs/planner.md, (2).)
 RateCurve expert_curve(const Probe& p, const cpu::Topology& topo, cpu::PinnedArena& pinned,
                        const std::vector<int>& Ms) {
   const ModelConfig& c = p.c;
@@ -249,12 +251,10 @@ RateCurve expert_curve(const Probe& p, const cpu::Topology& topo, cpu::PinnedAre
   const double job_s = CostAssumptions{}.cpu_expert_call_us * 1e-6;
   RateCurve curve;
   for (int M : Ms) {
-    const int n = experts_touched(c, M);
-    const int64_t T = std::max<int64_t>(1, int64_t(n) * M / k);  // tokens of that step
-    std::function<void()> run = probe.prepare(M, opt, n);
-    // The backend's merge of the step's T·k (token, expert) rows (their values do not matter).
-    std::vector<float> y(size_t(T * k * Din), 0.25f), w(size_t(T * k), 0.5f), acc(size_t(T * Din));
-    // One repeat is a step's MoE layers (up to 8), one call each (the lists rotate over the
+    const int T = step_tokens_for(c, M);
+    double touched = 0;
+    std::function<void()> run = probe.prepare_routed(T, k, opt, &touched);
+    // One repeat is a step's MoE layers (up to 8), one call each (the routings rotate over the
     // layers), in one entry of the arena, as the backend calls them amid a step's other parallel
     // work. A repeat of one call, the arena entered for it alone, measured a per-call cost the
     // engine does not pay: 4 experts of k3-mini in 323 µs at 16 threads on an H100 machine's host,
@@ -263,24 +263,23 @@ RateCurve expert_curve(const Probe& p, const cpu::Topology& topo, cpu::PinnedAre
     const int calls = std::clamp(layers, 1, 8);
     RateSample s = p.time(
         [&] {
-          for (int l = 0; l < calls; ++l) {
-            run();
-            cpu::merge_routed_fast(y.data(), w.data(), acc.data(), T, k, Din);
-          }
+          for (int l = 0; l < calls; ++l) run();
         },
         M >= 64 ? std::max(2, p.reps / 2) : p.reps);
     s.median_s /= calls, s.min_s /= calls, s.max_s /= calls, s.cpu_median_s /= calls;
-    s.bytes = double(probe.expert_bytes()) * n;
+    s.bytes = double(probe.expert_bytes()) * touched;
     const double net = std::max(0.2 * s.median_s, s.median_s - job_s);
     curve.points.push_back({M, s.bytes / net / 1e9});
     p.emit("expert M=" + std::to_string(M),
-           std::to_string(Din) + "->" + std::to_string(I) + "->" + std::to_string(Din) + " x" +
-               std::to_string(n) + " of " + std::to_string(E) + ", " + p.thr,
-           s, 2.0 * M * 3.0 * double(I) * Din * n,
+           std::to_string(Din) + "->" + std::to_string(I) + "->" + std::to_string(Din) +
+               fmt(", %.0f tokens x top-%.0f of %.0f (%.1f experts), ", T, k, E, touched) + p.thr,
+           s, 2.0 * T * k * 3.0 * double(I) * Din,
            fmt("%.1f GB/s net of the job start", s.bytes / net / 1e9), true);
   }
   curve.source =
-      std::string("measured: cpu::run_experts_cpu + merge at this model's expert shape, ") +
+      std::string(
+          "measured: cpu::RoutedExperts + merge at this model's expert shape, flat random "
+          "routing, ") +
       cpu::isa_name(opt.isa) + ", " + p.thr + (pin ? " (pinned)" : " (not pinned)") + p.basis +
       "; the job start taken out";
   return curve;
