@@ -982,7 +982,13 @@ DecodeEstimate CostModel::decode_latency(const Placement& p, int batch, int64_t 
     const double trunk = trunk_seconds(batch);
     const double kda = kda_decode_seconds(batch);
     const double mla = mla_decode_seconds(batch, context);
-    const double cpu_exp = n * eb * cpu_expert_spb(M);
+    // The model's routed step at this batch when the profile timed it (bench hw -m's
+    // expert_decode), else the expert curve at the step's mean tokens per expert.
+    const RateCurve& dec = hw_.model_shapes.expert_decode;
+    const double cpu_exp =
+        shapes_ && cfg_.moe.mxfp4 && dec.known() && batch <= dec.points.back().tokens
+            ? n * eb / (dec.value_at(double(batch)) * 1e9)
+            : n * eb * cpu_expert_spb(M);
     const double disk = p.disk > 0 ? host_miss_share(p, U) * n * disk_read_seconds() : 0;
     double over = cfg_.num_layers * opt_.assumptions.cpu_layer_overhead_us * 1e-6;
     if (opt_.trunk == TrunkBackend::cpu_reference)

@@ -185,6 +185,7 @@ const std::vector<ShapeCurveField>& model_shape_curves() {
   static const std::vector<ShapeCurveField> f = {
       {"trunk", &ModelShapeRates::trunk, "gbps"},
       {"expert", &ModelShapeRates::expert, "gbps"},
+      {"expert_decode", &ModelShapeRates::expert_decode, "gbps"},
       {"kda_decode_gbps", &ModelShapeRates::kda_decode_gbps, "value"},
       {"kda_prefill_gflops", &ModelShapeRates::kda_prefill_gflops, "value"},
       {"mla_decode_gflops", &ModelShapeRates::mla_decode_gflops, "value"},
@@ -459,8 +460,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     const std::string w = "model_shapes";
     rd.only(m, w,
             {"signature", "model", "threads", "context", "trunk", "linear_call_us", "expert",
-             "kda_decode_gbps", "kda_prefill_gflops", "mla_decode_gflops", "mla_prefill_gflops",
-             "row_ops_ns", "gpu_trunk", "comment"});
+             "expert_decode", "kda_decode_gbps", "kda_prefill_gflops", "mla_decode_gflops",
+             "mla_prefill_gflops", "row_ops_ns", "gpu_trunk", "comment"});
     ModelShapeRates& ms = hw.model_shapes;
     ms.signature = rd.str(m, w, "signature");
     if (ms.signature.empty())

@@ -177,6 +177,12 @@ struct ModelShapeRates {
   // accumulate, bf16 rounding); GB/s of expert weights, the CPU expert job's start
   // (CostAssumptions::cpu_expert_call_us) taken out.
   RateCurve expert;
+  // The same routed step at B decode sequences (B tokens routed flat at random, at most
+  // kGemvMaxTokens): GB/s of the touched experts' weights, the job start taken out. Its mean
+  // tokens per expert (B·k / U(B)) sits between the `expert` curve's M = 1 and 2 for every decode
+  // batch, where that curve's two points are steps of other widths (k experts; a 2-per-expert
+  // step of ~k·E/… tokens).
+  RateCurve expert_decode;
   // The whole KDA core of one layer as the backend runs it (short convs, gate, beta, L2 norms,
   // recurrence or chunked form, rounding, gated output norm): decode at B sequences in GB/s of
   // state read + written; prefill of a T-token prompt in GFLOP/s counted as the cost model does.

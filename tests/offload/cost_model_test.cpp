@@ -710,6 +710,24 @@ TEST_CASE("model-shape rates replace the K3-shaped probes for their model, in th
   // Rates that depend on the step: KDA decode at 8 sequences reads its curve's B = 8 point.
   CHECK(ms.kda_decode_seconds(8) ==
         Approx(2.0 * 8 * double(ms.costs().kda_state_bytes) / (100.0 / 3 * 1e9)));
+  // The routed step timed per decode batch (expert_decode) sets the decode step's experts: the
+  // touched experts' bytes at its rate for B, in place of the expert curve at B·k / U(B).
+  auto experts_s = [&](const CostModel& m, int B) {
+    for (const auto& part : m.decode_step(f.host, B, 80).parts)
+      if (part.name == "routed experts on the CPU (host memory)") return part.seconds;
+    FAIL("no routed experts part");
+    return 0.0;
+  };
+  const double eb = double(ms.costs().bytes_per_routed_expert), L = cfg.num_moe_layers();
+  CHECK(experts_s(ms, 8) == Approx(ms.distinct_experts(8) * L * eb *
+                                   ms.hardware().model_shapes.expert.seconds_per_byte(
+                                       8.0 * cfg.moe.top_k / ms.distinct_experts(8))));
+  hw.model_shapes.expert_decode = curve({{1, 10}, {8, 30}});
+  const CostModel dec(hw, cfg, f.co);
+  CHECK(experts_s(dec, 8) == Approx(dec.distinct_experts(8) * L * eb / 30e9));
+  CHECK(experts_s(dec, 1) == Approx(cfg.moe.top_k * L * eb / 10e9));
+  CHECK(experts_s(dec, 4) == Approx(dec.distinct_experts(4) * L * eb /
+                                    (hw.model_shapes.expert_decode.value_at(4) * 1e9)));
   // Faster model-shape rates give a faster prediction: the direction follows the input.
   hw.model_shapes = shapes_for(cfg, 0.5);
   CHECK(CostModel(hw, cfg, f.co).decode_step(f.host, 1, 80).step_s < k3_d1);

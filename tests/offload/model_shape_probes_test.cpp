@@ -49,6 +49,9 @@ TEST_CASE("model-shape probes time every piece at the model's token counts", "[h
   // Experts: tokens per expert, the mean of each step (k3-tiny: 16 experts top-4, so a 16-token
   // prompt gives 4 per expert) and 2.
   CHECK(tokens(ms.expert) == std::vector<int>{1, 2, 4});
+  // The routed step at each decode batch (B ≤ 8 of the token counts).
+  CHECK(tokens(ms.expert_decode) == std::vector<int>{1, 2});
+  CHECK(ms.expert_decode.source.find("by decode batch") != std::string::npos);
   CHECK(tokens(ms.row_ops_ns) == std::vector<int>{1, 2, 16});
   CHECK(tokens(ms.kda_decode_gbps) == std::vector<int>{1, 2});
   CHECK(tokens(ms.mla_decode_gflops) == std::vector<int>{1, 2});
@@ -56,7 +59,8 @@ TEST_CASE("model-shape probes time every piece at the model's token counts", "[h
   CHECK(tokens(ms.mla_prefill_gflops) == std::vector<int>{16});
   CHECK(ms.linear_call_us.value() > 0);
   CHECK(ms.trunk.source.find("one call's fixed cost taken out") != std::string::npos);
-  CHECK(lines == 1 + 3 + 3 + 3 + 3 + 3);  // call, trunk, experts, KDA, MLA, row ops
+  CHECK(lines ==
+        1 + 3 + 3 + 2 + 3 + 3 + 3);  // call, trunk, experts, decode experts, KDA, MLA, row ops
   // The cost model takes them for this model.
   HardwareProfile hw;
   hw.host.cores = threads;
