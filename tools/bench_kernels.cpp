@@ -46,7 +46,7 @@ std::vector<KernelBenchCase>& kernel_bench_cases() {
 #ifdef STRATA_HAVE_CUDA
 // CUDA kernels II (tools/bench_kernels_moe.cpp) reports through this function.
 void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
-                       const std::vector<int>& tokens);
+                       const std::vector<int>& tokens, const std::vector<std::string>& paths);
 void bench_kernels_moe_batch(BenchReport& r, double copy_gbps);
 #endif
 
@@ -488,7 +488,7 @@ STRATA_KERNEL_BENCH("mla/decode", bench_mla_decode);
 STRATA_KERNEL_BENCH("mla/prefill", bench_mla_prefill);
 STRATA_KERNEL_BENCH("ops", bench_ops);
 STRATA_KERNEL_BENCH("moe", [](const KernelBenchContext& ctx, BenchReport& r) {
-  bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops, ctx.moe_tokens);
+  bench_kernels_moe(r, ctx.copy_gbps, ctx.gemm_tflops, ctx.moe_tokens, ctx.moe_paths);
 });
 STRATA_KERNEL_BENCH("moe-batch", [](const KernelBenchContext& ctx, BenchReport& r) {
   bench_kernels_moe_batch(r, ctx.copy_gbps);
@@ -502,6 +502,7 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
   auto repeats = std::make_shared<int>(10);
   auto quick = std::make_shared<bool>(false);
   auto tokens = std::make_shared<std::vector<int>>();
+  auto paths = std::make_shared<std::vector<std::string>>();
   app.add_option("--json", *json, "also write the lines as JSON to this file");
   app.add_option("--filter", *filter,
                  "run only the cases whose name contains this (kda, mla, moe, ops)");
@@ -512,6 +513,10 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
                  "the grouped MoE lines only at these tokens per layer (default 64 256 1024 4096; "
                  "the strict-rows line runs when 1024 is among them)")
       ->check(CLI::Range(1, 65536));
+  app.add_option("--paths", *paths,
+                 "the grouped MoE lines only on these paths (wgmma-wide wgmma gemm imma gemv; "
+                 "default all)")
+      ->check(CLI::IsMember({"wgmma-wide", "wgmma", "gemm", "imma", "gemv"}));
   return [=]() -> int {
     check_json_output(*json);
 #ifndef STRATA_HAVE_CUDA
@@ -525,6 +530,7 @@ std::function<int()> setup_bench_kernels(CLI::App& app) {
     ctx.repeats = *repeats;
     ctx.quick = *quick;
     ctx.moe_tokens = *tokens;
+    ctx.moe_paths = *paths;
     const auto copy = kernels::measure_copy_bandwidth();
     ok(copy.status, "copy peak");
     const auto gemm = kernels::measure_bf16_gemm();

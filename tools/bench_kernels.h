@@ -17,6 +17,7 @@ struct KernelBenchContext {
   int repeats = 10;             // timed repeats per line (cases may use fewer for long kernels)
   bool quick = false;           // --quick: smaller shapes (smoke runs)
   std::vector<int> moe_tokens;  // --tokens: the grouped MoE lines' T (empty: 64 256 1024 4096)
+  std::vector<std::string> moe_paths;  // --paths: the grouped MoE lines' paths (empty: all)
 };
 
 struct KernelBenchCase {

@@ -153,10 +153,11 @@ struct DenseShape {
 
 // The path's name in the bench lines.
 const char* path_name(moe::ExpertPath p) {
-  return p == moe::ExpertPath::wgmma  ? "wgmma"
-         : p == moe::ExpertPath::gemm ? "gemm"
-         : p == moe::ExpertPath::imma ? "imma"
-                                      : "gemv";
+  return p == moe::ExpertPath::wgmma_wide ? "wgmma-wide"
+         : p == moe::ExpertPath::wgmma    ? "wgmma"
+         : p == moe::ExpertPath::gemm     ? "gemm"
+         : p == moe::ExpertPath::imma     ? "imma"
+                                          : "gemv";
 }
 
 // A line over disjoint routed sets of `experts` experts each on one path, one set per repeat in
@@ -201,7 +202,11 @@ void bench_kernels_moe_batch(BenchReport& r, double copy_gbps) {
 }
 
 void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
-                       const std::vector<int>& tokens) {
+                       const std::vector<int>& tokens, const std::vector<std::string>& paths) {
+  // --paths: the grouped lines' paths by name (empty: all).
+  const auto wanted = [&](moe::ExpertPath p) {
+    return paths.empty() || std::find(paths.begin(), paths.end(), path_name(p)) != paths.end();
+  };
   std::mt19937_64 rng(1234);
   {
     ExpertPool pool;
@@ -237,7 +242,8 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
                     "MACs as 2 FLOPs",
                     100.0 * g.tflops() / gemm_tflops);
       g.note = note;
-      if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma) {
+      if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma ||
+          path == moe::ExpertPath::wgmma_wide) {
         // How much of the line's work the integer method carried (rows outside the window take
         // the strict path): the input rows of the last call.
         moe::GemmWindowCounts wc;
@@ -252,16 +258,16 @@ void bench_kernels_moe(BenchReport& r, double copy_gbps, double gemm_tflops,
     const std::vector<int> Ts = tokens.empty() ? std::vector<int>{64, 256, 1024, 4096} : tokens;
     for (int T : Ts) {
       Routed batch(pool, T, rng);
-      for (auto path : {moe::ExpertPath::wgmma, moe::ExpertPath::gemm, moe::ExpertPath::imma,
-                        moe::ExpertPath::gemv})
-        grouped_line(batch, T, path, "", 5);
+      for (auto path : {moe::ExpertPath::wgmma_wide, moe::ExpertPath::wgmma, moe::ExpertPath::gemm,
+                        moe::ExpertPath::imma, moe::ExpertPath::gemv})
+        if (wanted(path)) grouped_line(batch, T, path, "", 5);
     }
     // The GEMM path when nearly every weight row is outside its window (strict fallback per row).
     pool.refill_scales(117, 121);
     if (std::find(Ts.begin(), Ts.end(), 1024) != Ts.end()) {
       Routed batch(pool, 1024, rng);
-      grouped_line(batch, 1024, moe::ExpertPath::wgmma, " (codes 117..121: strict rows)", 3);
-      grouped_line(batch, 1024, moe::ExpertPath::gemm, " (codes 117..121: strict rows)", 3);
+      for (auto path : {moe::ExpertPath::wgmma_wide, moe::ExpertPath::wgmma, moe::ExpertPath::gemm})
+        if (wanted(path)) grouped_line(batch, 1024, path, " (codes 117..121: strict rows)", 3);
     }
     pool.refill_scales(117, 120);
   }

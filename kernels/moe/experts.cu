@@ -187,6 +187,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   if (path == ExpertPath::imma) s = detail::imma_gate_up(b, ws, stream);
   if (path == ExpertPath::gemm) s = detail::gemm_gate_up(b, ws, stream);
   if (path == ExpertPath::wgmma) s = detail::wgmma_gate_up(b, ws, stream);
+  if (path == ExpertPath::wgmma_wide) s = detail::wide_gate_up(b, ws, stream);
   if (path == ExpertPath::gemv) s = detail::gemv_gate_up(b, ws, stream);
   if (!s.ok()) return s;
   if (s = detail::glu_quantize_rows(ws.gu, b.P, b.I, b.glu, ws.h_q, path == ExpertPath::gemv,
@@ -196,6 +197,7 @@ Status grouped_experts(const ExpertBatch& b, void* workspace, size_t workspace_b
   if (path == ExpertPath::imma) s = detail::imma_down(b, ws, stream);
   if (path == ExpertPath::gemm) s = detail::gemm_down(b, ws, stream);
   if (path == ExpertPath::wgmma) s = detail::wgmma_down(b, ws, stream);
+  if (path == ExpertPath::wgmma_wide) s = detail::wide_down(b, ws, stream);
   if (path == ExpertPath::gemv) s = detail::gemv_down(b, ws, stream);
   return s;
 }

@@ -45,7 +45,9 @@ struct ExpertBatch {
 
 // wgmma: the GEMM path's integer method with the Hopper warpgroup MMA in a warp-specialized kernel
 // (intgemm.cu); `automatic` takes it from kWgmmaMinMeanPairsPerGroup tokens per expert.
-enum class ExpertPath { automatic, gemv, imma, gemm, wgmma };
+// wgmma_wide: the same with 256-row CTAs and token tiles of up to 96 (the planes read once per 256
+// rows) where its shared memory fits (input widths ≤ 3584), else wgmma's tiles.
+enum class ExpertPath { automatic, gemv, imma, gemm, wgmma, wgmma_wide };
 
 // Scratch for one launch of at most T tokens, P pairs, widths H and I (bytes; 256-aligned parts).
 size_t experts_workspace_bytes(int T, int P, int H, int I);

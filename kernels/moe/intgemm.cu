@@ -183,33 +183,33 @@ __device__ __forceinline__ void row_source(const GemmArgs& a, const Mxfp4ExpertV
   sc = (down ? v.w2_scale : second ? v.w3_scale : v.w1_scale) + size_t(r) * size_t(a.K / c::kBlock);
 }
 
-// The scale codes of the CTA's rows row0 … row0 + kBM − 1 into sS [kBM, nb] by cp.async (16-byte
+// The scale codes of the CTA's rows row0 … row0 + rows − 1 into sS [rows, nb] by cp.async (16-byte
 // copies where rows allow — K3's 112 and 96 codes per row in the released layout — else 4-byte,
 // else plain loads), committed with the caller's first group.
 __device__ __forceinline__ void load_scale_codes(const GemmArgs& a, const Mxfp4ExpertView& v,
                                                  int row0, int nb, uint8_t* sS, int tid,
-                                                 int nthreads) {
+                                                 int nthreads, int rows = kBM) {
   const bool down = a.split == a.N;
   const auto aligned = [&](uintptr_t m) {
     const auto al = [m](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & m) == 0u; };
     return down ? al(v.w2_scale) : al(v.w1_scale) && al(v.w3_scale);
   };
   if (nb % 16 == 0 && aligned(15u)) {
-    for (int i = tid; i < kBM * (nb / 16); i += nthreads) {
+    for (int i = tid; i < rows * (nb / 16); i += nthreads) {
       const int r = i / (nb / 16), j = i - r * (nb / 16);
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
       cp16(sS + r * nb + 16 * j, sc + 16 * j);
     }
   } else if (nb % 4 == 0 && aligned(3u)) {
-    for (int i = tid; i < kBM * (nb / 4); i += nthreads) {
+    for (int i = tid; i < rows * (nb / 4); i += nthreads) {
       const int r = i / (nb / 4), j = i - r * (nb / 4);
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
       cp4(sS + r * nb + 4 * j, sc + 4 * j);
     }
   } else {
-    for (int i = tid; i < kBM * nb; i += nthreads) {
+    for (int i = tid; i < rows * nb; i += nthreads) {
       const int r = i / nb, j = i - r * nb;
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, MINB) gemm_kernel(GemmArgs a) {
   using L = typename Tl::L;
   constexpr int kBN = BN, kStages = STAGES, kFrags = Tl::kFrags, kBStage = Tl::kBStage;
   constexpr int kAStg = L::kAStage;
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sA = smem;
   uint8_t* const sB = smem + kStages * kAStg;
   uint8_t* const sS = sB + kStages * kBStage;  // [kBM, nb] scale codes
@@ -594,7 +594,7 @@ template <int D, int PF, int R, int MINB, int W>
 __global__ void __launch_bounds__(kThreads, MINB) strip_kernel(GemmArgs a) {
   using Sw = StripStage<W>;
   constexpr int kSK = Sw::kBlocks, kSBK = Sw::kCols;
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
   __shared__ int32_t s_tokrow[kStripTokens], s_tokemin[kStripTokens], s_tokst[kStripTokens],
       s_bad[kStripTokens];
@@ -865,6 +865,21 @@ __device__ __forceinline__ void wgmma_ss<64>(int* d, uint64_t da, uint64_t db) {
         "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
         "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
         "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<80>(int* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39])
       : "l"(da), "l"(db), "r"(1));
 }
 template <>
@@ -1238,6 +1253,299 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
   }
 }
 
+// ---- The 256-row wgmma form (ExpertPath::wgmma_wide; sm_90a) ----
+//
+// wgmma_kernel reads a token tile's two planes (2 bytes per token and column) once per 128 rows.
+// At T = 4096 (a mean of 73 tokens per expert, one 128-token tile each) they are most of a CTA's
+// L2 → SM bytes: per 128 rows 229 KB of packed weights against 73 · 3584 · 2 = 523 KB of planes,
+// ≈ 5.9 KB per output row. wide_kernel owns 256 rows per CTA and reads the planes once for them:
+// (458 + 523) / 256 ≈ 3.8 KB per output row (−35 %), with token tiles of up to 96 (a group of
+// 73 ± 9 is one tile). What that costs is registers: each consumer warpgroup owns 128 rows (two
+// m64 halves sharing every B descriptor) × up to 96 tokens × 2 planes = 192 int32 accumulators per
+// thread, so the producer warpgroup gives registers away (setmaxnreg: 40 for the producers, 232 for
+// the consumers, 168 at entry).
+// The integer method, windows, epilogue and strict fallback are wgmma_kernel's (the same bits).
+// Other differences:
+//   - the producer and the consumers walk the tiles in loops of their own, joined only by the A
+//     ring's mbarriers, so the decode of a tile's first stages overlaps the consumers' epilogue
+//     and strict rows of the tile before;
+//   - shared memory is full (K3: 2 A stages of 32.1 KB, 4 plane stages of 24 KB, 2 packed stages
+//     of 16 KB, 28 KB of scale codes), so the packed copies run 1 stage ahead and each row's
+//     weights are prefetched into L2 kPF stages ahead (two prefetches per producer thread and
+//     stage); the rows' source pointers sit in shared memory (s_rowsrc), not in registers;
+//   - wgmma widths are the tile's count rounded up to 16 (16 … 96).
+// Layouts: wgmma_kernel's, with 256 rows per A block (8192 + 32 bytes apart); consumer warpgroup
+// c's half h starts at row 128·c + 64·h.
+constexpr int kWideBM = 256, kWideBN = 96, kWideSA = 2, kWideSB = 4, kWidePD = 1, kWidePF = 3;
+constexpr int kWideProducers = 128, kWideThreads = kWideProducers + kWsConsumers;
+constexpr int kWideABlock = kWideBM * c::kBlock + 32;  // one block's 256 rows, skewed by 32 bytes
+constexpr int kWideAStage = kKB * kWideABlock;         // 32.1 KB
+constexpr int kWideBStage = 2 * kWideBN * kBK;         // hi and lo planes: 24 KB
+constexpr int kWidePkStage = kWideBM * kBK / 2;        // 16 KB
+constexpr int kWideItems = kWideBM / 32;               // (row, block) items per producer and stage
+constexpr int kWideProducerRegs = 48, kWideConsumerRegs = 232;
+static_assert(kWideProducers * kWideProducerRegs + kWsConsumers * kWideConsumerRegs <= 65536,
+              "setmaxnreg: the register file");
+static_assert(kWideAStage % 128 == 0 && kWideABlock % 16 == 0, "descriptor alignment");
+static_assert(kWsConsumers == 32 * (kBK / 16) && kWideBN % 32 == 0, "issue_b's map");
+size_t wide_smem(int nb) {
+  return size_t(kWideSA) * kWideAStage + size_t(kWideSB) * kWideBStage +
+         size_t(kWidePD + 1) * kWidePkStage + size_t(kWideBM) * size_t(nb);
+}
+
+__global__ void __launch_bounds__(kWideThreads, 1) wide_kernel(GemmArgs a) {
+  constexpr int kDB = kWideSB - 2, kPk = kWidePD + 1;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const sA = smem;                        // kWideSA decoded stages
+  uint8_t* const sB = sA + kWideSA * kWideAStage;  // kWideSB plane stages
+  uint8_t* const sP = sB + kWideSB * kWideBStage;  // kPk packed stages
+  uint8_t* const sS = sP + kPk * kWidePkStage;     // [kWideBM, nb] scale codes
+  __shared__ __align__(8) uint64_t full[kWideSA], empty[kWideSA];
+  __shared__ const uint8_t* s_rowsrc[kWideBM];  // packed weights of each row
+  __shared__ int32_t s_smin[kWideBM], s_rowok[kWideBM];
+  __shared__ int32_t s_tokrow[kWideBN], s_tokemin[kWideBN], s_tokst[kWideBN], s_bad[kWideBN];
+  __shared__ int32_t s_nbad;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = blockIdx.y, row0 = blockIdx.x * kWideBM;
+  const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
+  if (p1 <= p0 || row0 >= a.N) return;
+  const Mxfp4ExpertView v = a.experts[g];
+  const int K = a.K, nb = K / c::kBlock, nkt = (nb + kKB - 1) / kKB;
+  const int total = (p1 - p0 + kWideBN - 1) / kWideBN * nkt;  // A-ring stages of the CTA
+  const bool producer = __shfl_sync(0xffffffffu, tid < kWideProducers, 0) != 0;
+  if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
+  if (tid == 0) {
+    for (int s = 0; s < kWideSA; s++)
+      mbar_init(&full[s], kWideProducers), mbar_init(&empty[s], kWsConsumers);
+  }
+  for (int r = tid; r < kWideBM; r += kWideThreads) {
+    const uint8_t* sc;
+    row_source(a, v, row0 + r, s_rowsrc[r], sc);
+  }
+  __syncthreads();  // s_rowsrc
+
+  // Producer's packed copies: rows tid / 4 + 32·i, block tid mod 4 of stage s's columns.
+  const int pkb = tid & 3;
+  auto issue_packed = [&](int s) {
+    const int kt = s % nkt;
+    if (kt * kKB + pkb < nb) {
+      uint8_t* const d = sP + (s % kPk) * kWidePkStage + (tid >> 2) * (kBK / 2) + pkb * 16;
+      const int col = kt * (kBK / 2) + pkb * 16;
+      const uint8_t* src[kWideItems];  // all loaded before the copies (asm volatile orders them)
+#pragma unroll
+      for (int i = 0; i < kWideItems; i++) src[i] = s_rowsrc[(tid >> 2) + 32 * i] + col;
+#pragma unroll
+      for (int i = 0; i < kWideItems; i++) cp16(d + 32 * i * (kBK / 2), src[i]);
+    }
+  };
+
+  load_scale_codes(a, v, row0, nb, sS, tid, kWideThreads, kWideBM);
+  if (producer)
+    for (int s = 0; s < kWidePD && s < total; s++) issue_packed(s);
+  cp_commit();
+  cp_wait<0>();
+  __syncthreads();
+  if (!producer) {
+    const int cw = warp - 4;
+    scan_windows(sS, nb, cw * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
+    scan_windows(sS, nb, 128 + cw * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
+  }
+  __syncthreads();
+
+  if (producer) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWideProducerRegs));
+    // The decode's map (wgmma_kernel's, 8 passes): lane l of warp w decodes block l mod 4 of row
+    // 8·(w + 4·i) + 2·(l / 8) + (l mod 8) / 4 for i < 8.
+    const int dkb = lane & 3, drow = 8 * warp + 2 * (lane >> 3) + ((lane & 7) >> 2);
+    for (int s = 0; s < total; s++) {
+      const int kt = s % nkt;
+      cp_wait<kWidePD - 1>();       // this thread's packed chunks of stage s have landed
+      bar_sync(1, kWideProducers);  // every producer's; and stage s − 1 is decoded by all
+      if (s + kWidePD < total) issue_packed(s + kWidePD);  // into stage s − 1's slot
+      cp_commit();
+      if (kt + kWidePF < nkt) {
+        const int col = (kt + kWidePF) * (kBK / 2);
+        prefetch_l2(s_rowsrc[tid] + col);
+        prefetch_l2(s_rowsrc[tid + kWideProducers] + col);
+      }
+      mbar_wait(&empty[s % kWideSA], ((s / kWideSA) & 1) ^ 1);  // the slot's last wgmmas are done
+      const int b = kt * kKB + dkb;
+      uint8_t* const A = sA + (s % kWideSA) * kWideAStage + dkb * kWideABlock;
+      if (b >= nb) {  // past the row's end (a partial last stage): zero weights
+#pragma unroll
+        for (int i = 0; i < kWideItems; i++) {
+          const int r = drow + 32 * i;
+          uint8_t* const d = A + (r >> 3) * kACoreGroup + (r & 7) * 16;
+          *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+          *reinterpret_cast<uint4*>(d + kCoreBytes) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      } else {
+        // Two items at a time, both loaded before either is stored (the compiler cannot tell
+        // the shared-memory stores from the next item's loads: one item at a time serializes
+        // the load latencies).
+        const uint8_t* const P = sP + (s % kPk) * kWidePkStage;
+#pragma unroll
+        for (int i = 0; i < kWideItems; i += 2) {
+          const int r0 = drow + 32 * i, r1 = r0 + 32;
+          const uint8_t c0 = sS[r0 * nb + b], c1 = sS[r1 * nb + b];
+          const uint4 w0 = *reinterpret_cast<const uint4*>(P + r0 * (kBK / 2) + 16 * dkb);
+          const uint4 w1 = *reinterpret_cast<const uint4*>(P + r1 * (kBK / 2) + 16 * dkb);
+          const is::ShiftedTables t0 = shift_table(c0), t1 = shift_table(c1);
+          uint4 lo0, hi0, lo1, hi1;
+          decode8_shifted(w0.x, t0, lo0.x, lo0.y);
+          decode8_shifted(w0.y, t0, lo0.z, lo0.w);
+          decode8_shifted(w0.z, t0, hi0.x, hi0.y);
+          decode8_shifted(w0.w, t0, hi0.z, hi0.w);
+          decode8_shifted(w1.x, t1, lo1.x, lo1.y);
+          decode8_shifted(w1.y, t1, lo1.z, lo1.w);
+          decode8_shifted(w1.z, t1, hi1.x, hi1.y);
+          decode8_shifted(w1.w, t1, hi1.z, hi1.w);
+          uint8_t* const d0 = A + (r0 >> 3) * kACoreGroup + (r0 & 7) * 16;
+          uint8_t* const d1 = A + (r1 >> 3) * kACoreGroup + (r1 & 7) * 16;
+          *reinterpret_cast<uint4*>(d0) = lo0;
+          *reinterpret_cast<uint4*>(d0 + kCoreBytes) = hi0;
+          *reinterpret_cast<uint4*>(d1) = lo1;
+          *reinterpret_cast<uint4*>(d1 + kCoreBytes) = hi1;
+        }
+      }
+      fence_proxy_async();  // the decoded weights, visible to the wgmmas
+      mbar_arrive(&full[s % kWideSA]);
+    }
+    cp_wait<0>();
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
+  const int ctid = tid - kWideProducers, cw = ctid >> 5, cg = cw >> 2, wq = cw & 3;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int bpart = ctid & 7;
+  const uint32_t bdst0 =
+      uint32_t(((ctid >> 6) & 3) * kCoreGroup + bpart * kCoreBytes + ((ctid >> 3) & 7) * 16);
+  int it0 = 0;  // A-ring stages before this tile
+  for (int pt = p0; pt < p1; pt += kWideBN) {
+    const int cnt = min(kWideBN, p1 - pt);
+    if (ctid < kWideBN) {
+      int row = 0, em = 0, st = is::kTokenOk;
+      if (ctid < cnt) {
+        const int p = pt + ctid;
+        row = a.row_map ? __ldg(a.row_map + p) : p;
+        em = __ldg(a.planes.meta + 2 * size_t(row));
+        st = __ldg(a.planes.meta + 2 * size_t(row) + 1);
+      }
+      s_tokrow[ctid] = row, s_tokemin[ctid] = em, s_tokst[ctid] = st;
+    }
+    if (ctid == 0) s_nbad = 0;
+    bar_sync(2, kWsConsumers);
+    if (ctid < cnt && s_tokst[ctid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = ctid;
+    // wgmma_kernel's plane copies (BN ≥ 32 map): tokens ctid / 8 + 32·j of both planes.
+    auto issue_b = [&](int kt) {
+      if (kt * kKB + (bpart >> 1) >= nb) return;
+      uint8_t* const d = sB + ((it0 + kt) % kWideSB) * kWideBStage;
+      const size_t col = size_t(kt * kBK + bpart * 16);
+#pragma unroll
+      for (int j = 0; j < kWideBN / 32; j++) {
+        const int t = (ctid >> 3) + 32 * j;
+        if (t < cnt) {
+          const size_t off = size_t(s_tokrow[t]) * size_t(K) + col;
+          uint8_t* const dj = d + bdst0 + j * 4 * kCoreGroup;
+          cp16(dj, a.planes.hi + off);
+          cp16(dj + kWideBN * kBK, a.planes.lo + off);
+        }
+      }
+    };
+    for (int s = 0; s < kDB; s++) {
+      if (s < nkt) issue_b(s);
+      cp_commit();
+    }
+    const auto consume = [&](auto n_tag) {
+      constexpr int N = decltype(n_tag)::value;
+      int h0[N / 2], l0[N / 2], h1[N / 2], l1[N / 2];  // halves 0 and 1: hi and lo planes
+#pragma unroll
+      for (int r = 0; r < N / 2; r++) h0[r] = 0, l0[r] = 0, h1[r] = 0, l1[r] = 0;
+      for (int kt = 0; kt < nkt; kt++) {
+        const int it = it0 + kt;
+        cp_wait<kDB - 1>();   // this thread's planes of stage kt have landed
+        fence_proxy_async();  // visible to the wgmmas
+        mbar_wait(&full[it % kWideSA], (it / kWideSA) & 1);
+        // Every consumer's planes of stage kt are in, and both warpgroups are past stage kt − 1's
+        // wgmma_wait<1>: stage kt − 2's B slot is free.
+        bar_sync(2, kWsConsumers);
+        if (kt + kDB < nkt) issue_b(kt + kDB);
+        cp_commit();
+        const uint8_t* A = sA + (it % kWideSA) * kWideAStage + cg * 16 * kACoreGroup;
+        const uint8_t* B = sB + (it % kWideSB) * kWideBStage;
+#pragma unroll
+        for (int r = 0; r < N / 2; r++) pin(h0[r]), pin(l0[r]), pin(h1[r]), pin(l1[r]);
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < kKB; kb++) {
+          const uint64_t da0 = smem_desc(A + kb * kWideABlock, kCoreBytes, kACoreGroup);
+          const uint64_t da1 =
+              smem_desc(A + kb * kWideABlock + 8 * kACoreGroup, kCoreBytes, kACoreGroup);
+          const uint8_t* bk = B + kb * 2 * kCoreBytes;
+          const uint64_t dh = smem_desc(bk, kCoreBytes, kCoreGroup);
+          const uint64_t dl = smem_desc(bk + kWideBN * kBK, kCoreBytes, kCoreGroup);
+          wgmma_ss<N>(h0, da0, dh);
+          wgmma_ss<N>(l0, da0, dl);
+          wgmma_ss<N>(h1, da1, dh);
+          wgmma_ss<N>(l1, da1, dl);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int r = 0; r < N / 2; r++) pin(h0[r]), pin(l0[r]), pin(h1[r]), pin(l1[r]);
+        wgmma_wait<1>();  // the previous stage's wgmmas are done: release its A slot
+        if (kt > 0) mbar_arrive(&empty[(it - 1) % kWideSA]);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < N / 2; r++) pin(h0[r]), pin(l0[r]), pin(h1[r]), pin(l1[r]);
+      mbar_arrive(&empty[(it0 + nkt - 1) % kWideSA]);
+      cp_wait<0>();
+      bar_sync(2, kWsConsumers);  // s_bad, s_nbad
+      // Epilogue: accumulator 4·f + r of half h is (row 128·cg + 64·h + 16·wq + gid + 8·(r ≥ 2),
+      // token 8f + 2·tig + r mod 2).
+      const int r0 = cg * 128 + wq * 16 + gid;
+#pragma unroll
+      for (int f = 0; f < N / 8; f++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          const int row = r0 + (r >= 2 ? 8 : 0), col = f * 8 + 2 * tig + (r & 1);
+          store_output(a, row0, pt, cnt, row, col, h0[4 * f + r], l0[4 * f + r], s_tokst, s_tokemin,
+                       s_rowok, s_smin);
+          store_output(a, row0, pt, cnt, row + 64, col, h1[4 * f + r], l1[4 * f + r], s_tokst,
+                       s_tokemin, s_rowok, s_smin);
+        }
+      }
+    };
+    switch (__shfl_sync(0xffffffffu, (cnt + 15) / 16, 0)) {
+      case 1:
+        consume(std::integral_constant<int, 16>{});
+        break;
+      case 2:
+        consume(std::integral_constant<int, 32>{});
+        break;
+      case 3:
+        consume(std::integral_constant<int, 48>{});
+        break;
+      case 4:
+        consume(std::integral_constant<int, 64>{});
+        break;
+      case 5:
+        consume(std::integral_constant<int, 80>{});
+        break;
+      default:
+        consume(std::integral_constant<int, 96>{});
+        break;
+    }
+    strict_rows(a, v, cg * 8 + wq, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
+    strict_rows(a, v, cg * 8 + 4 + wq, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad,
+                s_nbad);
+    it0 += nkt;
+    bar_sync(2, kWsConsumers);  // the next tile rewrites the token tables
+  }
+}
+
 // Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A with a known 32 × N B
 // (N = 16 and 24), both placed in shared memory by wgmma_kernel's maps and descriptors (block 0 of
 // an A stage, columns 0–31 of a B stage), and stores D by its epilogue map: D[row][col] for the
@@ -1400,6 +1708,22 @@ Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
   return launch_wgmma_tile<128, 3, 4, 3, 1>(a, G, stream);
 }
 
+// The 256-row form where its shared memory fits (K ≤ 3584 with its static arrays: K3's gate|up and
+// down), else wgmma_kernel's tiles.
+Status launch_wide(const GemmArgs& a, int G, int P, void* stream) {
+  static const size_t static_smem = [] {
+    cudaFuncAttributes fa{};
+    return cudaFuncGetAttributes(&fa, wide_kernel) == cudaSuccess ? fa.sharedSizeBytes
+                                                                  : size_t(1) << 30;
+  }();
+  const size_t smem = wide_smem(a.K / c::kBlock);
+  if (smem + static_smem > size_t(227) * 1024) return launch_wgmma(a, G, P, stream);
+  if (Status st = rt::allow_dynamic_smem(wide_kernel, int(smem)); !st.ok()) return st;
+  const dim3 grid(unsigned((a.N + kWideBM - 1) / kWideBM), unsigned(G));
+  wide_kernel<<<grid, kWideThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  return kernels::detail::launch_status();
+}
+
 Status not_supported() {
   return {int(cudaErrorNotSupported), "grouped_experts: the GEMM path takes input widths <= 4096"};
 }
@@ -1441,6 +1765,20 @@ Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
   return launch_wgmma(a, b.G, b.P, stream);
+}
+
+Status wide_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
+  if (!gemm_supports(b.H)) return not_supported();
+  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
+  GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
+  return launch_wide(a, b.G, b.P, stream);
+}
+
+Status wide_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
+  if (!gemm_supports(b.I)) return not_supported();
+  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
+  GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
+  return launch_wide(a, b.G, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail

@@ -67,6 +67,9 @@ Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 // The same path with wgmma (sm_90a warpgroup MMA) in the main loop; same planes, same bits.
 Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
+// The wgmma form with 256-row CTAs (ExpertPath::wgmma_wide); same planes, same bits.
+Status wide_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
+Status wide_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 // The wgmma form's operand and result layouts on known values (a test's diagnostic: a wrong map
 // shows as a pattern of wrong rows or columns): out [64·16 + 64·24] int32 = D of a 64 × 32 by
 // 32 × N product for N = 16, then N = 24 (row-major), A(r, k) = (7r + 3k) mod 11 − 5,

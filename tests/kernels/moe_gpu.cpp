@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,11 +166,12 @@ Prepared prepare(const Case& c) {
 // sentinel rows after y are untouched. Returns the GEMM path's window counts (zeros otherwise).
 moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   const Case& c = p.c;
-  INFO("path " << (path == moe::ExpertPath::gemv    ? "gemv"
-                   : path == moe::ExpertPath::imma  ? "imma"
-                   : path == moe::ExpertPath::gemm  ? "gemm"
-                   : path == moe::ExpertPath::wgmma ? "wgmma"
-                                                    : "automatic"));
+  INFO("path " << (path == moe::ExpertPath::gemv         ? "gemv"
+                   : path == moe::ExpertPath::imma       ? "imma"
+                   : path == moe::ExpertPath::gemm       ? "gemm"
+                   : path == moe::ExpertPath::wgmma      ? "wgmma"
+                   : path == moe::ExpertPath::wgmma_wide ? "wgmma_wide"
+                                                         : "automatic"));
   DeviceBuffer cache = DeviceBuffer::from(p.cache);
   std::vector<Mxfp4ExpertView> views;
   for (int s : c.group_slot)
@@ -231,7 +233,8 @@ moe::GemmWindowCounts check_gpu(const Prepared& p, moe::ExpertPath path) {
   for (size_t i = y_elems; i < y_elems + sentinel; i++) stray += got[i] != 0xFFFFFFFFu;
   CHECK(stray == 0);
   moe::GemmWindowCounts wc;
-  if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma)
+  if (path == moe::ExpertPath::gemm || path == moe::ExpertPath::wgmma ||
+      path == moe::ExpertPath::wgmma_wide)
     REQUIRE(moe::gemm_window_counts(ws.get(), c.T, p.P, c.H, c.I, &wc).ok());
   return wc;
 }
@@ -268,6 +271,7 @@ TEST_CASE("moe gpu: K3 decode shape, 16 experts per token, bit-identical to the 
   check_gpu(p, moe::ExpertPath::imma);
   check_gpu(p, moe::ExpertPath::gemm);  // scale spans of 4-6 codes: the strict rows
   check_gpu(p, moe::ExpertPath::wgmma);
+  check_gpu(p, moe::ExpertPath::wgmma_wide);
 }
 
 TEST_CASE("moe gpu: one token per expert (persistent GEMV ranges), K3 and odd shapes", "[gpu]") {
@@ -347,6 +351,7 @@ TEST_CASE("moe gpu: K3 prefill shape, many tokens per expert, both paths", "[gpu
   check_gpu(p, moe::ExpertPath::automatic);
   check_gpu(p, moe::ExpertPath::gemm);
   check_gpu(p, moe::ExpertPath::wgmma);
+  check_gpu(p, moe::ExpertPath::wgmma_wide);
 }
 
 TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups, poison", "[gpu]") {
@@ -370,6 +375,7 @@ TEST_CASE("moe gpu: odd small shapes, SiLU and SiTU without beta2, empty groups,
       check_gpu(p, moe::ExpertPath::imma);
       if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::gemm);
       if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::wgmma);
+      if (sh.H <= 4096 && sh.I <= 4096) check_gpu(p, moe::ExpertPath::wgmma_wide);
     }
   }
 }
@@ -444,11 +450,13 @@ TEST_CASE("moe gpu: GEMM path at K3 shape, tile edges and window edges", "[gpu]"
   CHECK(wcw.x_ok == wc.x_ok);
   CHECK(wcw.h_ok == wc.h_ok);
   CHECK(wcw.h_poisoned == wc.h_poisoned);
+  check_gpu(p, moe::ExpertPath::wgmma_wide);  // 256-row tiles; 130 tokens: a 96-token tile + 34
   SECTION("rows outside the weight window (strict rows in every tile position)") {
     c.wide_rows = true;
     Prepared pw = prepare(c);
     check_gpu(pw, moe::ExpertPath::gemm);
     check_gpu(pw, moe::ExpertPath::wgmma);
+    check_gpu(pw, moe::ExpertPath::wgmma_wide);
   }
 }
 
@@ -513,6 +521,7 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
       check_gpu(p, moe::ExpertPath::wgmma);
+      check_gpu(p, moe::ExpertPath::wgmma_wide);
     }
   }
   const struct {
@@ -533,6 +542,7 @@ TEST_CASE("moe gpu: GEMM path, small and odd shapes, extreme scale codes", "[gpu
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
       check_gpu(p, moe::ExpertPath::wgmma);
+      check_gpu(p, moe::ExpertPath::wgmma_wide);
       // automatic: the mma.sync form below a mean of kWgmmaMinMeanPairsPerGroup tokens per
       // expert, the wgmma form from it (the 128-token layouts: a mean of 73 and 100).
       check_gpu(p, moe::ExpertPath::automatic);
@@ -604,9 +614,57 @@ TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full
       Prepared p = prepare(c);
       check_gpu(p, moe::ExpertPath::gemm);
       check_gpu(p, moe::ExpertPath::wgmma);
+      check_gpu(p, moe::ExpertPath::wgmma_wide);
       // automatic: the mma.sync form below a mean of kWgmmaMinMeanPairsPerGroup tokens per
       // expert, the wgmma form from it (the 128-token layouts: a mean of 73 and 100).
       check_gpu(p, moe::ExpertPath::automatic);
+    }
+  }
+}
+
+TEST_CASE("moe gpu: wgmma path's 256-row form at its tile edges", "[gpu]") {
+  strata::test::skip_without_gpu();
+  // wide_kernel: 256 rows per CTA, token tiles of up to 96, wgmma widths the count rounded up to
+  // 16, the producer running ahead into a group's next tile. Groups of 96 (one full tile, N = 96),
+  // 97 (a tile and one: N = 16), 200 (two tiles and 8), 80 and 81 (N = 80, N = 96 with 15 stale
+  // columns), 16 and 17 (N = 16, 32), 1, and an empty group; a wide token (strict for its pairs),
+  // a poisoned one and two with zero blocks among them. K3's shape (gate|up: 24 row tiles, down:
+  // 14), then H = 320, I = 200 (10 blocks: a partial last stage; the first gate|up tile straddles
+  // w1 and w3, the second and down's second are partial, their last rows clamped), there also with
+  // a few rows of every matrix outside their window (strict rows in the 256-row tiles).
+  struct Shape {
+    int H, I;
+  };
+  for (const Shape sh : {Shape{3584, 3072}, Shape{320, 200}}) {
+    DYNAMIC_SECTION("H=" << sh.H << " I=" << sh.I) {
+      Case c;
+      c.H = sh.H, c.I = sh.I, c.T = 210, c.slots = 11, c.glu = situ();
+      c.scale_span = 4;
+      c.wide_token = 9;
+      c.poisoned_token = 7;
+      c.zero_blocks_token = {20, 21};
+      const int sizes[] = {96, 97, 0, 200, 80, 81, 16, 17, 1};
+      int next = 0;
+      for (int g = 0; g < int(std::size(sizes)); g++) {
+        std::vector<int> toks;
+        for (int k = 0; k < sizes[g]; k++) toks.push_back((next + k) % c.T);
+        next += sizes[g] + 13;
+        std::sort(toks.begin(), toks.end());
+        toks.erase(std::unique(toks.begin(), toks.end()), toks.end());
+        c.group_tokens.push_back(toks);
+        c.group_slot.push_back((g * 4 + 3) % c.slots);
+      }
+      Prepared p = prepare(c);
+      const moe::GemmWindowCounts wc = check_gpu(p, moe::ExpertPath::wgmma_wide);
+      CHECK(wc.x_wide == 1);
+      CHECK(wc.x_poisoned == 1);
+      const moe::GemmWindowCounts wcw = check_gpu(p, moe::ExpertPath::wgmma);
+      CHECK(wcw.h_ok == wc.h_ok);
+      if (sh.H < 3584) {  // at K3's shape the GEMM-path case above has the strict rows
+        c.wide_rows = true;
+        Prepared pw = prepare(c);
+        check_gpu(pw, moe::ExpertPath::wgmma_wide);
+      }
     }
   }
 }
