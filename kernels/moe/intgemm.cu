@@ -38,7 +38,8 @@
 // is warp-specialized: a producer warpgroup decodes the weights once per token tile into shared
 // memory, and two consumer warpgroups run Hopper's warpgroup MMA on them and on the planes, both
 // operands from shared memory; the integer method, window scan, epilogue and strict fallback are
-// gemm_kernel's, so its outputs are the same bits.
+// gemm_kernel's, so its outputs are the same bits. A third, wide_kernel (ExpertPath::wgmma_wide),
+// is that form with 256-row CTAs, so that the planes are read once per 256 rows (its comment).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -1262,8 +1263,9 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
 // (458 + 523) / 256 ≈ 3.8 KB per output row (−35 %), with token tiles of up to 96 (a group of
 // 73 ± 9 is one tile). What that costs is registers: each consumer warpgroup owns 128 rows (two
 // m64 halves sharing every B descriptor) × up to 96 tokens × 2 planes = 192 int32 accumulators per
-// thread, so the producer warpgroup gives registers away (setmaxnreg: 40 for the producers, 232 for
-// the consumers, 168 at entry).
+// thread, so the producer warpgroup gives registers away (setmaxnreg: 48 for the producers, 232 for
+// the consumers, 168 at entry; ptxas spills 3 values, reloaded once per tile). Not yet measured on
+// a GPU (docs/performance.md); the napkin and what it is meant to show are there.
 // The integer method, windows, epilogue and strict fallback are wgmma_kernel's (the same bits).
 // Other differences:
 //   - the producer and the consumers walk the tiles in loops of their own, joined only by the A
@@ -1271,8 +1273,9 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
 //     and strict rows of the tile before;
 //   - shared memory is full (K3: 2 A stages of 32.1 KB, 4 plane stages of 24 KB, 2 packed stages
 //     of 16 KB, 28 KB of scale codes), so the packed copies run 1 stage ahead and each row's
-//     weights are prefetched into L2 kPF stages ahead (two prefetches per producer thread and
-//     stage); the rows' source pointers sit in shared memory (s_rowsrc), not in registers;
+//     weights are prefetched into L2 kWidePF stages ahead (two prefetches per producer thread and
+//     stage); the rows' source pointers sit in shared memory (s_rowsrc), not in registers; the
+//     decode takes two items at a time (at 48 registers, one at a time serialized the loads);
 //   - wgmma widths are the tile's count rounded up to 16 (16 … 96).
 // Layouts: wgmma_kernel's, with 256 rows per A block (8192 + 32 bytes apart); consumer warpgroup
 // c's half h starts at row 128·c + 64·h.
