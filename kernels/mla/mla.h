@@ -69,10 +69,11 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
                uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream);
 
 // The split-attention kernel of decode() and decode_device(): mma (the default: 48 heads per
-// block on mma.sync) or wgmma (64 heads per block on wgmma, the cache tile read from shared memory
-// once per 64 heads; correct, but slower on the H200 so far: 20.7-22.4 % of copy against
-// 26.3-29.1 %, docs/performance.md). Both give the same result up to fp32 summation order and the
-// bf16 rounding flips it causes; each is deterministic for a given (H, B, max_len) and lengths.
+// block on mma.sync, 26.3-29.1 % of copy on the H200, docs/performance.md) or wgmma (heads in
+// blocks of at most 64 on wgmma, two warpgroups in seesaw over a 2-stage mbarrier ring; rewritten
+// on branch mla-dec2 and not yet timed: the earlier wgmma form was 20.7-22.4 %). Both give the
+// same result up to fp32 summation order and the bf16 rounding flips it causes; each is
+// deterministic for a given (H, B, max_len) and lengths.
 // The process default is read once from the environment: STRATA_MLA_DECODE=wgmma selects the
 // wgmma kernel, anything else (or unset) mma.
 enum class DecodeKernel { wgmma, mma };

@@ -4,24 +4,30 @@
 //             copied beside it, so q_lat rows are the 576-wide bf16 queries of the cache rows.
 //   attention over the splits of each sequence's cache, writing (m, l, unnormalised ctx) per
 //             split, fp32 online softmax in the exp2 domain, P rounded to bf16 for P·Ĉ — one of:
-//     attn_wgmma (STRATA_MLA_DECODE=wgmma; slower than attn_split on the H200 so far; grid: group
-//     of 64 heads × split × sequence, 256 threads) — the 64
-//             heads are one wgmma M tile, so each 64-row cache tile is read from shared memory
-//             once per 64 heads (the cache tile is the B operand of both products). Two
-//             warpgroups; warpgroup w computes S = Q·Kᵀ [64 heads × 64 keys] over its half of the
-//             576 dims (18 m64n64k16 with q_lat and the tile both read from shared memory), the
-//             two fp32 halves are added through shared memory so that w owns keys 32w .. +31,
-//             the row maxima are exchanged (both warpgroups then hold the same running max), w
-//             computes P for its keys, the P fragments are exchanged, and w accumulates
-//             O[64 × 256] for value columns 256w .. +255 (8 m64n128k16, P from registers, V read
-//             MN-major from the same tile): 128 fp32 accumulators per thread. The next tile's S
-//             is issued right behind the P·V wgmmas. Cache tiles: a 2-stage ring of 64 rows in
-//             the no-swizzle core-matrix layout (wgmma.cuh), filled by cp.async (rows past the
-//             split's end zero-filled); each warpgroup refills the chunks only its own P·V reads
-//             (and half of the k_pe chunks, which double as the exchange buffers) as soon as its
-//             P·V on the stage is done, one tile ahead of use. No producer warp: with a 9th warp
-//             one SM sub-partition holds three warps and ptxas caps every thread at 168 registers
-//             (the O accumulators alone are 128); as is, 254 registers, no spills.
+//     attn_wgmma (STRATA_MLA_DECODE=wgmma; grid: head block × split × sequence, 256 threads;
+//             not yet run on a GPU in this form, checked by scripts/mla-emu) — H split evenly
+//             into blocks of at most 64 heads (96 → 2 × 48), each one wgmma M tile of 64 rows
+//             (rows past the block zero), so each 64-row cache tile is read from shared memory
+//             once per block (the cache tile is the B operand of both products). Two warpgroups
+//             in seesaw: warpgroup w owns O[64 × 256] for value columns 256w .. +255 (128 fp32
+//             accumulators per thread) and the tiles j ≡ w (mod 2). For its own tile it computes
+//             S = Q·Kᵀ [64 × 64] over all 576 dims (36 m64n64k16, q_lat and the tile both from
+//             shared memory), the new running maxima from the previous tile's (whichever
+//             warpgroup computed them), P = bf16(2^(s − m)), publishes P (into the tile's k_pe
+//             chunks, which S no longer needs), m and α = 2^(m_old − m) through a named barrier
+//             (bar.arrive; the other warpgroup bar.syncs), and adds P·V from registers (4 × 2
+//             m64n128k16, V read MN-major from the tile); for the other warpgroup's tile it scales
+//             O by that α and adds P·V with P read from shared memory. Only P, m and α cross
+//             between the warpgroups, once per tile (the earlier form split S by dims and exchanged
+//             partial scores, maxima and P: three barriers per tile, 20.7-22.4 % of copy). Cache
+//             tiles: a 2-stage ring of 64 rows in the no-swizzle core-matrix layout (wgmma.cuh),
+//             q_lat beside it (3 × 72 KB), filled by cp.async and tracked by one mbarrier per stage
+//             (cp.async.mbarrier.arrive.noinc from all 256 threads, waited by parity, then a proxy
+//             fence); rows past the split's end zero-filled. As soon as a warpgroup's P·V on
+//             tile j − 1 is done it refills its share of that stage with tile j + 1: its value
+//             columns, and the k_pe chunks if it read tile j − 1's P from them. No producer warp: a
+//             9th warp caps every thread at 168 registers (three warps on one SM sub-partition); as
+//             is, 236 registers, no spills, 222 KB of shared memory, one block per SM.
 //     attn_split (the default; grid: split × group of 48 heads × sequence)
 //             — one block streams its slice of the sequence's latent cache through shared memory
 //             once (cp.async, 2 stages of 64 rows) for 48 heads. 12 warps: warp (m, q) owns heads
@@ -34,17 +40,19 @@
 //   merge_ctx (grid: head × sequence × 128-column quarter) — merges the splits' softmax states into
 //   ctx (fp32). out_uv    (grid: head × 32-row quarter of W_UV_h) — o = bf16(W_UV·ctx), weights in
 //   registers.
-// Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP; the DRAM floor is 35 µs, 60 % of
-// copy is 59 µs. attn_split: every 16-head group re-reads each cache tile from shared memory
-// through ldmatrix (6 × (576 + 512) × 2 B per row = 1.7 GB at 128 B/clk/SM ≈ 51 µs on 132 SMs),
-// measured 26-29 % of copy, shared-memory bound. attn_wgmma, per 64-row tile and 64-head block:
-// 144 KB of shared reads for S (q_lat and the tile), 64 KB for P·V, ≈ 24 KB of exchanges, against
-// 2.36 M + 2.10 M multiply-adds = 2176 clk at 2048 bf16 MAC/clk/SM: tensor-bound, and the
-// shared-memory traffic per tile for 96 heads drops from 1.24 MB to ≈ 0.46 MB. 96 heads are a
-// 64-head block and a half-empty one (25 % of the tensor work is padding): 2 × 2176 clk per
-// tile, 2048 tiles on 132 SMs ≈ 39 µs at 1.75 GHz, so 60 % of copy needs ≈ 65 % of that
-// tensor-core floor. Not overlapped yet: the exchanges and the softmax between S and P·V (the
-// tensor cores idle then), the cache loads only one tile ahead.
+// Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP; the DRAM floor is 35 µs on the
+// H200 (4.3 TB/s copy), 60 % of copy is 59 µs. attn_split: every 16-head group re-reads each
+// cache tile from shared memory through ldmatrix (6 × (576 + 512) × 2 B per row = 1.7 GB at
+// 128 B/clk/SM ≈ 51 µs on 132 SMs), measured 26-29 % of copy, shared-memory bound. attn_wgmma,
+// per 64-row tile and head block: 2.36 M + 2.10 M multiply-adds = 2176 clk at 2048 bf16
+// MAC/clk/SM, against 144 KB of shared reads for S (128 B/clk, the limit, while S runs), 72 KB for
+// P·V and 74 KB of cache written: per SM near both the tensor and the shared-memory ceilings. 96
+// heads as 2 × 48 pad 25 % of the tensor work: 2 × 2176 clk per tile, 2048 tiles on 132 SMs
+// ≈ 39 µs at 1.75 GHz, so the kernel sits at the ridge on the H200 (tensor floor ≈ DRAM floor:
+// 60 % of copy needs ≈ 65 % of the tensor floor) and is DRAM-bound on the H100 (≈ 3 TB/s). Per
+// tile the chain is S (1152 clk) → softmax → both P·V halves (1024 clk), the softmax exposed
+// (the next S waits for its stage, which the ring refills only after the previous tile's P·V);
+// the refill has that one tile (≈ 1.4 µs) to land.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -105,7 +113,7 @@ int sm_count() {
 
 // Split count that minimises (waves of one-block-per-SM) × (tiles per split + a fixed cost of about
 // two tiles for the prologue, the q fragments and the partial-state write).
-// heads_per_block: HC (attn_split) or WH (attn_wgmma).
+// heads_per_block: HC (attn_split) or wg_heads(H) (attn_wgmma).
 Plan plan_splits(int H, int B, int64_t max_len, int heads_per_block) {
   const int64_t tiles = (max_len + BK - 1) / BK;
   const int64_t per_split = int64_t(B) * ((H + heads_per_block - 1) / heads_per_block);
@@ -382,207 +390,139 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// ---- attn_wgmma: 64-head wgmma tiles (the sm_90a default; see the file's opening comment) ----
-constexpr int WH = 64;                     // heads per block: one wgmma M tile
+// ---- attn_wgmma: 64-row wgmma tiles, two warpgroups in seesaw (see the file's opening comment)
+// ----
+constexpr int WH = 64;                     // wgmma M tile: rows (heads) per block, padded
 constexpr int kWThreads = 256;             // two warpgroups
 constexpr int kRowChunks = kCacheDim / 8;  // 72 16-byte chunks per cache row
-constexpr int kKSteps = kCacheDim / 16;    // 36 k-steps of S = Q·Kᵀ, 18 per warpgroup
+constexpr int kKSteps = kCacheDim / 16;    // 36 k-steps of S = Q·Kᵀ
 constexpr uint32_t kWTile = uint32_t(BK) * kCacheDim * 2;  // 73728 B: one 64-row cache tile
-constexpr uint32_t kWQ = uint32_t(WH) * kCacheDim * 2;     // 73728 B: q_lat of the 64 heads
+constexpr uint32_t kWQ = uint32_t(WH) * kCacheDim * 2;     // 73728 B: q_lat of the block's heads
 constexpr uint32_t kWRope = uint32_t(kLatent / 8) * 1024;  // offset of a tile's k_pe chunks (8 KB)
-constexpr uint32_t kWXchg = 8192;  // warpgroup 0's partial scores of keys 32 .. 63
-constexpr uint32_t kWOffStage = kWQ, kWOffXchg = kWQ + 2 * kWTile;
-constexpr uint32_t kWOffMax = kWOffXchg + kWXchg;  // [2][64] fp32 row maxima, then sums
-constexpr size_t kWSmem = kWOffMax + 2 * WH * 4;
+constexpr uint32_t kWOffStage = kWQ;
+constexpr uint32_t kWOffStat = kWQ + 2 * kWTile;           // [2 stages][m | α][64] fp32
+constexpr uint32_t kWOffBar = kWOffStat + 2 * 2 * WH * 4;  // full[2] mbarriers
+constexpr size_t kWSmem = kWOffBar + 2 * 8;
 static_assert(kWSmem <= 227 * 1024, "attn_wgmma shared memory");
 static_assert(BK == 64 && WH == 64, "the core-matrix layout below is for 64-row operands");
 
-// Byte offset of chunk c8 of row r in a 64-row operand (Q or a cache tile), wgmma.cuh's layout:
+// Rows (heads) per block: H split evenly over the fewest blocks of at most 64 (96 → 2 × 48).
+int wg_heads(int H) {
+  const int blocks = (H + WH - 1) / WH;
+  return (H + blocks - 1) / blocks;
+}
+
+// Byte offset of chunk c8 of row r in a 64-row operand (Q, a cache tile, P), wgmma.cuh's layout:
 // descriptors K-major (lead 1024, stride 128) and MN-major (lead 128, stride 1024).
 __device__ __forceinline__ uint32_t core_off(int r, int c8) {
   return uint32_t(c8) * 1024u + uint32_t(r >> 3) * 128u + uint32_t(r & 7) * 16u;
 }
 
 __global__ void __launch_bounds__(kWThreads, 1)
-    attn_wgmma(int H, const uint16_t* cache, int64_t cache_stride, const Lens lens,
+    attn_wgmma(int H, int hpb, const uint16_t* cache, int64_t cache_stride, const Lens lens,
                const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale,
                Ws ws) {
-  const int hb = blockIdx.x * WH, split = blockIdx.y, b = blockIdx.z;
+  const int hb = blockIdx.x * hpb, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   extern __shared__ __align__(1024) uint8_t wsmem[];
   const uint32_t sbase = smem_addr(wsmem);
-  float* smax = reinterpret_cast<float*>(wsmem + kWOffMax);  // [2][64]
+  float* stat = reinterpret_cast<float*>(wsmem + kWOffStat);
+  const uint32_t full0 = sbase + kWOffBar;  // full[s] = full0 + 8·s
   const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
   const int ntiles = se > sb ? int((se - sb + BK - 1) / BK) : 0;
   const uint16_t* cb = cache + int64_t(b) * cache_stride;
 
-  // Warpgroup w (threads wt = 0 .. 127, warp ww of it) owns the value columns 256·w .. +255 of O,
-  // the k-steps 18·w .. +17 of S = Q·Kᵀ and the softmax of keys 32·w .. +31 of each tile; its
-  // thread holds rows (heads) r_lo = 16·ww + g and r_hi = r_lo + 8.
+  // Warpgroup w (threads wt = 0 .. 127, warp ww of it) owns the value columns 256·w .. +255 of O
+  // and the tiles j ≡ w (mod 2) (their S and softmax); its thread holds rows r_lo = 16·ww + g and
+  // r_hi = r_lo + 8 of every accumulator.
   const int w = warp >> 2, wt = tid & 127, ww = wt >> 5;
   const int r_lo = ww * 16 + g, r_hi = r_lo + 8;
-  // q_lat of the 64 heads (rows past H zero) in the core-matrix layout. Lane (lane % 8, lane / 8)
-  // copies chunk 4·cq + lane / 8 of row 8·rb + lane % 8: a quarter-warp writes 128 contiguous
-  // bytes (conflict-free), a warp reads 64 contiguous bytes of each of 8 rows.
+  const bool lo_ok = r_lo < hpb && hb + r_lo < H, hi_ok = r_hi < hpb && hb + r_hi < H;
+  const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
+
+  if (ntiles == 0) {  // empty split: m = −inf, l = 0, ctx = 0
+    for (int i = tid; i < WH * kLatent / 4; i += kWThreads) {
+      const int r = i / (kLatent / 4), c4 = i % (kLatent / 4);
+      if (r < hpb && hb + r < H)
+        reinterpret_cast<float4*>(ws.part + (row0 + r) * kLatent)[c4] =
+            make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (tid < hpb && hb + tid < H)
+      *reinterpret_cast<float2*>(ws.ml + (row0 + tid) * 2) = make_float2(-INFINITY, 0.f);
+    return;
+  }
+  if (tid == 0) {
+    mbar_init(full0, kWThreads);
+    mbar_init(full0 + 8, kWThreads);
+  }
+  __syncthreads();
+
+  // q_lat of the block's rows (rows past hpb or H zero) in the core-matrix layout. Lane
+  // (lane % 8, lane / 8) copies chunk 4·cq + lane / 8 of row 8·rb + lane % 8: a quarter-warp writes
+  // 128 contiguous bytes (conflict-free), a warp reads 64 contiguous bytes of each of 8 rows.
 #pragma unroll 1
   for (int i = tid; i < WH / 8 * (kRowChunks / 4) * 32; i += kWThreads) {
     const int q = i >> 5, rb = q / (kRowChunks / 4), cq = q % (kRowChunks / 4);
     const int r = rb * 8 + (lane & 7), c8 = cq * 4 + (lane >> 3);
-    const bool valid = hb + r < H;
+    const bool valid = r < hpb && hb + r < H;
     cp_async16_at(sbase + core_off(r, c8),
                   ws.qlat + (int64_t(b) * H + (valid ? hb + r : 0)) * kCacheDim + c8 * 8,
                   valid ? 16u : 0u);
   }
-  // Loads tile `it` into stage it % 2, the part this warpgroup refills: the value chunks only its
-  // own P·V reads (32·w .. +31) and half of the k_pe chunks (64 + 4·w .. +3), so a warpgroup can
-  // refill a stage as soon as its own P·V on it is done. Same lane map as above; rows at or past
-  // the split's end are zero-filled (their scores are masked, and 0·V keeps P·V finite).
-  auto load_tile = [&](int it) {
-    const int64_t s0 = sb + int64_t(it) * BK;
-    const uint32_t st = sbase + kWOffStage + uint32_t(it & 1) * kWTile;
+  // This warpgroup's share of tile tt (stage tt % 2), same lane map as above: the value chunks
+  // 32·w .. +31 (only its own P·V reads them after the tile's S) and, with_rope, the k_pe chunks
+  // 64 .. 71, which hold the tile's P once its S is done and are refilled by the warpgroup that
+  // reads that P. Rows at or past the split's end are zero-filled (their scores are masked, and
+  // 0·V keeps P·V finite).
+  auto load_part = [&](int tt, bool with_rope) {
+    const int64_t s0 = sb + int64_t(tt) * BK;
+    const uint32_t st = sbase + kWOffStage + uint32_t(tt & 1) * kWTile;
 #pragma unroll
-    for (int i = 0; i < BK / 8 * 9 / 4; i++) {  // 8 row blocks × 9 chunk quads over 4 warps
-      const int item = i * 4 + ww, rb = item / 9, cq = item % 9;
-      const int j = rb * 8 + (lane & 7);
-      const int c8 = (cq < 8 ? 32 * w + 4 * cq : 64 + 4 * w) + (lane >> 3);
+    for (int i = 0; i < 16; i++) {  // 8 row blocks × 8 chunk quads over 4 warps
+      const int item = i * 4 + ww, rb = item >> 3, cq = item & 7;
+      const int j = rb * 8 + (lane & 7), c8 = 32 * w + 4 * cq + (lane >> 3);
       const bool valid = s0 + j < se;
       cp_async16_at(st + core_off(j, c8), cb + (valid ? s0 + j : sb) * kCacheDim + c8 * 8,
                     valid ? 16u : 0u);
     }
+    if (with_rope) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {  // 8 row blocks × 2 chunk quads over 4 warps
+        const int item = i * 4 + ww, rb = item >> 1, cq = item & 1;
+        const int j = rb * 8 + (lane & 7), c8 = 64 + 4 * cq + (lane >> 3);
+        const bool valid = s0 + j < se;
+        cp_async16_at(st + core_off(j, c8), cb + (valid ? s0 + j : sb) * kCacheDim + c8 * 8,
+                      valid ? 16u : 0u);
+      }
+    }
   };
-  if (ntiles > 0) load_tile(0);
-  cp_async_commit();  // Q and tile 0
-  if (ntiles > 1) load_tile(1);
-  cp_async_commit();  // tile 1 (possibly empty: the group count stays uniform)
+  // Tiles 0 and 1; each thread's copies so far (q_lat included) arrive on the stage's barrier.
+  load_part(0, w == 1);
+  cp_async_arrive(full0);
+  if (ntiles > 1) {
+    load_part(1, w == 0);
+    cp_async_arrive(full0 + 8);
+  }
 
   float m_lo = -INFINITY, m_hi = -INFINITY;  // running maxima (scaled log2 domain), both WGs
-  float l_lo = 0.f, l_hi = 0.f;  // this thread's share of the row sums (its keys, its quad)
-  float o[2][16][4];             // O[64 heads, 256·w + 128·half + 8·nt + 2t ..]
+  float l_lo = 0.f, l_hi = 0.f;  // this thread's share of the row sums over its own tiles
+  float o[2][16][4];             // O[64 rows, 256·w + 128·h + 8·nt + 2t ..]
 #pragma unroll
   for (int h = 0; h < 2; h++)
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) o[h][nt][0] = o[h][nt][1] = o[h][nt][2] = o[h][nt][3] = 0.f;
-  float sc[8][4];  // partial S[64 heads, 64 keys] over this warpgroup's 288 dims
+  float sc[8][4];  // S[64 rows, 64 keys] of an own tile
 
-  // Issues S = Q·Kᵀ over this warpgroup's dims for the tile in stage s (not waited for).
-  auto issue_qk = [&](int s) {
+  auto fence_o = [&] {
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-    }
-    wgmma_fence();
-    const uint32_t st = sbase + kWOffStage + uint32_t(s) * kWTile;
+      for (int nt = 0; nt < 16; nt++)
 #pragma unroll
-    for (int k = 0; k < kKSteps / 2; k++) {
-      const uint32_t off = uint32_t(w * (kKSteps / 2) + k) * 2048u;  // 2 K-direction cores
-      wgmma_m64n64k16_ss(sc, wgmma_desc(sbase + off, 1024, 128), wgmma_desc(st + off, 1024, 128));
-    }
-    wgmma_commit();
+        for (int e = 0; e < 4; e++) reg_fence(o[h][nt][e]);
   };
-
-  // A tile's copies are waited for by every thread, made visible to the async proxy by each
-  // (fence), then published to both warpgroups by a barrier before the first wgmma reads it.
-  cp_async_wait<1>();
-  fence_proxy_async();
-  named_bar(1, kWThreads);
-  if (ntiles > 0) {
-    issue_qk(0);
-    wgmma_wait<0>();
-  }
-  for (int it = 0; it < ntiles; it++) {
-    const int s = it & 1;
-    const int64_t s0 = sb + int64_t(it) * BK;
-    uint8_t* stage = wsmem + kWOffStage + uint32_t(s) * kWTile;
-    const uint32_t st = sbase + kWOffStage + uint32_t(s) * kWTile;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-    // 1. Partial scores of the other warpgroup's keys go to it: warpgroup 0's (keys 32 .. 63) to
-    //    the exchange buffer, warpgroup 1's (keys 0 .. 31) to this tile's k_pe chunks, which only
-    //    warpgroup 1's wgmmas read (done). Thread wt of one warpgroup holds the same (row, key)
-    //    positions as thread wt of the other, so each reads back what its twin wrote.
-    float4* give = reinterpret_cast<float4*>(w == 0 ? wsmem + kWOffXchg : stage + kWRope);
-    const float4* take =
-        reinterpret_cast<const float4*>(w == 0 ? stage + kWRope : wsmem + kWOffXchg);
-    // (Register indices must be compile-time constants: w selects between two unrolled forms.)
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      give[q * 128 + wt] = w == 0
-                               ? make_float4(sc[4 + q][0], sc[4 + q][1], sc[4 + q][2], sc[4 + q][3])
-                               : make_float4(sc[q][0], sc[q][1], sc[q][2], sc[q][3]);
-    }
-    named_bar(1, kWThreads);
-    // 2. Scores of this warpgroup's 32 keys (32·w + 8q + 2t + {0, 1}), scaled and masked.
-    float x[4][4];
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const float4 v = take[q * 128 + wt];
-      float my[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) my[e] = w == 0 ? sc[q][e] : sc[4 + q][e];
-      const int64_t key = s0 + w * 32 + q * 8 + 2 * t;
-      const bool ok0 = key < se, ok1 = key + 1 < se;
-      x[q][0] = ok0 ? (my[0] + v.x) * qscale : -INFINITY;
-      x[q][1] = ok1 ? (my[1] + v.y) * qscale : -INFINITY;
-      x[q][2] = ok0 ? (my[2] + v.z) * qscale : -INFINITY;
-      x[q][3] = ok1 ? (my[3] + v.w) * qscale : -INFINITY;
-      mx_lo = fmaxf(mx_lo, fmaxf(x[q][0], x[q][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(x[q][2], x[q][3]));
-    }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-    }
-    if (t == 0) smax[w * WH + r_lo] = mx_lo, smax[w * WH + r_hi] = mx_hi;
-    named_bar(1, kWThreads);
-    // 3. The new running maxima, the same in both warpgroups (the tile's first key is valid, so
-    //    they are finite); P = bf16(2^(s − m)) as A fragments of k-steps 2w, 2w + 1.
-    const float mn_lo = fmaxf(m_lo, fmaxf(smax[r_lo], smax[WH + r_lo]));
-    const float mn_hi = fmaxf(m_hi, fmaxf(smax[r_hi], smax[WH + r_hi]));
-    const float a_lo = fast_exp2(m_lo - mn_lo), a_hi = fast_exp2(m_hi - mn_hi);
-    m_lo = mn_lo, m_hi = mn_hi;
-    uint32_t pm[2][4];  // P fragments of this warpgroup's 32 keys
-    float ps_lo = 0.f, ps_hi = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const uint32_t p01 = pack_bf2(fast_exp2(x[q][0] - mn_lo), fast_exp2(x[q][1] - mn_lo));
-      const uint32_t p23 = pack_bf2(fast_exp2(x[q][2] - mn_hi), fast_exp2(x[q][3] - mn_hi));
-      // the row sums add the rounded P that the P·V product uses
-      ps_lo += __uint_as_float(p01 << 16) + __uint_as_float(p01 & 0xffff0000u);
-      ps_hi += __uint_as_float(p23 << 16) + __uint_as_float(p23 & 0xffff0000u);
-      pm[q / 2][(q % 2) * 2 + 0] = p01;  // a0/a2: row g, keys 2t (+8)
-      pm[q / 2][(q % 2) * 2 + 1] = p23;  // a1/a3: row g + 8
-    }
-    l_lo = l_lo * a_lo + ps_lo;
-    l_hi = l_hi * a_hi + ps_hi;
-    // 4. Exchange P through this tile's k_pe chunks (the partial scores there are read: step 2
-    //    ends before the barrier above): warpgroup w's fragments at w·4096. Each warpgroup reads
-    //    back all four k-steps (its own too), so no register choice depends on w between the
-    //    wgmmas (a select there makes ptxas serialise them).
-    uint32_t pa[4][4];
-    {
-      uint4* mine = reinterpret_cast<uint4*>(stage + kWRope + w * 4096);
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-        mine[j * 128 + wt] = make_uint4(pm[j][0], pm[j][1], pm[j][2], pm[j][3]);
-    }
-    named_bar(1, kWThreads);
-    {
-      const uint4* all = reinterpret_cast<const uint4*>(stage + kWRope);
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++) {       // k-step kk = keys 16·kk ..: warpgroup kk / 2's, at
-        const uint4 v = all[kk * 128 + wt];  // (kk / 2)·4096 + (kk % 2)·2048
-        pa[kk][0] = v.x, pa[kk][1] = v.y, pa[kk][2] = v.z, pa[kk][3] = v.w;
-      }
-    }
-    // 5. O = O·α + P·V over this warpgroup's 256 value columns, V read from the tile (MN-major);
-    //    the next tile's S is issued behind it so the tensor cores do not drain in between.
+  auto scale_o = [&](float a_lo, float a_hi) {
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -592,55 +532,192 @@ __global__ void __launch_bounds__(kWThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; e++) reg_fence(o[h][nt][e]);
       }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-        wgmma_m64n128k16_tb(
-            o[h], pa[kk],
-            wgmma_desc(st + uint32_t(32 * w + 16 * h) * 1024u + uint32_t(kk) * 256u, 128, 1024));
-    }
-    wgmma_commit();
-    if (it + 1 < ntiles) {
-      cp_async_wait<0>();  // tile it + 1 (the only group in flight)
-      fence_proxy_async();
-      // Also orders every read of this tile's k_pe chunks (the exchanges above) before either
-      // warpgroup refills them below.
-      named_bar(1, kWThreads);
-      issue_qk(s ^ 1);
-      wgmma_wait<1>();  // this warpgroup's P·V is done: refill its part of the stage
-      if (it + 2 < ntiles) load_tile(it + 2);
-      cp_async_commit();
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int nt = 0; nt < 16; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) reg_fence(o[h][nt][e]);
-  }
+  };
 
-  // Partial state of this split (an empty split leaves m = −inf, l = 0, ctx = 0): l summed over
-  // the quad, then over the two warpgroups (the last step-3 reads of smax precede the last
-  // barrier, so it can hold the sums now).
+  // Tile j's stage, barrier parity, [m | α] entries, and whether tile j + 1 goes into the other
+  // stage during step j (tiles 0 and 1 are loaded above).
+  auto stage_of = [&](int j) { return sbase + kWOffStage + uint32_t(j & 1) * kWTile; };
+  auto full_of = [&](int j) { return full0 + 8u * uint32_t(j & 1); };
+  auto parity_of = [](int j) { return uint32_t(j >> 1) & 1u; };
+  auto stat_of = [&](int j) { return stat + (j & 1) * 2 * WH; };
+
+  auto own_step = [&](int j) {
+    const int s = j & 1;
+    const uint32_t st = stage_of(j);
+    float* mst = stat_of(j);
+    const bool refill = j >= 1 && j + 1 < ntiles;
+    {
+      // ---- own tile: S = Q·Kᵀ, softmax, publish P (and m, α), O += P·V from registers ----
+      // This warpgroup's P·V of tile j − 1 (from shared memory) is done: refill its share of that
+      // stage (the k_pe chunks too: it read tile j − 1's P from them) with tile j + 1. (Waiting
+      // for it here rather than behind this tile's S: ptxas cannot tell that a wait_group 1 after
+      // S retires it, and serialises every wgmma of the kernel.)
+      wgmma_wait<0>();
+      if (refill) {
+        load_part(j + 1, true);
+        cp_async_arrive(full0 + 8u * uint32_t(s ^ 1));
+      }
+      mbar_wait(full_of(j), parity_of(j));
+      fence_proxy_async();
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kKSteps; k++) {
+        const uint32_t off = uint32_t(k) * 2048u;  // 2 K-direction core matrices
+        wgmma_m64n64k16_ss(sc, wgmma_desc(sbase + off, 1024, 128), wgmma_desc(st + off, 1024, 128));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+      // Scores scaled and masked (keys 8nt + 2t + {0, 1}), row maxima over the quad.
+      const int64_t s0 = sb + int64_t(j) * BK;
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        const int64_t key = s0 + nt * 8 + 2 * t;
+        const bool ok0 = key < se, ok1 = key + 1 < se;
+        sc[nt][0] = ok0 ? sc[nt][0] * qscale : -INFINITY;
+        sc[nt][1] = ok1 ? sc[nt][1] * qscale : -INFINITY;
+        sc[nt][2] = ok0 ? sc[nt][2] * qscale : -INFINITY;
+        sc[nt][3] = ok1 ? sc[nt][3] * qscale : -INFINITY;
+        mx_lo = fmaxf(mx_lo, fmaxf(sc[nt][0], sc[nt][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(sc[nt][2], sc[nt][3]));
+      }
+#pragma unroll
+      for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+      }
+      // m_lo/m_hi hold tile j − 1's maxima (from either warpgroup); the tile's first key is
+      // valid, so the new maxima are finite (α = 2^−inf = 0 on the first tile).
+      const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+      const float a_lo = fast_exp2(m_lo - mn_lo), a_hi = fast_exp2(m_hi - mn_hi);
+      m_lo = mn_lo, m_hi = mn_hi;
+      uint32_t pa[4][4];  // P = bf16(2^(s − m)) as the A fragments of the 4 k-steps
+      float ps_lo = 0.f, ps_hi = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        const uint32_t p01 = pack_bf2(fast_exp2(sc[nt][0] - mn_lo), fast_exp2(sc[nt][1] - mn_lo));
+        const uint32_t p23 = pack_bf2(fast_exp2(sc[nt][2] - mn_hi), fast_exp2(sc[nt][3] - mn_hi));
+        // the row sums add the rounded P that the P·V product uses
+        ps_lo += __uint_as_float(p01 << 16) + __uint_as_float(p01 & 0xffff0000u);
+        ps_hi += __uint_as_float(p23 << 16) + __uint_as_float(p23 & 0xffff0000u);
+        pa[nt / 2][(nt % 2) * 2 + 0] = p01;  // a0/a2: row g, keys 16kk + 2t (+8)
+        pa[nt / 2][(nt % 2) * 2 + 1] = p23;  // a1/a3: row g + 8
+      }
+      l_lo = l_lo * a_lo + ps_lo;
+      l_hi = l_hi * a_hi + ps_hi;
+      // (the sums read the P registers: done here, not sunk between the wgmmas below, which
+      // would make ptxas serialise them)
+      reg_fence(l_lo);
+      reg_fence(l_hi);
+      // Publish P (into this tile's k_pe chunks, read by the S above: done), m and α for the
+      // other warpgroup's P·V of the tile; the proxy fence makes the P stores visible to its
+      // wgmmas.
+      {
+        uint8_t* pbase = wsmem + kWOffStage + uint32_t(s) * kWTile + kWRope;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+          *reinterpret_cast<uint32_t*>(pbase + core_off(r_lo, nt) + 4 * t) =
+              pa[nt / 2][(nt % 2) * 2 + 0];
+          *reinterpret_cast<uint32_t*>(pbase + core_off(r_hi, nt) + 4 * t) =
+              pa[nt / 2][(nt % 2) * 2 + 1];
+        }
+        if (t == 0) {
+          mst[r_lo] = mn_lo, mst[r_hi] = mn_hi;
+          mst[WH + r_lo] = a_lo, mst[WH + r_hi] = a_hi;
+        }
+      }
+      fence_proxy_async();
+      named_bar_arrive(1 + s, kWThreads);
+      scale_o(a_lo, a_hi);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; kk++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          wgmma_m64n128k16_tb(
+              o[h], pa[kk],
+              wgmma_desc(st + uint32_t(32 * w + 16 * h) * 1024u + uint32_t(kk) * 256u, 128, 1024));
+      }
+      wgmma_commit();
+    }
+  };
+  auto foreign_step = [&](int j) {
+    const int s = j & 1;
+    const uint32_t st = stage_of(j);
+    const float* mst = stat_of(j);
+    const bool refill = j >= 1 && j + 1 < ntiles;
+    {
+      // ---- the other warpgroup's tile: O = O·α + P·V with P from shared memory ----
+      wgmma_wait<0>();  // P·V of tile j − 1 (this warpgroup's own) is done
+      fence_o();
+      if (refill) {  // its value chunks of that stage (the other warpgroup refills the k_pe ones)
+        load_part(j + 1, false);
+        cp_async_arrive(full0 + 8u * uint32_t(s ^ 1));
+      }
+      named_bar(1 + s, kWThreads);  // tile j's P, m and α are published
+      const float mn_lo = mst[r_lo], mn_hi = mst[r_hi];
+      const float a_lo = mst[WH + r_lo], a_hi = mst[WH + r_hi];
+      m_lo = mn_lo, m_hi = mn_hi;
+      l_lo *= a_lo, l_hi *= a_hi;
+      mbar_wait(full_of(j),
+                parity_of(j));  // this warpgroup's own copies of the tile's value chunks
+      fence_proxy_async();
+      scale_o(a_lo, a_hi);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; kk++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          wgmma_m64n128k16_ss_tb(
+              o[h], wgmma_desc(st + kWRope + uint32_t(kk) * 2048u, 1024, 128),
+              wgmma_desc(st + uint32_t(32 * w + 16 * h) * 1024u + uint32_t(kk) * 256u, 128, 1024));
+      }
+      wgmma_commit();
+    }
+  };
+  // Warpgroup w runs tiles w, w + 2, .. as its own and the others as foreign, in tile order;
+  // written as an explicit alternation so that ptxas sees every own step follow a foreign one
+  // (which waits for all of this warpgroup's wgmmas) and does not serialise the wgmmas.
+  int j0 = 0;
+  if (w == 1) {
+    foreign_step(0);
+    j0 = 1;
+  }
+  for (int j = j0; j < ntiles; j += 2) {
+    own_step(j);
+    if (j + 1 >= ntiles) break;
+    foreign_step(j + 1);
+  }
+  wgmma_wait<0>();
+  fence_o();
+
+  // Partial state of this split: l summed over the quad, then over the two warpgroups (both hold
+  // the final maxima; after the barrier no stat entry is read any more).
 #pragma unroll
   for (int o2 = 1; o2 < 4; o2 <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
   }
-  if (t == 0) smax[w * WH + r_lo] = l_lo, smax[w * WH + r_hi] = l_hi;
-  named_bar(1, kWThreads);
-  const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
-  const bool lo_ok = hb + r_lo < H, hi_ok = hb + r_hi < H;
+  __syncthreads();
+  if (t == 0) stat[w * WH + r_lo] = l_lo, stat[w * WH + r_hi] = l_hi;
+  __syncthreads();
   if (w == 0 && t == 0) {
     if (lo_ok)
       *reinterpret_cast<float2*>(ws.ml + (row0 + r_lo) * 2) =
-          make_float2(m_lo, smax[r_lo] + smax[WH + r_lo]);
+          make_float2(m_lo, stat[r_lo] + stat[WH + r_lo]);
     if (hi_ok)
       *reinterpret_cast<float2*>(ws.ml + (row0 + r_hi) * 2) =
-          make_float2(m_hi, smax[r_hi] + smax[WH + r_hi]);
+          make_float2(m_hi, stat[r_hi] + stat[WH + r_hi]);
   }
 #pragma unroll
   for (int h = 0; h < 2; h++)
@@ -764,8 +841,8 @@ const char* decode_kernel_name(DecodeKernel k) {
 size_t decode_workspace_bytes(int H, int B, int64_t max_len) {
   // Either kernel's plan fits (the two block widths can give different split counts).
   max_len = std::max<int64_t>(max_len, 1);
-  const int splits =
-      std::max(plan_splits(H, B, max_len, HC).splits, plan_splits(H, B, max_len, WH).splits);
+  const int splits = std::max(plan_splits(H, B, max_len, HC).splits,
+                              plan_splits(H, B, max_len, wg_heads(H)).splits);
   return ws_bytes(H, B, splits);
 }
 
@@ -778,7 +855,8 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
                      const uint16_t* kv_b, uint16_t* out, void* workspace, size_t workspace_bytes,
                      void* stream, DecodeKernel kernel) {
   const bool wg = kernel == DecodeKernel::wgmma;
-  const Plan plan = plan_splits(H, B, max_len, wg ? WH : HC);
+  const int hpb = wg ? wg_heads(H) : HC;
+  const Plan plan = plan_splits(H, B, max_len, hpb);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
   if (workspace_bytes < ws_bytes(H, B, plan.splits))
@@ -795,8 +873,9 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   if (wg) {
     // The head groups of a split innermost: they read the same cache rows close together in time,
     // so the second read mostly hits L2.
-    attn_wgmma<<<dim3((H + WH - 1) / WH, plan.splits, B), kWThreads, kWSmem, s>>>(
-        H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);
+    attn_wgmma<<<dim3((H + hpb - 1) / hpb, plan.splits, B), kWThreads, kWSmem, s>>>(
+        H, hpb, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale,
+        ws);
   } else {
     attn_split<<<dim3(plan.splits, (H + HC - 1) / HC, B), kThreads, kSplitSmem, s>>>(
         H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);

@@ -128,8 +128,8 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
 
 // cap > 0: decode_device, the positions (lens − 1, or `pos` when given) in device memory and the
 // plan for cap positions; with cap equal to the longest length the result must also be bitwise
-// the host-length decode's (the same plan). Every case runs both attention kernels (wgmma, the
-// default, and mma): each against the reference, and the two against each other.
+// the host-length decode's (the same plan). Every case runs both attention kernels (wgmma and mma,
+// the default): each against the reference, and the two against each other.
 void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int64_t cap = 0,
                      std::vector<int32_t> pos = {}) {
   skip_without_gpu();
@@ -266,8 +266,8 @@ TEST_CASE("mla gpu decode: K3 shape, 5 sequences: one row, tile edges, empty spl
 }
 
 TEST_CASE("mla gpu decode: K3 shape, B = 16 ragged lengths around the 64-row tiles", "[gpu][mla]") {
-  // One row, a tile minus / plus one, a half tile (the wgmma kernel's two warpgroups own 32 keys
-  // each: a last tile with keys only in the first half), and longer ragged caches.
+  // One row, a tile minus / plus one, a half tile, and longer ragged caches (splits of odd and
+  // even tile counts: the wgmma kernel's two warpgroups take the tiles in turn).
   run_decode_case(96, {1, 17, 31, 32, 33, 63, 64, 65, 127, 129, 1000, 2047, 2049, 4097, 6001, 9001},
                   45);
 }
