@@ -455,6 +455,7 @@ __global__ void __launch_bounds__(kWThreads, 1)
   if (tid == 0) {
     mbar_init(full0, kWThreads);
     mbar_init(full0 + 8, kWThreads);
+    fence_mbar_init();
   }
   __syncthreads();
 

@@ -165,6 +165,7 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
 inline void mbar_init(uint32_t bar, uint32_t count) {
   ctx.blk->mbar(bar).init(int(count));
 }
+inline void fence_mbar_init() {}
 inline void cp_async_arrive(uint32_t bar) {
   ctx.blk->mbar(bar).arrive();
 }
