@@ -1,11 +1,13 @@
 // Minimal host emulation (scripts/mla-emu/run.sh) of the CUDA features MLA decode's attn_wgmma
 // uses: one std::thread per CUDA thread; __syncthreads, warp shuffles, named barriers (bar.sync /
 // bar.arrive) and mbarriers (phase parity; cp.async arrivals) with their hardware semantics;
-// cp.async as a synchronous copy (zero-fill included); the wgmmas computed at issue, collectively
-// over the warpgroup's 128 threads, reading shared memory through the descriptors' no-swizzle
-// core-matrix addressing (start, leading = K-direction and stride = M/N-direction byte offsets),
-// so a layout or descriptor mistake shows as a wrong result. Not emulated: asynchrony (a wgmma
-// reads its operands when issued, a copy lands at once), so a missing wait or fence is not seen.
+// cp.async as a synchronous copy (zero-fill included: a copy lands at issue, so a refill issued
+// before a wgmma that still reads the stage has retired corrupts it, as it could on the GPU); the
+// wgmmas recorded at issue and run at the wait_group that retires them, collectively over the
+// warpgroup's 128 threads, reading shared memory through the descriptors' no-swizzle core-matrix
+// addressing (start, leading = K-direction and stride = M/N-direction byte offsets), so a layout
+// or descriptor mistake, an operand overwritten before the wait, or an accumulator touched before
+// it shows as a wrong result. Not emulated: the proxy fences, and copies landing late.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -116,9 +118,18 @@ struct Block {
   std::vector<float> xchg;  // per warp: 32 lanes × 16 floats
   std::vector<std::unique_ptr<std::barrier<>>> warps, wgs;
   // wgmma gathering: per warpgroup, each thread's accumulator and A-fragment pointers
+  struct Op {
+    int n = 0;
+    bool has_a = false, b_mn = false;
+    uint64_t desc_a = 0, desc_b = 0;
+    std::vector<uint32_t> a;  // 128 threads × 4 registers
+    float* d[128];
+  };
   struct Wg {
     float* d[128];
     const uint32_t* a[128];
+    std::vector<Op> open;                 // issued since the last commit
+    std::vector<std::vector<Op>> groups;  // committed, not yet retired
   } wg[4];
   int threads = 0;
   MBar& mbar(uint32_t addr) {
@@ -179,10 +190,6 @@ inline void cp_async16_at(uint32_t dst, const void* src, uint32_t src_bytes) {
   else
     memset(d, 0, 16);
 }
-inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int N>
-inline void wgmma_wait() {}
 inline void reg_fence(float&) {}
 inline void fence_proxy_async() {}
 inline float fast_exp2(float x) {
@@ -209,56 +216,91 @@ inline float desc_elem(uint64_t desc, int i, int k, bool mn_major) {
   memcpy(&b, ctx.blk->smem.data() + start + off, 2);
   return bf16_f(b);
 }
+// Runs one recorded wgmma: D[64 × n] += A[64 × 16] · B[16 × n] into the 128 threads' accumulators.
 // The m16n8 C/D layout over the warpgroup: thread (warp ww, lane g·4 + t), element d[nt][e] is
 // row 16·ww + g (+8 for e ≥ 2), column 8·nt + 2t + (e & 1). The A fragment a[0..3]: rows g / g+8,
 // k 2t.. (a0, a1) and 8 + 2t.. (a2, a3), two bf16 each, the lower k in the low half.
-template <int N>
-inline void wgmma(float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool b_mn) {
+inline void execute(const Block::Op& op) {
+  std::vector<float> A(64 * 16), Bm(size_t(op.n) * 16);
+  for (int i = 0; i < 64; i++)
+    for (int k = 0; k < 16; k++) {
+      if (op.has_a) {
+        const int ww = i / 16, g = i % 8, hi = (i % 16) / 8, t = (k % 8) / 2;
+        const uint32_t v = op.a[(ww * 32 + g * 4 + t) * 4 + hi + 2 * (k / 8)];
+        A[i * 16 + k] = bf16_f(uint16_t((k & 1) ? v >> 16 : v & 0xffff));
+      } else {
+        A[i * 16 + k] = desc_elem(op.desc_a, i, k, false);
+      }
+    }
+  for (int n = 0; n < op.n; n++)
+    for (int k = 0; k < 16; k++) Bm[n * 16 + k] = desc_elem(op.desc_b, n, k, op.b_mn);
+  for (int th = 0; th < 128; th++) {
+    const int ww = th / 32, g = (th % 32) / 4, t = th % 4;
+    for (int nt = 0; nt < op.n / 8; nt++)
+      for (int e = 0; e < 4; e++) {
+        const int r = ww * 16 + g + (e >= 2 ? 8 : 0), c = nt * 8 + 2 * t + (e & 1);
+        double acc = 0;
+        for (int k = 0; k < 16; k++) acc += double(A[r * 16 + k]) * Bm[c * 16 + k];
+        op.d[th][nt * 4 + e] += float(acc);
+      }
+  }
+}
+// Issue: recorded (A registers copied now, shared memory read when it runs); the warpgroup's
+// wgmmas run at the wait_group that retires them, in order, so an operand overwritten or an
+// accumulator touched before that wait changes the result, as on the GPU.
+inline void record(int n, float* d, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
+                   bool b_mn) {
   Block& B = *ctx.blk;
   const int wgi = ctx.tid.x / 128, wt = ctx.tid.x % 128;
   B.wg[wgi].d[wt] = d;
   B.wg[wgi].a[wt] = a;
   B.wgs[wgi]->arrive_and_wait();
   if (wt == 0) {
-    static thread_local std::vector<float> A, Bm;
-    A.assign(64 * 16, 0.f);
-    Bm.assign(size_t(N) * 16, 0.f);
-    for (int i = 0; i < 64; i++)
-      for (int k = 0; k < 16; k++) {
-        if (a) {
-          const int ww = i / 16, g = i % 8, hi = (i % 16) / 8, t = (k % 8) / 2;
-          const int th = ww * 32 + g * 4 + t;
-          const uint32_t v = B.wg[wgi].a[th][hi + 2 * (k / 8)];
-          A[i * 16 + k] = bf16_f(uint16_t((k & 1) ? v >> 16 : v & 0xffff));
-        } else {
-          A[i * 16 + k] = desc_elem(desc_a, i, k, false);
-        }
-      }
-    for (int n = 0; n < N; n++)
-      for (int k = 0; k < 16; k++) Bm[n * 16 + k] = desc_elem(desc_b, n, k, b_mn);
+    Block::Op op;
+    op.n = n, op.has_a = a != nullptr, op.desc_a = desc_a, op.desc_b = desc_b, op.b_mn = b_mn;
     for (int th = 0; th < 128; th++) {
-      const int ww = th / 32, g = (th % 32) / 4, t = th % 4;
-      float* dd = B.wg[wgi].d[th];
-      for (int nt = 0; nt < N / 8; nt++)
-        for (int e = 0; e < 4; e++) {
-          const int r = ww * 16 + g + (e >= 2 ? 8 : 0), c = nt * 8 + 2 * t + (e & 1);
-          double acc = 0;
-          for (int k = 0; k < 16; k++) acc += double(A[r * 16 + k]) * Bm[c * 16 + k];
-          dd[nt * 4 + e] += float(acc);
-        }
+      op.d[th] = B.wg[wgi].d[th];
+      if (a)
+        for (int r = 0; r < 4; r++) op.a.push_back(B.wg[wgi].a[th][r]);
     }
+    B.wg[wgi].open.push_back(std::move(op));
   }
   B.wgs[wgi]->arrive_and_wait();
 }
 }  // namespace emu
+inline void wgmma_fence() {}
+inline void wgmma_commit() {
+  Block& B = *ctx.blk;
+  const int wgi = ctx.tid.x / 128;
+  B.wgs[wgi]->arrive_and_wait();
+  if (ctx.tid.x % 128 == 0) {
+    B.wg[wgi].groups.push_back(std::move(B.wg[wgi].open));
+    B.wg[wgi].open.clear();
+  }
+  B.wgs[wgi]->arrive_and_wait();
+}
+template <int N>
+inline void wgmma_wait() {
+  Block& B = *ctx.blk;
+  const int wgi = ctx.tid.x / 128;
+  B.wgs[wgi]->arrive_and_wait();
+  if (ctx.tid.x % 128 == 0) {
+    auto& gs = B.wg[wgi].groups;
+    while (int(gs.size()) > N) {
+      for (const auto& op : gs.front()) emu::execute(op);
+      gs.erase(gs.begin());
+    }
+  }
+  B.wgs[wgi]->arrive_and_wait();
+}
 inline void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  emu::wgmma<64>(&d[0][0], nullptr, desc_a, desc_b, false);
+  emu::record(64, &d[0][0], nullptr, desc_a, desc_b, false);
 }
 inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t* a, uint64_t desc_b) {
-  emu::wgmma<128>(&d[0][0], a, 0, desc_b, true);
+  emu::record(128, &d[0][0], a, 0, desc_b, true);
 }
 inline void wgmma_m64n128k16_ss_tb(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b) {
-  emu::wgmma<128>(&d[0][0], nullptr, desc_a, desc_b, true);
+  emu::record(128, &d[0][0], nullptr, desc_a, desc_b, true);
 }
 
 template <class F>
