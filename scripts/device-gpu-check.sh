@@ -3,6 +3,9 @@
 # re-run alone), then bench e2e on the 8-layer slice, all experts on the GPU (random decode
 # tokens, prefill 1024) for as long as LIMIT allows. On the H200 from the repository root:
 #   LIMIT=seconds bash scripts/device-gpu-check.sh        (logs under $OUT)
+# Carry .device/env.sh, .device/debs and .device/shared (the Kimi-Linear GPU cases read
+# .device/shared/configs: `mkdir -p .device/shared && cp -r ../shared/configs .device/shared/`
+# here first; without it they skip).
 DEVICE_OUT_DEFAULT=/tmp/gpu-check-out
 source scripts/device-lib.sh
 LIMIT=${LIMIT:-300}
