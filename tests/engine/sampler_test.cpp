@@ -2,7 +2,9 @@
 // empirical distribution against the softmax, and the stop rules.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -18,6 +20,39 @@ TEST_CASE("greedy picks the argmax, ties to the lower id, NaN never wins", "[eng
   CHECK(argmax(l) == 1);
   l[3] = 3.0f;
   CHECK(argmax(l) == 3);
+}
+
+TEST_CASE("greedy's vectorised argmax is the first strict improvement of a serial scan",
+          "[engine][sampler]") {
+  // The serial definition: skip NaN, keep the first element that beats the best so far; 0 when
+  // every value is NaN. Against it: widths around the 16 lanes, ties (many equal maxima), NaN,
+  // ±Inf, ±0 and all-NaN rows.
+  auto serial = [](const std::vector<float>& v) {
+    int best = -1;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isnan(v[i]) && (best < 0 || v[i] > v[size_t(best)])) best = int(i);
+    return best < 0 ? 0 : best;
+  };
+  std::mt19937 rng(11);
+  const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f};
+  int cases = 0;
+  for (size_t n :
+       {size_t(1), size_t(15), size_t(16), size_t(17), size_t(33), size_t(1000), size_t(163840)}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> v(n);
+      const int levels = 1 + trial % 5;  // few distinct values: ties everywhere
+      for (float& x : v) x = float(int(rng() % uint32_t(levels)));
+      const int k = trial % 4;  // sprinkle special values
+      for (int j = 0; j < k * 3; ++j) v[rng() % n] = specials[rng() % 6];
+      if (trial == 7) std::fill(v.begin(), v.end(), NAN);
+      if (trial == 8) std::fill(v.begin(), v.end(), -INFINITY), v[n - 1] = NAN;
+      if (trial == 9) std::fill(v.begin(), v.end(), -0.0f), v[n / 2] = 0.0f;
+      INFO("n=" << n << " trial " << trial);
+      CHECK(argmax(v) == serial(v));
+      ++cases;
+    }
+  }
+  CHECK(cases == 7 * 40);
 }
 
 TEST_CASE("top-k and top-p restrict the candidates", "[engine][sampler]") {
