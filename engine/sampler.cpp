@@ -147,10 +147,11 @@ void Backend::sample(Act h, std::span<const int64_t> rows, std::span<const Token
   logits(h, rows, logits_buf.data());
   engine::check_finite(logits_buf.data(), n, V, -1, "logits", 0, "logits row ");
   // Rows in parallel (a batch's draws are independent; each row's pick is a function of its
-  // logits and its draw alone).
-  auto pick = [&](int64_t i, std::vector<std::pair<float, int>>& cand) {
-    ids[i] = pick_token(std::span<const float>(logits_buf.data() + i * V, size_t(V)),
-                        draws[size_t(i)], cand);
+  // logits and its draw alone). The workers read this thread's buffer through a plain pointer: a
+  // thread_local named inside the loop would be the worker's own (empty) one.
+  const float* const all = logits_buf.data();
+  auto pick = [all, V, draws, ids](int64_t i, std::vector<std::pair<float, int>>& cand) {
+    ids[i] = pick_token(std::span<const float>(all + i * V, size_t(V)), draws[size_t(i)], cand);
   };
   if (n == 1) return pick(0, scratch);
   tbb::parallel_for(int64_t(0), n, [&](int64_t i) {
