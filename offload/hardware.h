@@ -158,8 +158,9 @@ struct KernelRates {
 // that model's shapes and token counts, so the model's formulas stay the same
 // (offload/cost_model.h uses these instead of the K3-shaped rates when `signature` matches the
 // model it predicts, and says which it used). Curves are indexed by the tokens of the step: M
-// rows per linear call (trunk), tokens per expert (expert), sequences of a decode step or prompt
-// length (attention, row ops). Empty signature = not measured.
+// rows per linear call (trunk), tokens per expert (expert), sequences of a decode step
+// (expert_decode), sequences of a decode step or prompt length (attention, row ops). Empty
+// signature = not measured.
 struct ModelShapeRates {
   std::string signature;  // offload::model_shape_signature() of the model measured
   std::string model;      // what was measured, in words ("/tmp/k3-mini: kimi_k3, 9 layers, ...")
@@ -172,16 +173,15 @@ struct ModelShapeRates {
   // prefill chunk's layers (the engine computes only the last row's logits).
   RateCurve trunk;
   Rate linear_call_us;  // one linear call's fixed cost (as kernels.cpu_linear_call_us), same run
-  // The CPU expert kernel at the model's expert shape, M tokens per expert, as many experts per
-  // call as a MoE layer of the step touches, with the backend's per-token merge (weighted
-  // accumulate, bf16 rounding); GB/s of expert weights, the CPU expert job's start
-  // (CostAssumptions::cpu_expert_call_us) taken out.
+  // A MoE layer's routed experts at the model's expert shape as the engine runs them
+  // (cpu::RoutedExperts and the backend's per-token merge) for the step whose flat random routing
+  // gives M tokens per touched expert; GB/s of the touched experts' weights, the CPU expert job's
+  // start (CostAssumptions::cpu_expert_call_us) taken out.
   RateCurve expert;
   // The same routed step at B decode sequences (B tokens routed flat at random, at most
-  // kGemvMaxTokens): GB/s of the touched experts' weights, the job start taken out. Its mean
-  // tokens per expert (B·k / U(B)) sits between the `expert` curve's M = 1 and 2 for every decode
-  // batch, where that curve's two points are steps of other widths (k experts; a 2-per-expert
-  // step of ~k·E/… tokens).
+  // kGemvMaxTokens), by B. Its mean tokens per expert (B·k / U(B)) falls between the `expert`
+  // curve's M = 1 and 2 for every decode batch, and those two points are steps of other widths
+  // (1 token on k experts; the fewest tokens giving 2 per touched expert, 53 experts on k3-mini).
   RateCurve expert_decode;
   // The whole KDA core of one layer as the backend runs it (short convs, gate, beta, L2 norms,
   // recurrence or chunked form, rounding, gated output norm): decode at B sequences in GB/s of

@@ -161,40 +161,40 @@ CpuExpertProbe::CpuExpertProbe(const cpu::Topology& topo, cpu::PinnedArena& aren
 
 CpuExpertProbe::~CpuExpertProbe() = default;
 
-std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt, int per_call) {
+namespace {
+// The probes' activations (a fixed ramp in [-1, 1]) and GLU (K3's SiTU).
+std::vector<float> probe_activations(size_t n) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+  return x;
+}
+constexpr GluParams kProbeGlu{true, 4.0, 25.0};
+}  // namespace
+
+std::function<void()> CpuExpertProbe::prepare(int M, cpu::CpuExpertOptions opt) {
   STRATA_ASSERT(M >= 1);
   auto c = std::make_unique<Call>();
   const int H = hidden_;
-  const size_t n = per_call > 0 && per_call < experts_ ? size_t(per_call) : size_t(experts_);
+  const size_t n = size_t(experts_);
   c->M = M;
-  c->x.resize(size_t(M) * H);
-  for (size_t i = 0; i < c->x.size(); ++i)
-    c->x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+  c->x = probe_activations(size_t(M) * H);
   c->rows.resize(size_t(M));
   for (int i = 0; i < M; ++i) c->rows[size_t(i)] = i;
   c->y.resize(n * size_t(M) * H);  // every call writes the same outputs
-  const size_t groups = views_.size() / size_t(experts_);
-  // All of a group's experts per call, or `per_call` of them picked at random (64 lists, groups in
-  // turn), as a step's routing picks a few of a layer's experts.
-  const size_t lists = n == size_t(experts_) ? groups : std::max<size_t>(64, groups);
-  std::mt19937 rng(uint32_t(M) * 7919u + uint32_t(n));
-  std::vector<size_t> order(static_cast<size_t>(experts_));
-  for (size_t i = 0; i < lists; ++i) {
-    const size_t g = i % groups;
-    for (size_t e = 0; e < order.size(); ++e) order[e] = e;
-    if (n < order.size()) std::shuffle(order.begin(), order.end(), rng);
+  // All of a group's experts per call, the groups in turn.
+  const size_t groups = views_.size() / n;
+  for (size_t g = 0; g < groups; ++g) {
     c->tasks.emplace_back();
     for (size_t e = 0; e < n; ++e)
-      c->tasks.back().push_back({views_[g * size_t(experts_) + order[e]], c->rows.data(), M,
-                                 c->y.data() + e * size_t(M) * H});
+      c->tasks.back().push_back(
+          {views_[g * n + e], c->rows.data(), M, c->y.data() + e * size_t(M) * H});
   }
   c->opt = opt;
   if (!c->opt.arena) c->opt.arena = &arena_.arena();
   std::shared_ptr<Call> call = std::move(c);
-  const GluParams glu{true, 4.0, 25.0};
-  return [call, glu] {
+  return [call] {
     const auto& tasks = call->tasks[call->next++ % call->tasks.size()];
-    cpu::run_experts_cpu(tasks, call->x.data(), call->M, glu, call->opt);
+    cpu::run_experts_cpu(tasks, call->x.data(), call->M, kProbeGlu, call->opt);
   };
 }
 
@@ -217,9 +217,7 @@ std::function<void()> CpuExpertProbe::prepare_routed(int T, int k, cpu::CpuExper
   auto c = std::make_shared<Routed>();
   const int H = hidden_;
   c->T = T, c->k = k, c->H = H;
-  c->x.resize(size_t(T) * H);
-  for (size_t i = 0; i < c->x.size(); ++i)
-    c->x[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
+  c->x = probe_activations(size_t(T) * H);
   c->out.resize(size_t(T) * size_t(k) * H);
   c->acc.resize(size_t(T) * H);
   c->w.assign(size_t(T) * size_t(k), 1.0f / float(k));
@@ -257,10 +255,9 @@ std::function<void()> CpuExpertProbe::prepare_routed(int T, int k, cpu::CpuExper
   if (experts) *experts = touched / double(n_routings);
   c->opt = opt;
   if (!c->opt.arena) c->opt.arena = &arena_.arena();
-  const GluParams glu{true, 4.0, 25.0};
-  return [c, glu] {
+  return [c] {
     Routing& r = c->routings[c->next++ % c->routings.size()];
-    c->routed.run(r.tasks, r.slot_rows, c->x.data(), c->T, glu, c->opt, c->out.data(), true);
+    c->routed.run(r.tasks, r.slot_rows, c->x.data(), c->T, kProbeGlu, c->opt, c->out.data(), true);
     cpu::merge_routed_fast(c->out.data(), c->w.data(), c->acc.data(), c->T, c->k, c->H);
   };
 }

@@ -131,9 +131,9 @@ class CpuExpertProbe {
   uint64_t expert_bytes() const { return expert_bytes_; }
   // A callable that runs one cpu::run_experts_cpu call at M tokens per expert with `opt` (in
   // opt.arena, or the probe's pinned arena when null); its buffers are prepared here and live as
-  // long as the callable. `per_call` (0 = all `experts`): that many of a group's experts per call,
-  // a different random pick each call. The probe must outlive it.
-  std::function<void()> prepare(int M, cpu::CpuExpertOptions opt, int per_call = 0);
+  // long as the callable. Each call runs all of a group's experts, the groups in turn. The probe
+  // must outlive it.
+  std::function<void()> prepare(int M, cpu::CpuExpertOptions opt);
   // A callable that runs one MoE layer's routed experts as the engine does (cpu::RoutedExperts:
   // T tokens quantized once, each expert's tokens gathered, the rows copied to their slots with
   // their bf16 rounding), then the backend's merge (cpu::merge_routed_fast) — over a flat random

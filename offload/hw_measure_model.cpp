@@ -219,38 +219,6 @@ RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us
   return curve;
 }
 
-// The CPU routed experts at the model's expert shape as the engine runs a MoE layer of them: a
-// step of T tokens routed flat at random (each token to k distinct experts; the experts' token
-// counts spread as a flat router's do), cpu::RoutedExperts (quantize once, gather, kernels, copy
-// to slots with the bf16 rounding) and the backend's merge, the model's MoE layers in turn.
-// (The form before timed the kernels alone on M consecutive rows per expert: on an H100
-// machine's 16 threads the engine's routed experts took ≈ 1.8× its time from 2 tokens per
-// expert — docs/planner.md, (2).)
-struct ExpertProbeRun {
-  const Probe& p;
-  CpuExpertProbe& probe;
-  cpu::CpuExpertOptions opt;
-  int calls;  // a step's MoE layers, up to 8
-  // One step of T tokens: its time per MoE layer and the distinct experts it touches (mean).
-  RateSample time(int T, double* touched) const {
-    std::function<void()> run = probe.prepare_routed(T, p.c.moe.top_k, opt, touched);
-    // One repeat is a step's MoE layers, one call each (the routings rotate over the layers), in
-    // one entry of the arena, as the backend calls them amid a step's other parallel work. A
-    // repeat of one call, the arena entered for it alone, measured a per-call cost the engine
-    // does not pay: 4 experts of k3-mini in 323 µs at 16 threads on an H100 machine's host, where
-    // the engine's step spent 43 µs per layer on them (docs/planner.md, (2) on an H100 host) —
-    // most likely the workers' wake-up on each entry; this form measured 33 µs there.
-    RateSample s = p.time(
-        [&] {
-          for (int l = 0; l < calls; ++l) run();
-        },
-        T >= 256 ? std::max(2, p.reps / 2) : p.reps);
-    s.median_s /= calls, s.min_s /= calls, s.max_s /= calls, s.cpu_median_s /= calls;
-    s.bytes = double(probe.expert_bytes()) * *touched;
-    return s;
-  }
-};
-
 // Tokens per expert M ↔ the step that gives it: the fewest tokens T whose flat routing gives at
 // least M tokens per touched expert (T·k / U(T) ≥ M; U(T) → E, so T ≈ M·E / k for large M).
 int step_tokens_for(const ModelConfig& c, int M) {
@@ -260,9 +228,15 @@ int step_tokens_for(const ModelConfig& c, int M) {
     if (T * k / flat_distinct_experts(c, T) >= M) return T;
 }
 
-// `expert` (by tokens per expert M, each from a step of step_tokens_for(M) tokens) and
-// `expert_decode` (by decode batch B ≤ kGemvMaxTokens, a step of B tokens): GB/s of the touched
-// experts' weights with the CPU expert job's start taken out.
+// The CPU routed experts at the model's expert shape as the engine runs a MoE layer of them: a
+// step of T tokens routed flat at random (each token to k distinct experts; the experts' token
+// counts spread as a flat router's do), cpu::RoutedExperts (quantize once, gather, kernels, copy
+// to slots with the bf16 rounding) and the backend's merge, the model's MoE layers in turn.
+// (The form before timed the kernels alone on M consecutive rows per expert: on an H100
+// machine's 16 threads the engine's routed experts took ≈ 1.8× its time from 2 tokens per
+// expert — docs/planner.md, (2).) Two curves: `expert` (by tokens per expert M, each from a step
+// of step_tokens_for(M) tokens) and `expert_decode` (by decode batch B ≤ kGemvMaxTokens, a step
+// of B tokens), GB/s of the touched experts' weights with the CPU expert job's start taken out.
 void expert_curves(const Probe& p, const cpu::Topology& topo, cpu::PinnedArena& pinned,
                    const std::vector<int>& Ms, const std::vector<int>& Bs, ModelShapeRates& ms) {
   const ModelConfig& c = p.c;
@@ -276,11 +250,24 @@ void expert_curves(const Probe& p, const cpu::Topology& topo, cpu::PinnedArena& 
   // As the engine's executor runs (cpu::pin_expert_threads): the probe's pinned arena, or not.
   const bool pin = cpu::pin_expert_threads();
   opt.arena = pin ? nullptr : &p.arena;
-  const ExpertProbeRun run{p, probe, opt, std::clamp(layers, 1, 8)};
+  const int calls = std::clamp(layers, 1, 8);  // a step's MoE layers, up to 8
   const double job_s = CostAssumptions{}.cpu_expert_call_us * 1e-6;
   auto point = [&](const std::string& name, int T, int key, RateCurve& curve) {
-    double touched = 0;
-    const RateSample s = run.time(T, &touched);
+    double touched = 0;  // distinct experts per routing (mean)
+    std::function<void()> run = probe.prepare_routed(T, k, opt, &touched);
+    // One repeat is a step's MoE layers, one call each (the routings rotate over the layers), in
+    // one entry of the arena, as the backend calls them amid a step's other parallel work. A
+    // repeat of one call, the arena entered for it alone, measured a per-call cost the engine
+    // does not pay: 4 experts of k3-mini in 323 µs at 16 threads on an H100 machine's host, where
+    // the engine's step spent 43 µs per layer on them (docs/planner.md, (2) on an H100 host) —
+    // most likely the workers' wake-up on each entry; this form measured 33 µs there.
+    RateSample s = p.time(
+        [&] {
+          for (int l = 0; l < calls; ++l) run();
+        },
+        T >= 256 ? std::max(2, p.reps / 2) : p.reps);
+    s.median_s /= calls, s.min_s /= calls, s.max_s /= calls, s.cpu_median_s /= calls;
+    s.bytes = double(probe.expert_bytes()) * touched;
     const double net = std::max(0.2 * s.median_s, s.median_s - job_s);
     curve.points.push_back({key, s.bytes / net / 1e9});
     p.emit(name,
