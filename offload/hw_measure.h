@@ -137,8 +137,9 @@ class CpuExpertProbe {
   // A callable that runs one MoE layer's routed experts as the engine does (cpu::RoutedExperts:
   // T tokens quantized once, each expert's tokens gathered, the rows copied to their slots with
   // their bf16 rounding), then the backend's merge (cpu::merge_routed_fast) — over a flat random
-  // routing of T tokens to k distinct experts each (one of 16 routings per call, the groups in
-  // turn). *experts: the mean distinct experts per routing (the bytes a call touches).
+  // routing of T tokens to k distinct experts each (one of max(16, groups) routings per call,
+  // each on its own group in turn). *experts: the mean distinct experts per routing (the bytes a
+  // call touches).
   std::function<void()> prepare_routed(int T, int k, cpu::CpuExpertOptions opt, double* experts);
 
  private:

@@ -6,7 +6,8 @@
 #   bash scripts/device-planner-validate.sh hw    # bench hw -m + strata plan --bench-e2e → $OUT
 #     (commit $OUT/h200-k3mini-hw.json to docs/hardware/ and the two prediction files to
 #     docs/predictions/, then, on a fresh machine:)
-#   bash scripts/device-planner-validate.sh e2e   # bench e2e --device cpu, twice → $OUT
+#   bash scripts/device-planner-validate.sh e2e   # bench e2e --device cpu, twice → $OUT (each
+#     prefill line the median of 3 prompts: one timed prompt moved 1.5x between runs)
 # The e2e mode also re-predicts from the committed profile (docs/hardware/h200-k3mini-hw.json, when
 # present) so the run's log holds both sides. Each mode: build ≈ 1 min (none with STRATA=binary),
 # then under 3 min.
@@ -45,7 +46,7 @@ else
     predict docs/hardware/h200-k3mini-hw.json h200-k3-mini-cpu-probes-replay
   for run in 1 2; do
     uptime
-    timeout 120 $S bench e2e -m /tmp/k3-mini "${E2E[@]}" --json "$OUT/e2e-k3-mini-cpu-$run.json" \
+    timeout 150 $S bench e2e -m /tmp/k3-mini "${E2E[@]}" --prefill-repeats 3 --json "$OUT/e2e-k3-mini-cpu-$run.json" \
       2> "$OUT/e2e_$run.err" | tee "$OUT/e2e_$run.txt" | cut -c1-300
     echo "e2e run $run rc=$? $(( $(date +%s) - t0 )) s"
   done

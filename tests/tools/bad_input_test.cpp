@@ -316,6 +316,9 @@ TEST_CASE("bad input: unwritable outputs fail before the model is loaded", "[cli
   require_one_line_error(
       cli("bench batch -m " + broken_model("unwritable_model").string() + " --json " + none),
       "--json " + none);
+  require_one_line_error(
+      cli("bench e2e -m " + broken_model("unwritable_model").string() + " --prefill-repeats 0"),
+      "--prefill-repeats: expected 1..100, got 0");
 }
 
 TEST_CASE("bad input: a host budget below one expert is refused before loading",
