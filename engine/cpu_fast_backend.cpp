@@ -526,25 +526,7 @@ void CpuFastBackend::moe(int l, const StepShape& s, const float* x, float* out, 
   MoeRouting r;
   {
     Timed t(prof_, FastBackendProfile::row_ops);
-    ref::RouterParams rp;
-    rp.E = E;
-    rp.topk = K;
-    rp.form = m.router_form == RouterWeightForm::bias_in_place ? ref::RouterForm::biased_in_place
-                                                               : ref::RouterForm::unbiased;
-    rp.renormalize = m.renormalize;
-    rp.scaling = m.routed_scaling_factor;
-    rp.bias = w.router_bias.data();
-    r.T = T;
-    r.top_k = K;
-    r.ids.resize(size_t(T * K));
-    r.weights.resize(size_t(T * K));
-    ref::route(logits.data(), rp, r.ids.data(), r.weights.data(), nullptr, T);
-    if (trace_ && s.single()) {
-      const int64_t pos0 = s.seqs[0].pos0;
-      if (trace_->replay_routing)
-        apply_replay(*trace_->replay_routing, l, pos0, logits.data(), c_, w.router_bias.data(), r);
-      if (trace_->record_routing) record_routing(*trace_->record_routing, l, pos0, r);
-    }
+    r = route_on_host(c_, logits.data(), w.router_bias.data(), T, trace_, s, l);
     dump(l, "router_logits", logits.data(), T, {E});
     if (trace_ && trace_->dumper) {
       std::vector<float> ids_f(r.ids.begin(), r.ids.end());

@@ -51,4 +51,30 @@ void record_routing(RoutingLog& log, int layer, int64_t pos0, const MoeRouting& 
                std::vector<int>(r.ids.begin() + t * r.top_k, r.ids.begin() + (t + 1) * r.top_k));
 }
 
+MoeRouting route_on_host(const ModelConfig& c, const float* logits, const float* bias, int64_t T,
+                         const Trace* trace, const StepShape& s, int layer) {
+  const auto& m = c.moe;
+  cpu::ref::RouterParams rp;
+  rp.E = m.num_experts;
+  rp.topk = m.top_k;
+  rp.form = m.router_form == RouterWeightForm::bias_in_place ? cpu::ref::RouterForm::biased_in_place
+                                                             : cpu::ref::RouterForm::unbiased;
+  rp.renormalize = m.renormalize;
+  rp.scaling = m.routed_scaling_factor;
+  rp.bias = bias;
+  MoeRouting r;
+  r.T = T;
+  r.top_k = m.top_k;
+  r.ids.resize(size_t(T * m.top_k));
+  r.weights.resize(size_t(T * m.top_k));
+  cpu::ref::route(logits, rp, r.ids.data(), r.weights.data(), nullptr, T);
+  if (trace && s.single()) {
+    const int64_t pos0 = s.seqs[0].pos0;
+    if (trace->replay_routing)
+      apply_replay(*trace->replay_routing, layer, pos0, logits, c, bias, r);
+    if (trace->record_routing) record_routing(*trace->record_routing, layer, pos0, r);
+  }
+  return r;
+}
+
 }  // namespace strata::engine
