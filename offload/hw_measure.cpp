@@ -46,11 +46,13 @@ double process_cpu_s() {
 }
 }  // namespace
 
-RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup) {
+RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup,
+                        const std::function<void()>& before) {
   STRATA_ASSERT(repeats > 0);
   for (int i = 0; i < warmup; i++) fn();
   std::vector<double> t, cpu;
   for (int i = 0; i < repeats; i++) {
+    if (before) before();
     const double c0 = process_cpu_s();
     auto a = std::chrono::steady_clock::now();
     fn();

@@ -68,6 +68,11 @@ struct MeasureOptions {
   std::string model_name;
   std::vector<int> model_tokens;
   int64_t model_context = 0;
+  // > 0: before each timed repeat of a model-shape probe (a step's worth of that part) the arena's
+  // threads write this many bytes, untimed, so the part starts on caches full of other data as
+  // inside the engine's step, where the other parts ran just before (bench hw --model-cold).
+  // 0: warm, back to back.
+  size_t model_cold_bytes = 0;
   // Called with a short status ("host memory read", "disk O_DIRECT 0.5 GiB") as each
   // measurement starts, and with the result line when it ends, for a progress display.
   std::function<void(const std::string&)> progress;
@@ -89,8 +94,10 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
 
 // --- the individual loops (shared with bench io / bench cpu-experts) ---
 
-// Runs fn() `warmup` times, then `repeats` times; median, min and max wall seconds.
-RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup = 1);
+// Runs fn() `warmup` times, then `repeats` times; median, min and max wall seconds. `before`,
+// when set, runs ahead of every timed call, outside the timing.
+RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup = 1,
+                        const std::function<void()>& before = {});
 
 // A buffer bound to memory through hwloc (interleaved over NUMA nodes), freed with it.
 class BoundBuffer {

@@ -19,8 +19,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
+
+#include <tbb/parallel_for.h>
 
 #include "cpu/bf16_linear.h"
 #include "cpu/mixer_kernels.h"
@@ -108,9 +111,10 @@ struct Probe {
   int threads;
   int reps;
   std::string thr, basis;
+  std::function<void()> cold;  // MeasureOptions::model_cold_bytes: the cache sweep, or empty
 
   RateSample time(const std::function<void()>& fn, int repeats) const {
-    RateSample s = time_repeats([&] { arena.execute(fn); }, repeats, 1);
+    RateSample s = time_repeats([&] { arena.execute(fn); }, repeats, 1, cold);
     if (o.cpu_time && s.cpu_median_s > 0) {  // as measure_hardware's --cpu-time
       const double f = s.cpu_median_s / threads / s.median_s;
       s.median_s *= f, s.min_s *= f, s.max_s *= f;
@@ -548,7 +552,24 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
           threads,
           o.quick ? 3 : 5,
           std::to_string(threads) + " thr",
-          o.cpu_time ? ", CPU time / threads" : ""};
+          o.cpu_time ? ", CPU time / threads" : "",
+          {}};
+  // --model-cold: every thread of the arena writes its share of one buffer (a new byte value each
+  // time, so no line stays clean) before each timed repeat.
+  std::vector<uint8_t> sweep(o.model_cold_bytes);
+  if (!sweep.empty()) {
+    p.basis += fmt(", caches swept (%.0f MiB written) before each repeat",
+                   double(sweep.size()) / 1048576.0);
+    p.cold = [&arena, &sweep, n = uint8_t(0)]() mutable {
+      ++n;
+      arena.execute([&] {
+        const size_t chunk = size_t(1) << 20;
+        tbb::parallel_for(size_t(0), (sweep.size() + chunk - 1) / chunk, [&](size_t c) {
+          std::memset(sweep.data() + c * chunk, n, std::min(chunk, sweep.size() - c * chunk));
+        });
+      });
+    };
+  }
   std::vector<int> Ms =
       o.model_tokens.empty() ? std::vector<int>{1, 2, 4, 8, 64, 256, 1024} : o.model_tokens;
   std::sort(Ms.begin(), Ms.end());

@@ -41,6 +41,7 @@ struct Options {
   bool quick = false, force = false, no_disk = false, no_gpu = false, cpu_time = false;
   int threads = 0;
   double disk_gib = 0;
+  int model_cold_mib = 0;
 };
 
 int run(const Options& o) {
@@ -64,8 +65,11 @@ int run(const Options& o) {
         throw Error("--model-tokens: expected 1..65536, got " + std::to_string(M));
     if (o.context && *o.context < 1)
       throw Error("--context: expected ≥ 1, got " + std::to_string(*o.context));
-  } else if (!o.model_tokens.empty() || o.context) {
-    throw Error("--model-tokens and --context go with -m DIR (the model-shape probes)");
+    if (o.model_cold_mib < 0 || o.model_cold_mib > 65536)
+      throw Error("--model-cold: expected 0..65536 MiB, got " + std::to_string(o.model_cold_mib));
+  } else if (!o.model_tokens.empty() || o.context || o.model_cold_mib) {
+    throw Error(
+        "--model-tokens, --context and --model-cold go with -m DIR (the model-shape probes)");
   }
   BenchReport rep("bench hw: hardware peaks and our kernels' rates");
   const auto t0 = std::chrono::steady_clock::now();
@@ -83,6 +87,7 @@ int run(const Options& o) {
     mo.model_name = o.model;
     mo.model_tokens = o.model_tokens;
     mo.model_context = o.context.value_or(0);
+    mo.model_cold_bytes = size_t(o.model_cold_mib) << 20;
   }
   mo.progress = [&](const std::string& s) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -154,6 +159,10 @@ BenchSetup setup = [](CLI::App& app) {
   app.add_option("--context", o->context,
                  "with -m: cached positions of the MLA decode probe (default 80: bench e2e's "
                  "decode after a 64-token prompt)");
+  app.add_option("--model-cold", o->model_cold_mib,
+                 "with -m: MiB the threads write before each timed repeat of a model-shape probe "
+                 "(untimed), so each part starts on cold caches as inside the engine's step "
+                 "(default 0: warm, back to back)");
   app.add_flag("--cpu-time", o->cpu_time,
                "CPU rates from CPU seconds / threads instead of wall time (a shared machine: "
                "what it does with its cores to itself; compare with strata run's CPU seconds)");

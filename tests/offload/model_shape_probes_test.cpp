@@ -3,7 +3,10 @@
 // model's signature, and the cost model then uses it for that model. Timing-free: the values are
 // only required to be positive; the token counts, signature and sources are checked exactly.
 #include <tbb/task_arena.h>
+
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 
 #include "cpu/topology.h"
 #include "offload/cost_model.h"
@@ -69,4 +72,48 @@ TEST_CASE("model-shape probes time every piece at the model's token counts", "[h
   CostOptions co;
   co.trunk = TrunkBackend::cpu_bf16;
   CHECK(CostModel(hw, cfg, co).uses_model_shapes());
+}
+
+TEST_CASE("time_repeats runs `before` ahead of every timed call, outside the timing",
+          "[hardware]") {
+  int before = 0, calls = 0;
+  std::vector<int> order;
+  const RateSample s = time_repeats(
+      [&] {
+        ++calls;
+        order.push_back(1);
+      },
+      5, 2,
+      [&] {
+        ++before;
+        order.push_back(0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      });
+  CHECK(calls == 7);   // 2 warm-up + 5 timed
+  CHECK(before == 5);  // only the timed ones
+  CHECK(order == std::vector<int>{1, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1});
+  CHECK(s.repeats == 5);
+  CHECK(s.max_s < 0.010);  // the 20 ms sleeps are not in it
+}
+
+TEST_CASE("model-shape probes with --model-cold sweep the caches before each timed repeat",
+          "[hardware]") {
+  SynthOptions so;
+  so.preset = "k3-tiny";
+  const ModelConfig cfg = parse_config(synth_config_json(so), "k3-tiny");
+  MeasureOptions o;
+  o.quick = true;
+  o.model = &cfg;
+  o.model_tokens = {1};
+  o.model_cold_bytes = size_t(3) << 20;
+  cpu::Topology topo;
+  const int threads = std::min(2, topo.cores());
+  tbb::task_arena arena(threads);
+  const ModelShapeRates ms = measure_model_shapes(cfg, o, arena, topo, threads);
+  for (const RateCurve* c : {&ms.trunk, &ms.expert, &ms.row_ops_ns}) {
+    INFO(c->source);
+    CHECK(c->source.find("caches swept (3 MiB written) before each repeat") != std::string::npos);
+    REQUIRE_FALSE(c->points.empty());  // the expert curve adds its 1 and 2 tokens per expert
+    for (const RatePoint& q : c->points) CHECK(q.gbps > 0);
+  }
 }

@@ -187,7 +187,11 @@ TEST_CASE("bad input: bench hw -m refuses what is not a model before measuring a
   require_one_line_error(cli("bench hw --no-disk -m " + (s / "tiny").string() + " --context 0"),
                          "--context: expected ≥ 1, got 0");
   require_one_line_error(cli("bench hw --no-disk --context 80"),
-                         "--model-tokens and --context go with -m DIR");
+                         "--model-tokens, --context and --model-cold go with -m DIR");
+  require_one_line_error(cli("bench hw --no-disk --model-cold 64"),
+                         "--model-tokens, --context and --model-cold go with -m DIR");
+  require_one_line_error(cli("bench hw --no-disk -m " + (s / "tiny").string() + " --model-cold -1"),
+                         "--model-cold: expected 0..65536 MiB, got -1");
 }
 
 TEST_CASE("bad input: config dimensions are bounded, naming the field", "[cli][bad-input]") {
