@@ -4,6 +4,7 @@
 # checked against `bench e2e`, in two runs so that the predictions are committed before the
 # measurement they are checked against:
 #   bash scripts/device-planner-validate.sh hw    # bench hw -m + strata plan --bench-e2e → $OUT
+#     (MODEL_COLD=MiB: the model-shape probes start on swept caches, bench hw --model-cold)
 #     (commit $OUT/h200-k3mini-hw.json to docs/hardware/ and the two prediction files to
 #     docs/predictions/, then, on a fresh machine:)
 #   bash scripts/device-planner-validate.sh e2e   # bench e2e --device cpu, twice → $OUT (each
@@ -36,7 +37,8 @@ predict() {  # predict HW_JSON OUT_BASENAME
 if [ "$mode" = hw ]; then
   # The whole profile (K3-shaped probes, GPU peaks and kernels) plus the model-shape probes of
   # k3-mini; no disk (the placement is all host).
-  timeout 300 $S bench hw --no-disk -m /tmp/k3-mini --save "$OUT/h200-k3mini-hw.json" \
+  timeout 300 $S bench hw --no-disk -m /tmp/k3-mini ${MODEL_COLD:+--model-cold $MODEL_COLD} \
+    --save "$OUT/h200-k3mini-hw.json" \
     --json "$OUT/bench-hw-lines.json" > "$OUT/bench_hw.txt" 2> "$OUT/bench_hw.err"
   echo "bench hw rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "hw/model|hw/host memory" "$OUT/bench_hw.txt" | cut -c1-200
