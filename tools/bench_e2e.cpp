@@ -8,12 +8,10 @@
 // warm-up steps, then --steps timed steps (aggregate tok/s = sequences · steps / seconds);
 // prefill: a fresh sequence, one warm-up prefill of one chunk (min(prompt, the backend's step
 // rows) tokens), then the timed prompt --prefill-repeats times, each on a fresh sequence (the line
-// is the median run; the telemetry covers them all). Placements are static: promotions into the GPU
-// cache
-// (--gpu-promote) are off here, since a line is read against its placement's roofline.
+// is the median run; the telemetry covers them all). Placements are static: promotions into the
+// GPU cache (--gpu-promote) are off here, since a line is read against its placement's roofline.
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -261,29 +259,21 @@ int run(const Options& o) {
       std::vector<int32_t> ids(static_cast<size_t>(P));
       for (int64_t t = 0; t < P; ++t) ids[size_t(t)] = int32_t((t * 7919 + 3) % c.vocab_size);
       start_telemetry();
-      std::vector<double> runs;  // tok/s of each timed prompt
-      for (int rep = 0; rep < o.prefill_repeats; ++rep) {
-        backend->reset_slot(0);
-        const double ts = now_s();
-        s.forward(ids);
-        runs.push_back(double(P) / (now_s() - ts));
-      }
-      std::vector<double> sorted = runs;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = sorted.size() % 2
-                                ? sorted[sorted.size() / 2]
-                                : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+      // Each timed prompt on a fresh sequence (the reset untimed); the line is the median run.
+      const offload::RateSample ts = offload::time_repeats(
+          [&] { s.forward(ids); }, o.prefill_repeats, 0, [&] { backend->reset_slot(0); });
       offload::Roofline r;
       if (cost)
         r = cost->prefill_roofline(sp.share, P,
                                    backend->max_step_rows() < P ? backend->max_step_rows() : P);
       if (tty) std::fprintf(stderr, "\r\033[K");
-      report(sp, "prefill " + std::to_string(P), median, cost ? &r : nullptr);
-      if (runs.size() > 1) {
-        out.back()["runs_tokens_per_s"] = runs;
-        std::printf("  runs:");
-        for (double v : runs) std::printf(" %.2f", v);
-        std::printf(" tok/s (the line: their median)\n");
+      report(sp, "prefill " + std::to_string(P), double(P) / ts.median_s, cost ? &r : nullptr);
+      if (ts.repeats > 1) {
+        out.back()["repeats"] = ts.repeats;
+        out.back()["min_tokens_per_s"] = double(P) / ts.max_s;
+        out.back()["max_tokens_per_s"] = double(P) / ts.min_s;
+        std::printf("  %d runs: %.2f to %.2f tok/s (the line: their median)\n", ts.repeats,
+                    double(P) / ts.max_s, double(P) / ts.min_s);
       }
       print_telemetry();
     }
