@@ -19,11 +19,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <random>
-
-#include <tbb/parallel_for.h>
 
 #include "cpu/bf16_linear.h"
 #include "cpu/mixer_kernels.h"
@@ -554,20 +551,15 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
           std::to_string(threads) + " thr",
           o.cpu_time ? ", CPU time / threads" : "",
           {}};
-  // --model-cold: every thread of the arena writes its share of one buffer (a new byte value each
-  // time, so no line stays clean) before each timed repeat.
+  // --model-cold: the arena's threads write one buffer (fill_random, a new seed each time, so no
+  // line stays clean) before each timed repeat.
   std::vector<uint8_t> sweep(o.model_cold_bytes);
   if (!sweep.empty()) {
     p.basis += fmt(", caches swept (%.0f MiB written) before each repeat",
                    double(sweep.size()) / 1048576.0);
-    p.cold = [&arena, &sweep, n = uint8_t(0)]() mutable {
-      ++n;
-      arena.execute([&] {
-        const size_t chunk = size_t(1) << 20;
-        tbb::parallel_for(size_t(0), (sweep.size() + chunk - 1) / chunk, [&](size_t c) {
-          std::memset(sweep.data() + c * chunk, n, std::min(chunk, sweep.size() - c * chunk));
-        });
-      });
+    p.cold = [&arena, &sweep, seed = uint64_t(0)]() mutable {
+      ++seed;
+      arena.execute([&] { fill_random(sweep.data(), sweep.size(), seed); });
     };
   }
   std::vector<int> Ms =

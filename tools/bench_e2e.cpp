@@ -329,8 +329,7 @@ BenchSetup setup = [](CLI::App& app) -> std::function<int()> {
                  "are skipped)");
   return [o] {
     if (o->steps < 1 || o->context < 1) throw Error("--steps and --context must be >= 1");
-    if (o->prefill_repeats < 1 || o->prefill_repeats > 100)
-      throw Error("--prefill-repeats: expected 1..100, got " + std::to_string(o->prefill_repeats));
+    check_option("--prefill-repeats", o->prefill_repeats, 1, 100);
     std::error_code ec;
     if (!o->hardware.empty() && !std::filesystem::is_regular_file(o->hardware, ec))
       throw Error("--hardware " + o->hardware + ": not found");

@@ -65,8 +65,7 @@ int run(const Options& o) {
         throw Error("--model-tokens: expected 1..65536, got " + std::to_string(M));
     if (o.context && *o.context < 1)
       throw Error("--context: expected ≥ 1, got " + std::to_string(*o.context));
-    if (o.model_cold_mib < 0 || o.model_cold_mib > 65536)
-      throw Error("--model-cold: expected 0..65536 MiB, got " + std::to_string(o.model_cold_mib));
+    check_option("--model-cold", o.model_cold_mib, 0, 65536);
   } else if (!o.model_tokens.empty() || o.context || o.model_cold_mib) {
     throw Error(
         "--model-tokens, --context and --model-cold go with -m DIR (the model-shape probes)");
