@@ -112,20 +112,23 @@ std::string overlap_description(Overlap o, TrunkBackend b) {
 std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused) {
   std::vector<FastLinearCall> calls;
   using Mat = std::pair<int64_t, int64_t>;
+  int layer = 0;
+  bool mlp = false;
   // One input's projections: one call when fused, else one call per matrix.
   auto proj = [&](std::vector<Mat> m) {
     if (fused) {
-      calls.push_back({std::move(m)});
+      calls.push_back({std::move(m), layer, mlp});
     } else {
-      for (const Mat& x : m) calls.push_back({{x}});
+      for (const Mat& x : m) calls.push_back({{x}, layer, mlp});
     }
   };
-  auto one = [&](int64_t rows, int64_t cols) { calls.push_back({{{rows, cols}}}); };
+  auto one = [&](int64_t rows, int64_t cols) { calls.push_back({{{rows, cols}}, layer, mlp}); };
   const int64_t D = c.hidden_size;
   const auto& kd = c.kda;
   const auto& ml = c.mla;
   const auto& mo = c.moe;
   for (int l = 0; l < c.num_layers; ++l) {
+    layer = l, mlp = false;
     if (c.is_kda(l)) {  // q, k, v, f_a, b, g (or g_a) | f_b | g_b | o
       const int64_t P = kd.proj_dim(), r = kd.gate_rank > 0 ? kd.gate_rank : kd.head_dim;
       proj({{P, D},
@@ -146,6 +149,7 @@ std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused) 
       if (ml.q_lora_rank > 0) one(H * ml.q_head_dim(), ml.q_lora_rank);
       one(D, H * ml.v_head_dim);
     }
+    mlp = true;
     if (!c.is_moe(l)) {  // gate, up | down
       proj({{c.dense_intermediate_size, D}, {c.dense_intermediate_size, D}});
       one(D, c.dense_intermediate_size);
@@ -500,6 +504,16 @@ double CostModel::kda_decode_seconds(int batch) const {
              (hw_.kernels.cpu_kda_fast_state_gbps.value_or(hw_.host.mem_read_gbps.value()) * 1e9);
   }
   return kInf;
+}
+
+double CostModel::step_factor(int64_t tokens) const {
+  const RateCurve& f = hw_.model_shapes.step_factor;
+  if (opt_.trunk != TrunkBackend::cpu_bf16 || !shapes_ || !f.known()) return 1;
+  return f.value_at(double(tokens));
+}
+
+std::string CostModel::together_part(double factor) {
+  return fmt("the parts together in one step (x%.2f, bench hw -m's step probe)", factor);
 }
 
 int CostModel::fast_linear_calls(bool decode) const {
@@ -1007,6 +1021,8 @@ DecodeEstimate CostModel::decode_latency(const Placement& p, int batch, int64_t 
                              : fmt("fixed costs: %.0f linear calls, %.0f CPU expert jobs",
                                    ref_linear_calls(), moe_layers),
                          "cpu", over});
+    if (const double f = step_factor(batch); f != 1)
+      e.parts.push_back({together_part(f), "cpu", (f - 1) * (sum_parts(e.parts) - disk)});
     const double compute = sum_parts(e.parts) - disk;
     step = opt_.overlap == Overlap::serial ? compute + disk : std::max(compute, disk);
   }
@@ -1117,6 +1133,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
   } else {
     // The CPU backends: everything on the CPU, one chunk after the other; disk reads overlap.
     double t_trunk = 0, t_kda = 0, t_mla = 0, t_cexp = 0, t_disk = 0, t_fixed = 0;
+    double t_together = 0, together = 1;  // step_factor's share, its largest factor
     auto expert_s = [&](int64_t C, double* on_cpu, double* touched) {
       double t = 0;
       for (auto [m, n] : tokens_per_expert(C)) {
@@ -1137,7 +1154,10 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
       t_trunk += trunk, t_kda += kda, t_mla += mla, t_cexp += cexp, t_disk += disk;
       t_fixed += fixed;
       e.cpu_experts_per_chunk += on_cpu * moe_layers / double(e.chunks);
-      const double t = trunk + kda + mla + cexp + fixed;
+      const double parts = trunk + kda + mla + cexp + fixed;
+      const double t = parts * step_factor(C);
+      t_together += t - parts;
+      together = std::max(together, step_factor(C));
       total += opt_.overlap == Overlap::serial ? t + disk : std::max(t, disk);
     }
     e.parts.push_back({"dense trunk (bf16 GEMMs)", "cpu", t_trunk});
@@ -1148,6 +1168,7 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
       e.parts.push_back({fmt("fixed costs: %.0f linear calls per chunk, CPU expert jobs, row ops",
                              fast_linear_calls(false)),
                          "cpu", t_fixed});
+    if (t_together != 0) e.parts.push_back({together_part(together), "cpu", t_together});
     if (t_disk > 0) e.parts.push_back({"routed experts read from disk", "disk", t_disk});
   }
   // Pipeline over G GPUs: chunks flow through the stages; with many chunks each GPU's share of
@@ -1397,6 +1418,12 @@ std::vector<std::string> CostModel::describe_rates() const {
       break;
   }
   v.push_back(t);
+  if (const RateCurve& f = hw_.model_shapes.step_factor;
+      opt_.trunk == TrunkBackend::cpu_bf16 && shapes_ && f.known()) {
+    std::string pts;
+    for (const RatePoint& q : f.points) pts += fmt(" %.0f:", q.tokens) + fmt("%.2f", q.gbps);
+    v.push_back("the parts together in a step: x(M)" + pts + " (" + f.source + ")");
+  }
   if (gpus_ > 0) {
     auto src = [](const Rate& r) {
       return r.known() ? std::string(" (") + r.source() + ")" : std::string(" (assumed)");

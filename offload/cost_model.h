@@ -62,6 +62,8 @@ struct Placement {
 // oneDNN call each. The logits (lm_head) are not in the list (the caller knows their rows).
 struct FastLinearCall {
   std::vector<std::pair<int64_t, int64_t>> matrices;  // [rows, cols] each, same cols
+  int layer = 0;                                      // the model layer that makes the call
+  bool mlp = false;  // the layer's MLP half (else its attention half)
 };
 std::vector<FastLinearCall> fast_step_linears(const ModelConfig& c, bool fused);
 
@@ -320,6 +322,11 @@ class CostModel {
   // The fast CPU backend's per-step costs beyond bytes and FLOPs (bench hw's linear call and row
   // ops; the routed experts' jobs): 0 for the other backends.
   double fast_fixed_seconds(int64_t tokens, bool decode) const;
+  // How much longer the fast CPU backend's parts take together in a step of `tokens` than alone
+  // (bench hw -m's step probe, ModelShapeRates::step_factor): 1 for the other backends or without
+  // it. The CPU step is the sum of its parts times this; the difference is a part of its own.
+  double step_factor(int64_t tokens) const;
+  static std::string together_part(double factor);
   double kda_decode_seconds(int batch) const;
   double kda_prefill_seconds(int64_t tokens) const;
   // MLA over all MLA layers: a decode step of `batch` sequences with `context` cached positions

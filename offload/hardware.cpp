@@ -191,6 +191,7 @@ const std::vector<ShapeCurveField>& model_shape_curves() {
       {"mla_decode_gflops", &ModelShapeRates::mla_decode_gflops, "value"},
       {"mla_prefill_gflops", &ModelShapeRates::mla_prefill_gflops, "value"},
       {"row_ops_ns", &ModelShapeRates::row_ops_ns, "value"},
+      {"step_factor", &ModelShapeRates::step_factor, "value"},
       {"gpu_trunk", &ModelShapeRates::gpu_trunk, "gbps"}};
   return f;
 }
@@ -461,7 +462,7 @@ HardwareProfile hardware_from_json(const json& j, const std::string& source_name
     rd.only(m, w,
             {"signature", "model", "threads", "context", "trunk", "linear_call_us", "expert",
              "expert_decode", "kda_decode_gbps", "kda_prefill_gflops", "mla_decode_gflops",
-             "mla_prefill_gflops", "row_ops_ns", "gpu_trunk", "comment"});
+             "mla_prefill_gflops", "row_ops_ns", "step_factor", "gpu_trunk", "comment"});
     ModelShapeRates& ms = hw.model_shapes;
     ms.signature = rd.str(m, w, "signature");
     if (ms.signature.empty())

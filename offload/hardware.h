@@ -195,6 +195,10 @@ struct ModelShapeRates {
   // GLUs, routing, gates), ns per token, layer and 1024 of hidden width (as
   // kernels.cpu_row_ops_ns).
   RateCurve row_ops_ns;
+  // The probes above run together as a step at M tokens (layer by layer, in the backend's order,
+  // one entry of the thread pool) against each part timed alone over the same step: the step's
+  // time over the parts' sum, by M. The cost model's CPU step is the sum of its parts times this.
+  RateCurve step_factor;
   // The GPU engine's bf16 GEMMs of a decode step (offload::gpu_step_gemms: every layer's, the
   // shared experts', lm_head at M rows) at M rows, timed back to back on the GPU (`strata bench
   // hw -m DIR` on a machine with one): GB/s of their weights, the GEMMs' fixed costs inside. The

@@ -9,17 +9,21 @@
 // weights of the model's shapes, cycled over as many layers as the model has (so the caches see a
 // model's working set), and converts the time into the unit of the cost model's input it
 // replaces (ModelShapeRates in hardware.h), with the fixed costs the cost model adds separately
-// (one per linear call, one per CPU expert job) taken out. Not here: the engine itself (offload
-// does not depend on engine/; `strata bench e2e` measures that), the untimed rest of a step, the
-// embedding gather and the sampler.
+// (one per linear call, one per CPU expert job) taken out. Last, the parts run together as a
+// step, layer by layer, against each timed alone: the ratio (step_factor) is what the parts lose
+// to one another in a step (caches, the pool's wake-ups, clocks). Not here: the engine itself
+// (offload does not depend on engine/; `strata bench e2e` measures that), the untimed rest of a
+// step, the embedding gather and the sampler.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "cpu/bf16_linear.h"
@@ -154,62 +158,100 @@ Rate linear_call_rate(const Probe& p) {
   return Rate(us, "measured: cpu::Bf16Linear on bf16 [64, 1024], M = 1, " + p.thr + p.basis);
 }
 
-// The step's linear calls at M rows (fast_step_linears: fused up to kGemvMaxTokens), lm_head at M
-// rows in a decode step; GB/s of weights with the calls' fixed costs taken out.
-RateCurve trunk_curve(const Probe& p, const std::vector<int>& Ms, double call_us) {
-  const ModelConfig& c = p.c;
-  const int64_t D = c.hidden_size, V = c.vocab_size;
-  size_t total = size_t(V * D), max_rows = 1, max_cols = size_t(D), max_outs = 1;  // layers'
-  size_t largest = size_t(V * D);
-  for (const FastLinearCall& call : fast_step_linears(c, true)) {
-    max_outs = std::max(max_outs, call.matrices.size());
-    for (auto [r, k] : call.matrices) {
+// The elements of the pool the trunk's matrices come from: the whole trunk when it fits 1 GiB
+// (512 MiB quick), else that much in turn (elements of 2 B), and never less than the largest
+// matrix (lm_head of a K3-wide model is 2.35 GB).
+size_t trunk_pool_elems(const ModelConfig& c, bool quick) {
+  size_t total = size_t(c.vocab_size * c.hidden_size), largest = total;
+  for (const FastLinearCall& call : fast_step_linears(c, true))
+    for (auto [r, k] : call.matrices)
       total += size_t(r * k), largest = std::max(largest, size_t(r * k));
-      max_rows = std::max(max_rows, size_t(r)), max_cols = std::max(max_cols, size_t(k));
+  const size_t cap = (quick ? size_t(256) : size_t(512)) << 20;
+  return std::max(largest, std::min(total, cap));
+}
+
+// The trunk's linear calls of a step at M rows as the backend makes them (fast_step_linears:
+// fused up to kGemvMaxTokens), layer by layer, and lm_head at M rows in a decode step; the
+// weights come from `pool` in turn.
+class TrunkStep {
+ public:
+  TrunkStep(const ModelConfig& c, WeightPool& pool, int M)
+      : c_(c),
+        pool_(pool),
+        M_(M),
+        decode_(M <= cpu::kGemvMaxTokens),
+        calls_(fast_step_linears(c, decode_)) {
+    size_t max_rows = 1, max_cols = size_t(c.hidden_size), max_outs = 1;
+    bytes_ = decode_ ? double(c.vocab_size * c.hidden_size) * 2 : 0;
+    for (const FastLinearCall& call : calls_) {
+      max_outs = std::max(max_outs, call.matrices.size());
+      for (auto [r, k] : call.matrices) {
+        max_rows = std::max(max_rows, size_t(r)), max_cols = std::max(max_cols, size_t(k));
+        bytes_ += double(r * k) * 2;
+      }
     }
+    x_.assign(size_t(M) * max_cols, 0.01f);
+    y_.assign(max_outs, std::vector<float>(size_t(M) * max_rows));
+    if (decode_) logits_.resize(size_t(M) * size_t(c.vocab_size));
   }
-  // The whole trunk when it fits 1 GiB (512 MiB quick), else that much in turn (elements of 2 B),
-  // and never less than the largest matrix (lm_head of a K3-wide model is 2.35 GB).
-  const size_t cap = (p.o.quick ? size_t(256) : size_t(512)) << 20;
-  WeightPool pool(std::max(largest, std::min(total, cap)), fs::path(c.source).parent_path());
-  cpu::Bf16Linear lin;
+  // Layer l's attention (mlp false) or MLP calls.
+  void half(int l, bool mlp) {
+    for (const FastLinearCall& call : calls_)
+      if (call.layer == l && call.mlp == mlp) run(call);
+  }
+  void head() {
+    if (decode_)
+      lin_(x_.data(), M_, pool_.next(c_.vocab_size, c_.hidden_size), logits_.data(), true);
+  }
+  void all() {
+    for (const FastLinearCall& call : calls_) run(call);
+    head();
+  }
+  double bytes() const { return bytes_; }
+  double calls() const { return double(calls_.size()) + (decode_ ? 1 : 0); }
+  bool decode() const { return decode_; }
+
+ private:
+  void run(const FastLinearCall& call) {
+    if (call.matrices.size() == 1) {
+      const auto [r, k] = call.matrices[0];
+      lin_(x_.data(), M_, pool_.next(r, k), y_[0].data(), true);
+      return;
+    }
+    std::vector<cpu::ref::WeightView> Ws;
+    for (auto [r, k] : call.matrices) Ws.push_back(pool_.next(r, k));
+    std::vector<cpu::Bf16Linear::Out> outs;
+    for (size_t i = 0; i < Ws.size(); ++i) outs.push_back({&Ws[i], y_[i].data(), true});
+    lin_.multi(x_.data(), M_, call.matrices[0].second, outs);
+  }
+  const ModelConfig& c_;
+  WeightPool& pool_;
+  int M_;
+  bool decode_;
+  std::vector<FastLinearCall> calls_;
+  double bytes_ = 0;
+  std::vector<float> x_, logits_;
+  std::vector<std::vector<float>> y_;
+  cpu::Bf16Linear lin_;
+};
+
+// The step's linear calls at M rows, lm_head at M rows in a decode step; GB/s of weights with the
+// calls' fixed costs taken out.
+RateCurve trunk_curve(const Probe& p, WeightPool& pool, const std::vector<int>& Ms,
+                      double call_us) {
   RateCurve curve;
   for (int M : Ms) {
-    const bool decode = M <= cpu::kGemvMaxTokens;
-    const std::vector<FastLinearCall> calls = fast_step_linears(c, decode);
-    std::vector<float> x(size_t(M) * max_cols, 0.01f);
-    std::vector<std::vector<float>> y(max_outs, std::vector<float>(size_t(M) * max_rows));
-    std::vector<float> logits(decode ? size_t(M) * size_t(V) : 0);
-    double bytes = decode ? double(V * D) * 2 : 0;
-    for (const FastLinearCall& call : calls)
-      for (auto [r, k] : call.matrices) bytes += double(r * k) * 2;
-    const double n_calls = double(calls.size()) + (decode ? 1 : 0);
-    RateSample s = p.time(
-        [&] {
-          for (const FastLinearCall& call : calls) {
-            const int64_t K = call.matrices[0].second;
-            if (call.matrices.size() == 1) {
-              const auto [r, k] = call.matrices[0];
-              lin(x.data(), M, pool.next(r, k), y[0].data(), true);
-              continue;
-            }
-            std::vector<cpu::ref::WeightView> Ws;
-            for (auto [r, k] : call.matrices) Ws.push_back(pool.next(r, k));
-            std::vector<cpu::Bf16Linear::Out> outs;
-            for (size_t i = 0; i < Ws.size(); ++i) outs.push_back({&Ws[i], y[i].data(), true});
-            lin.multi(x.data(), M, K, outs);
-          }
-          if (decode) lin(x.data(), M, pool.next(V, D), logits.data(), true);
-        },
-        M >= 64 ? std::max(2, p.reps / 2) : p.reps);
+    TrunkStep step(p.c, pool, M);
+    RateSample s = p.time([&] { step.all(); }, M >= 64 ? std::max(2, p.reps / 2) : p.reps);
+    const double bytes = step.bytes();
     s.bytes = bytes;
     // The cost model adds call_us per call; never let that take more than 80 % of the time.
-    const double net = std::max(0.2 * s.median_s, s.median_s - n_calls * call_us * 1e-6);
+    const double net = std::max(0.2 * s.median_s, s.median_s - step.calls() * call_us * 1e-6);
     curve.points.push_back({M, bytes / net / 1e9});
     p.emit("trunk M=" + std::to_string(M),
-           fmt("%.0f calls, %.1f MB, ", n_calls, bytes / 1e6) + p.thr, s, bytes * M,
-           fmt(decode ? "a decode step's calls (lm_head at M rows); %.1f GB/s net of calls"
-                      : "a prefill chunk's calls (no lm_head); %.1f GB/s net of calls",
+           fmt("%.0f calls, %.1f MB, ", step.calls(), bytes / 1e6) + p.thr, s, bytes * M,
+           fmt(step.decode() ? "a decode step's calls (lm_head at M rows); %.1f GB/s net of calls"
+                             : "a prefill chunk's calls (no lm_head); %.1f GB/s net of calls",
                bytes / net / 1e9),
            true);
   }
@@ -229,33 +271,49 @@ int step_tokens_for(const ModelConfig& c, int M) {
     if (T * k / flat_distinct_experts(c, T) >= M) return T;
 }
 
-// The CPU routed experts at the model's expert shape as the engine runs a MoE layer of them: a
-// step of T tokens routed flat at random (each token to k distinct experts; the experts' token
-// counts spread as a flat router's do), cpu::RoutedExperts (quantize once, gather, kernels, copy
-// to slots with the bf16 rounding) and the backend's merge, the model's MoE layers in turn.
-// (The form before timed the kernels alone on M consecutive rows per expert: on an H100
-// machine's 16 threads the engine's routed experts took ≈ 1.8× its time from 2 tokens per
-// expert — docs/planner.md, (2).) Two curves: `expert` (by tokens per expert M, each from a step
-// of step_tokens_for(M) tokens) and `expert_decode` (by decode batch B ≤ kGemvMaxTokens, a step
-// of B tokens), GB/s of the touched experts' weights with the CPU expert job's start taken out.
-void expert_curves(const Probe& p, const cpu::Topology& topo, cpu::PinnedArena& pinned,
-                   const std::vector<int>& Ms, const std::vector<int>& Bs, ModelShapeRates& ms) {
+// The CPU routed experts at the model's expert shape as the engine's executor runs them
+// (cpu::pin_expert_threads: the probe's pinned arena, or not), on random experts of every MoE
+// layer.
+struct ExpertRig {
+  ExpertRig(const Probe& p, const cpu::Topology& topo)
+      : pinned(topo, p.threads),
+        probe(topo, pinned, p.c.moe.num_experts, p.c.expert_in_dim(), p.c.moe.intermediate_size,
+              std::max(1, p.c.num_moe_layers())),
+        pin(cpu::pin_expert_threads()) {
+    opt.isa = cpu::best_isa();
+    opt.workspace = &ws;
+    opt.arena = pin ? nullptr : &p.arena;
+  }
+  // One MoE layer's routed step of T tokens routed flat at random (each call the next layer's).
+  std::function<void()> routed(int T, int k, double* touched) {
+    return probe.prepare_routed(T, k, opt, touched);
+  }
+  cpu::PinnedArena pinned;
+  CpuExpertProbe probe;
+  cpu::CpuExpertWorkspace ws;
+  cpu::CpuExpertOptions opt;
+  bool pin;
+};
+
+// The routed experts as the engine runs a MoE layer of them: a step of T tokens routed flat at
+// random (each token to k distinct experts; the experts' token counts spread as a flat router's
+// do), cpu::RoutedExperts (quantize once, gather, kernels, copy to slots with the bf16 rounding)
+// and the backend's merge, the model's MoE layers in turn. (The form before timed the kernels
+// alone on M consecutive rows per expert: on an H100 machine's 16 threads the engine's routed
+// experts took ≈ 1.8× its time from 2 tokens per expert — docs/planner.md, (2).) Two curves:
+// `expert` (by tokens per expert M, each from a step of step_tokens_for(M) tokens) and
+// `expert_decode` (by decode batch B ≤ kGemvMaxTokens, a step of B tokens), GB/s of the touched
+// experts' weights with the CPU expert job's start taken out.
+void expert_curves(const Probe& p, ExpertRig& rig, const std::vector<int>& Ms,
+                   const std::vector<int>& Bs, ModelShapeRates& ms) {
   const ModelConfig& c = p.c;
   const int E = c.moe.num_experts, k = c.moe.top_k, Din = c.expert_in_dim();
   const int I = c.moe.intermediate_size, layers = c.num_moe_layers();
-  CpuExpertProbe probe(topo, pinned, E, Din, I, std::max(1, layers));
-  cpu::CpuExpertWorkspace ws;
-  cpu::CpuExpertOptions opt;
-  opt.isa = cpu::best_isa();
-  opt.workspace = &ws;
-  // As the engine's executor runs (cpu::pin_expert_threads): the probe's pinned arena, or not.
-  const bool pin = cpu::pin_expert_threads();
-  opt.arena = pin ? nullptr : &p.arena;
   const int calls = std::clamp(layers, 1, 8);  // a step's MoE layers, up to 8
   const double job_s = CostAssumptions{}.cpu_expert_call_us * 1e-6;
   auto point = [&](const std::string& name, int T, int key, RateCurve& curve) {
     double touched = 0;  // distinct experts per routing (mean)
-    std::function<void()> run = probe.prepare_routed(T, k, opt, &touched);
+    std::function<void()> run = rig.routed(T, k, &touched);
     // One repeat is a step's MoE layers, one call each (the routings rotate over the layers), in
     // one entry of the arena, as the backend calls them amid a step's other parallel work. A
     // repeat of one call, the arena entered for it alone, measured a per-call cost the engine
@@ -268,7 +326,7 @@ void expert_curves(const Probe& p, const cpu::Topology& topo, cpu::PinnedArena& 
         },
         T >= 256 ? std::max(2, p.reps / 2) : p.reps);
     s.median_s /= calls, s.min_s /= calls, s.max_s /= calls, s.cpu_median_s /= calls;
-    s.bytes = double(probe.expert_bytes()) * touched;
+    s.bytes = double(rig.probe.expert_bytes()) * touched;
     const double net = std::max(0.2 * s.median_s, s.median_s - job_s);
     curve.points.push_back({key, s.bytes / net / 1e9});
     p.emit(name,
@@ -283,88 +341,119 @@ void expert_curves(const Probe& p, const cpu::Topology& topo, cpu::PinnedArena& 
       std::string(
           "measured: cpu::RoutedExperts + merge at this model's expert shape, flat random "
           "routing, ") +
-      cpu::isa_name(opt.isa) + ", " + p.thr + (pin ? " (pinned)" : " (not pinned)") + p.basis +
-      "; the job start taken out";
+      cpu::isa_name(rig.opt.isa) + ", " + p.thr + (rig.pin ? " (pinned)" : " (not pinned)") +
+      p.basis + "; the job start taken out";
   ms.expert.source = src + "; by tokens per expert";
   if (!Bs.empty()) ms.expert_decode.source = src + "; by decode batch (a step of B tokens)";
 }
 
 // The whole KDA core of one layer as the backend runs it, for B decode sequences (recurrent) or
 // one prompt of T tokens (chunked): short convs of q, k, v with their states, the gate, beta, L2
-// norms, the core, the rounding of o and the gated output norm.
+// norms, the core, the rounding of o and the gated output norm. layer(i): the i-th KDA layer's
+// states (every layer's, for every sequence, as a step touches them).
+class KdaStep {
+ public:
+  KdaStep(const ModelConfig& c, int M)
+      : kd_(c.kda),
+        H_(kd_.num_heads),
+        d_(kd_.head_dim),
+        P_(kd_.proj_dim()),
+        W_(kd_.conv_kernel),
+        layers_(std::max(1, c.num_kda_layers())),
+        decode_(M <= cpu::kGemvMaxTokens),
+        T_(M),
+        seqs_(decode_ ? M : 1),
+        conv_w_(size_t(P_ * W_), 0.1f),
+        A_log_(size_t(H_), -1.0f),
+        dt_bias_(size_t(H_ * d_), 0.5f),
+        o_norm_(size_t(d_), 1.0f),
+        S_(size_t(layers_ * seqs_), std::vector<float>(size_t(H_ * d_ * d_), 0.0f)),
+        cs_(size_t(layers_ * seqs_ * 3),
+            std::vector<float>(size_t(P_ * std::max<int64_t>(W_ - 1, 1)), 0.0f)),
+        px_(size_t(T_ * P_), 0.02f),
+        q_(px_.size()),
+        k_(px_.size()),
+        v_(px_.size()),
+        g_(px_.size(), 0.1f),
+        beta_(size_t(T_ * H_), 0.3f),
+        o_(px_.size()),
+        G_(px_.size(), 0.5f),
+        out_(px_.size()) {
+    gate_.A_log = A_log_.data();
+    gate_.dt_bias = dt_bias_.data();
+    gate_.form = kd_.gate == KdaGateKind::bounded_sigmoid ? cpu::ref::KdaGateForm::bounded
+                                                          : cpu::ref::KdaGateForm::softplus;
+    gate_.lower_bound = kd_.gate_lower_bound;
+  }
+  void layer(int i) {
+    const int64_t l = i % layers_, rows = T_ / seqs_;
+    const float scale = 1.0f / std::sqrt(float(d_));
+    std::vector<cpu::ConvSeq> cq, ck, cv;
+    for (int64_t s = 0; s < seqs_; ++s) {
+      const int64_t o0 = s * rows * P_, st = (l * seqs_ + s) * 3;
+      cq.push_back({px_.data() + o0, cs_[size_t(st)].data(), q_.data() + o0, rows});
+      ck.push_back({px_.data() + o0, cs_[size_t(st + 1)].data(), k_.data() + o0, rows});
+      cv.push_back({px_.data() + o0, cs_[size_t(st + 2)].data(), v_.data() + o0, rows});
+    }
+    cpu::short_conv_silu_seqs_fast(cq.data(), seqs_, conv_w_.data(), P_, W_);
+    cpu::short_conv_silu_seqs_fast(ck.data(), seqs_, conv_w_.data(), P_, W_);
+    cpu::short_conv_silu_seqs_fast(cv.data(), seqs_, conv_w_.data(), P_, W_);
+    std::fill(g_.begin(), g_.end(), 0.1f);
+    cpu::kda_gate_fast(gate_, g_.data(), g_.data(), T_, H_, d_);
+    cpu::ref::kda_beta(beta_.data(), beta_.data(), T_ * H_);
+    cpu::l2_norm_fast(q_.data(), q_.data(), T_ * H_, d_, 1e-6f, !decode_);
+    cpu::l2_norm_fast(k_.data(), k_.data(), T_ * H_, d_, 1e-6f, !decode_);
+    if (decode_) {
+      std::vector<cpu::KdaSeq> rec;
+      for (int64_t s = 0; s < seqs_; ++s) {
+        const int64_t o0 = s * P_, b0 = s * H_;
+        rec.push_back({q_.data() + o0, k_.data() + o0, v_.data() + o0, g_.data() + o0,
+                       beta_.data() + b0, S_[size_t(l * seqs_ + s)].data(), o_.data() + o0, 1});
+      }
+      cpu::kda_recurrent_seqs_fast(rec.data(), seqs_, H_, d_, d_, scale);
+    } else {
+      std::fill(S_[size_t(l)].begin(), S_[size_t(l)].end(), 0.0f);  // a fresh prompt
+      cpu::kda_chunked_fast(q_.data(), k_.data(), v_.data(), g_.data(), beta_.data(),
+                            S_[size_t(l)].data(), o_.data(), T_, H_, d_, d_, scale);
+    }
+    cpu::round_bf16_fast(o_.data(), T_ * P_);
+    cpu::gated_rms_norm_fast(o_.data(), G_.data(), o_norm_.data(), out_.data(), T_ * H_, d_, 1e-5f);
+  }
+  bool decode() const { return decode_; }
+  // Bytes of state read + written (decode), FLOPs as the cost model counts them (prefill).
+  double state_bytes() const { return 2.0 * double(H_ * d_ * d_ * 4) * seqs_; }
+  double flops() const { return double(T_) * double(H_) * (10.0 * 64 * d_ + 6.0 * d_ * d_); }
+  std::string shape() const {
+    return std::to_string(H_) + " x " + std::to_string(d_) + " x " + std::to_string(d_) +
+           ", conv " + std::to_string(W_) + ", " + (decode_ ? "B=" : "T=") + std::to_string(T_);
+  }
+
+ private:
+  const KdaConfig& kd_;
+  int64_t H_, d_, P_, W_;
+  int layers_;
+  bool decode_;
+  int64_t T_, seqs_;
+  std::vector<float> conv_w_, A_log_, dt_bias_, o_norm_;
+  cpu::ref::KdaGate gate_;
+  std::vector<std::vector<float>> S_, cs_;
+  std::vector<float> px_, q_, k_, v_, g_, beta_, o_, G_, out_;
+};
+
 void kda_curves(const Probe& p, const std::vector<int>& Ms, ModelShapeRates& ms) {
-  const ModelConfig& c = p.c;
-  const auto& kd = c.kda;
-  const int64_t H = kd.num_heads, d = kd.head_dim, P = kd.proj_dim(), W = kd.conv_kernel;
-  const int layers = std::max(1, c.num_kda_layers());
-  std::vector<float> conv_w(size_t(P * W), 0.1f), A_log(size_t(H), -1.0f),
-      dt_bias(size_t(H * d), 0.5f), o_norm(size_t(d), 1.0f);
-  cpu::ref::KdaGate gate;
-  gate.A_log = A_log.data();
-  gate.dt_bias = dt_bias.data();
-  gate.form = kd.gate == KdaGateKind::bounded_sigmoid ? cpu::ref::KdaGateForm::bounded
-                                                      : cpu::ref::KdaGateForm::softplus;
-  gate.lower_bound = kd.gate_lower_bound;
-  const float scale = 1.0f / std::sqrt(float(d));
   for (int M : Ms) {
-    const bool decode = M <= cpu::kGemvMaxTokens;
-    const int64_t T = M, seqs = decode ? M : 1;
-    // Every layer's states for every sequence, in turn (as a step touches them).
-    const int64_t nst = int64_t(layers) * seqs;
-    std::vector<std::vector<float>> S(size_t(nst), std::vector<float>(size_t(H * d * d), 0.0f)),
-        cs(size_t(nst * 3), std::vector<float>(size_t(P * std::max<int64_t>(W - 1, 1)), 0.0f));
-    std::vector<float> px(size_t(T * P), 0.02f), q(px.size()), k(px.size()), v(px.size()),
-        g(px.size(), 0.1f), beta(size_t(T * H), 0.3f), o(px.size()), G(px.size(), 0.5f),
-        out(px.size());
-    int64_t layer = 0;
-    RateSample s = p.time(
-        [&] {
-          const int64_t l = layer++ % layers;
-          const int64_t rows = T / seqs;
-          std::vector<cpu::ConvSeq> cq, ck, cv;
-          for (int64_t i = 0; i < seqs; ++i) {
-            const int64_t o0 = i * rows * P, st = (l * seqs + i) * 3;
-            cq.push_back({px.data() + o0, cs[size_t(st)].data(), q.data() + o0, rows});
-            ck.push_back({px.data() + o0, cs[size_t(st + 1)].data(), k.data() + o0, rows});
-            cv.push_back({px.data() + o0, cs[size_t(st + 2)].data(), v.data() + o0, rows});
-          }
-          cpu::short_conv_silu_seqs_fast(cq.data(), seqs, conv_w.data(), P, W);
-          cpu::short_conv_silu_seqs_fast(ck.data(), seqs, conv_w.data(), P, W);
-          cpu::short_conv_silu_seqs_fast(cv.data(), seqs, conv_w.data(), P, W);
-          std::fill(g.begin(), g.end(), 0.1f);
-          cpu::kda_gate_fast(gate, g.data(), g.data(), T, H, d);
-          cpu::ref::kda_beta(beta.data(), beta.data(), T * H);
-          cpu::l2_norm_fast(q.data(), q.data(), T * H, d, 1e-6f, !decode);
-          cpu::l2_norm_fast(k.data(), k.data(), T * H, d, 1e-6f, !decode);
-          if (decode) {
-            std::vector<cpu::KdaSeq> rec;
-            for (int64_t i = 0; i < seqs; ++i) {
-              const int64_t o0 = i * P, b0 = i * H;
-              rec.push_back({q.data() + o0, k.data() + o0, v.data() + o0, g.data() + o0,
-                             beta.data() + b0, S[size_t(l * seqs + i)].data(), o.data() + o0, 1});
-            }
-            cpu::kda_recurrent_seqs_fast(rec.data(), seqs, H, d, d, scale);
-          } else {
-            std::fill(S[size_t(l)].begin(), S[size_t(l)].end(), 0.0f);  // a fresh prompt
-            cpu::kda_chunked_fast(q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                  S[size_t(l)].data(), o.data(), T, H, d, d, scale);
-          }
-          cpu::round_bf16_fast(o.data(), T * P);
-          cpu::gated_rms_norm_fast(o.data(), G.data(), o_norm.data(), out.data(), T * H, d, 1e-5f);
-        },
-        M >= 256 ? std::max(2, p.reps / 2) : p.reps);
-    const std::string shape = std::to_string(H) + " x " + std::to_string(d) + " x " +
-                              std::to_string(d) + ", conv " + std::to_string(W) + ", " +
-                              (decode ? "B=" : "T=") + std::to_string(M) + ", " + p.thr;
-    if (decode) {
-      s.bytes = 2.0 * double(H * d * d * 4) * seqs;
+    KdaStep kda(p.c, M);
+    int layer = 0;
+    RateSample s = p.time([&] { kda.layer(layer++); }, M >= 256 ? std::max(2, p.reps / 2) : p.reps);
+    const std::string shape = kda.shape() + ", " + p.thr;
+    if (kda.decode()) {
+      s.bytes = kda.state_bytes();
       ms.kda_decode_gbps.points.push_back({M, s.gbps()});
       p.emit("KDA core decode B=" + std::to_string(M), shape, s, 0,
              "GB/s of state read + written, convs/gates/norms included", true);
     } else {
-      const double flops = double(T) * double(H) * (10.0 * 64 * d + 6.0 * d * d);
-      ms.kda_prefill_gflops.points.push_back({M, flops / s.median_s / 1e9});
-      p.emit("KDA core prefill T=" + std::to_string(M), shape, s, flops,
+      ms.kda_prefill_gflops.points.push_back({M, kda.flops() / s.median_s / 1e9});
+      p.emit("KDA core prefill T=" + std::to_string(M), shape, s, kda.flops(),
              "FLOPs as the cost model counts them", false);
     }
   }
@@ -378,73 +467,101 @@ void kda_curves(const Probe& p, const std::vector<int>& Ms, ModelShapeRates& ms)
 
 // The MLA core of one layer: the latent rows appended to each sequence's cache, then the absorbed
 // attention of B decode queries over `context` positions (one batched call) or the expanded
-// attention of a T-token prompt.
-void mla_curves(const Probe& p, const std::vector<int>& Ms, int64_t context, ModelShapeRates& ms) {
-  const ModelConfig& c = p.c;
-  const auto& m = c.mla;
-  cpu::ref::MlaDims d;
-  d.H = m.num_heads, d.nope = m.qk_nope_head_dim, d.rope = m.qk_rope_head_dim;
-  d.v = m.v_head_dim, d.kv_lora = m.kv_lora_rank;
-  const int layers = std::max(1, c.num_mla_layers());
-  const int64_t C = d.cache_dim(), kvb_rows = d.H * (d.nope + d.v);
-  std::vector<std::vector<uint16_t>> kvb(size_t(layers),
-                                         std::vector<uint16_t>(size_t(kvb_rows * d.kv_lora)));
-  for (auto& w : kvb)
-    for (size_t i = 0; i < w.size(); ++i) w[i] = uint16_t(0x3C00 | ((i * 40503u >> 20) & 0x7F));
-  std::vector<float> norm_w(size_t(d.kv_lora), 1.0f);
-  cpu::Bf16Linear lin;
-  for (int M : Ms) {
-    const bool decode = M <= cpu::kGemvMaxTokens;
-    const int64_t T = M, seqs = decode ? M : 1, S = decode ? context : T;
-    std::vector<std::vector<float>> cache(size_t(layers * seqs),
-                                          std::vector<float>(size_t((S + T) * C), 0.02f));
-    std::vector<float> ckv(size_t(T * C), 0.03f), q(size_t(T * d.H * d.q_dim()), 0.01f),
-        out(size_t(T * d.H * d.v));
-    int64_t layer = 0;
-    RateSample s = p.time(
-        [&] {
-          const int64_t l = layer++ % layers;
-          const cpu::ref::WeightView kv_b =
-              cpu::ref::WeightView::bf16(kvb[size_t(l)].data(), kvb_rows, d.kv_lora);
-          if (decode) {
-            std::vector<cpu::MlaDecodeQuery> qs;
-            for (int64_t i = 0; i < seqs; ++i) {
-              float* rows = cache[size_t(l * seqs + i)].data();
-              cpu::ref::mla_latent_rows(ckv.data() + i * C, norm_w.data(), rows + (S - 1) * C, 1, d,
-                                        1e-6f, cpu::ref::Precision::bf16);
-              qs.push_back({q.data() + i * d.H * d.q_dim(), rows, S, out.data() + i * d.H * d.v});
-            }
-            cpu::mla_attention_absorbed_batch_fast(qs.data(), seqs, kv_b, d,
-                                                   cpu::ref::Precision::bf16);
-          } else {
-            float* rows = cache[size_t(l)].data();
-            cpu::ref::mla_latent_rows(ckv.data(), norm_w.data(), rows, T, d, 1e-6f,
-                                      cpu::ref::Precision::bf16);
-            cpu::mla_attention_expanded_fast(q.data(), rows, T, kv_b, d, out.data(), T,
-                                             cpu::ref::Precision::bf16, lin);
-          }
-        },
-        M >= 256 ? std::max(2, p.reps / 2) : p.reps);
-    const std::string shape =
-        std::to_string(d.H) + " heads, " + std::to_string(d.kv_lora) + "+" +
-        std::to_string(d.rope) + ", " +
-        (decode ? "B=" + std::to_string(M) + " at context " + std::to_string(S)
-                : "T=S=" + std::to_string(M)) +
-        ", " + p.thr;
-    // FLOPs as the cost model counts them (offload/cost_model.cpp mla_decode_seconds,
-    // mla_prefill_seconds).
-    const double kvb_flops = 2.0 * double(d.kv_lora) * double(kvb_rows);  // per query / position
-    double flops;
-    if (decode) {
-      flops = 2.0 * d.H * double(2 * d.kv_lora + d.rope) * double(S) * seqs + kvb_flops * seqs;
-      ms.mla_decode_gflops.points.push_back({M, flops / s.median_s / 1e9});
+// attention of a T-token prompt. layer(i): the i-th MLA layer's kv_b and caches.
+class MlaStep {
+ public:
+  // Every MLA layer's kv_b weights (bf16), shared by the steps of every M.
+  static std::vector<std::vector<uint16_t>> weights(const ModelConfig& c) {
+    const cpu::ref::MlaDims d = dims(c);
+    std::vector<std::vector<uint16_t>> kvb(
+        size_t(std::max(1, c.num_mla_layers())),
+        std::vector<uint16_t>(size_t(d.H * (d.nope + d.v) * d.kv_lora)));
+    for (auto& w : kvb)
+      for (size_t i = 0; i < w.size(); ++i) w[i] = uint16_t(0x3C00 | ((i * 40503u >> 20) & 0x7F));
+    return kvb;
+  }
+  MlaStep(const ModelConfig& c, int M, int64_t context,
+          const std::vector<std::vector<uint16_t>>& kvb)
+      : d_(dims(c)),
+        kvb_(kvb),
+        layers_(int(kvb.size())),
+        decode_(M <= cpu::kGemvMaxTokens),
+        T_(M),
+        seqs_(decode_ ? M : 1),
+        S_(decode_ ? context : T_),
+        cache_(size_t(layers_ * seqs_),
+               std::vector<float>(size_t((S_ + T_) * d_.cache_dim()), 0.02f)),
+        ckv_(size_t(T_ * d_.cache_dim()), 0.03f),
+        q_(size_t(T_ * d_.H * d_.q_dim()), 0.01f),
+        out_(size_t(T_ * d_.H * d_.v)),
+        norm_w_(size_t(d_.kv_lora), 1.0f) {}
+  void layer(int i) {
+    const int64_t l = i % layers_, C = d_.cache_dim();
+    const cpu::ref::WeightView kv_b =
+        cpu::ref::WeightView::bf16(kvb_[size_t(l)].data(), d_.H * (d_.nope + d_.v), d_.kv_lora);
+    if (decode_) {
+      std::vector<cpu::MlaDecodeQuery> qs;
+      for (int64_t s = 0; s < seqs_; ++s) {
+        float* rows = cache_[size_t(l * seqs_ + s)].data();
+        cpu::ref::mla_latent_rows(ckv_.data() + s * C, norm_w_.data(), rows + (S_ - 1) * C, 1, d_,
+                                  1e-6f, cpu::ref::Precision::bf16);
+        qs.push_back({q_.data() + s * d_.H * d_.q_dim(), rows, S_, out_.data() + s * d_.H * d_.v});
+      }
+      cpu::mla_attention_absorbed_batch_fast(qs.data(), seqs_, kv_b, d_, cpu::ref::Precision::bf16);
     } else {
-      const double pairs = double(T) * double(T + 1) / 2;
-      flops = 2.0 * d.H * double(d.q_dim() + d.v) * pairs + kvb_flops * double(T);
-      ms.mla_prefill_gflops.points.push_back({M, flops / s.median_s / 1e9});
+      float* rows = cache_[size_t(l)].data();
+      cpu::ref::mla_latent_rows(ckv_.data(), norm_w_.data(), rows, T_, d_, 1e-6f,
+                                cpu::ref::Precision::bf16);
+      cpu::mla_attention_expanded_fast(q_.data(), rows, T_, kv_b, d_, out_.data(), T_,
+                                       cpu::ref::Precision::bf16, lin_);
     }
-    p.emit(std::string("MLA core ") + (decode ? "decode B=" : "prefill T=") + std::to_string(M),
-           shape, s, flops, "FLOPs as the cost model counts them", false);
+  }
+  bool decode() const { return decode_; }
+  // FLOPs as the cost model counts them (offload/cost_model.cpp mla_decode_seconds,
+  // mla_prefill_seconds).
+  double flops() const {
+    const double kvb_flops = 2.0 * double(d_.kv_lora) * double(d_.H * (d_.nope + d_.v));
+    if (decode_)
+      return 2.0 * d_.H * double(2 * d_.kv_lora + d_.rope) * double(S_) * seqs_ + kvb_flops * seqs_;
+    const double pairs = double(T_) * double(T_ + 1) / 2;
+    return 2.0 * d_.H * double(d_.q_dim() + d_.v) * pairs + kvb_flops * double(T_);
+  }
+  std::string shape() const {
+    return std::to_string(d_.H) + " heads, " + std::to_string(d_.kv_lora) + "+" +
+           std::to_string(d_.rope) + ", " +
+           (decode_ ? "B=" + std::to_string(T_) + " at context " + std::to_string(S_)
+                    : "T=S=" + std::to_string(T_));
+  }
+
+ private:
+  static cpu::ref::MlaDims dims(const ModelConfig& c) {
+    cpu::ref::MlaDims d;
+    d.H = c.mla.num_heads, d.nope = c.mla.qk_nope_head_dim, d.rope = c.mla.qk_rope_head_dim;
+    d.v = c.mla.v_head_dim, d.kv_lora = c.mla.kv_lora_rank;
+    return d;
+  }
+  cpu::ref::MlaDims d_;
+  const std::vector<std::vector<uint16_t>>& kvb_;
+  int layers_;
+  bool decode_;
+  int64_t T_, seqs_, S_;
+  std::vector<std::vector<float>> cache_;
+  std::vector<float> ckv_, q_, out_, norm_w_;
+  cpu::Bf16Linear lin_;
+};
+
+void mla_curves(const Probe& p, const std::vector<std::vector<uint16_t>>& kvb,
+                const std::vector<int>& Ms, int64_t context, ModelShapeRates& ms) {
+  for (int M : Ms) {
+    MlaStep mla(p.c, M, context, kvb);
+    int layer = 0;
+    RateSample s = p.time([&] { mla.layer(layer++); }, M >= 256 ? std::max(2, p.reps / 2) : p.reps);
+    const double flops = mla.flops();
+    (mla.decode() ? ms.mla_decode_gflops : ms.mla_prefill_gflops)
+        .points.push_back({M, flops / s.median_s / 1e9});
+    p.emit(
+        std::string("MLA core ") + (mla.decode() ? "decode B=" : "prefill T=") + std::to_string(M),
+        mla.shape() + ", " + p.thr, s, flops, "FLOPs as the cost model counts them", false);
   }
   const std::string src = "measured: the fast backend's MLA core (latent rows + " +
                           std::string("attention) at this model's heads, ") + p.thr + p.basis;
@@ -456,85 +573,221 @@ void mla_curves(const Probe& p, const std::vector<int>& Ms, int64_t context, Mod
 // layer's sources, two KimiRMSNorms, two residual adds; MLA: the q_a norm and the output gate;
 // dense MLP: the GLU; MoE: the routing, the zero fill of the merge's accumulator, the latent norm,
 // the shared experts' GLU and add. (The backend's other per-call buffers come from its scratch
-// arena, neither allocated nor filled once warm.) ns per token, layer and 1024 of hidden width
-// (the cost model's unit).
+// arena, neither allocated nor filled once warm.) layer(l): model layer l's.
+class RowOpsStep {
+ public:
+  RowOpsStep(const ModelConfig& c, int M)
+      : c_(c),
+        D_(c.hidden_size),
+        L_(c.expert_in_dim()),
+        Is_(c.moe.shared_intermediate()),
+        If_(c.dense_intermediate_size),
+        Hv_(c.mla.num_heads * c.mla.v_head_dim),
+        Q_(c.mla.q_lora_rank),
+        K_(c.moe.top_k),
+        bs_(std::max(1, c.attn_res_block_size)),
+        T_(M),
+        w_norm_(size_t(std::max({D_, L_, Q_, int64_t(1)})), 1.0f),
+        proj_(size_t(D_), 0.01f),
+        bias_(size_t(c.moe.num_experts), 0.0f),
+        src_(size_t(c.has_attn_res() ? c.num_layers / bs_ + 2 : 1),
+             std::vector<float>(size_t(T_ * D_), 0.5f)),
+        x_(size_t(T_ * D_), 0.5f),
+        h_(x_.size()),
+        gu_(size_t(T_ * std::max(If_, Is_)), 0.2f),
+        up_(gu_.size(), 0.3f),
+        lat_(size_t(T_ * L_), 0.1f),
+        qa_(size_t(T_ * std::max<int64_t>(Q_, 1)), 0.1f),
+        o_(size_t(T_ * Hv_), 0.1f),
+        g_(o_.size(), 0.2f),
+        logits_(size_t(T_ * c.moe.num_experts), 0.0f),
+        weights_(size_t(T_ * K_)),
+        acc_(size_t(T_ * L_)),
+        ids_(size_t(T_ * K_)) {
+    for (size_t i = 0; i < logits_.size(); ++i) logits_[i] = float(i * 2654435761u % 1000) * 1e-3f;
+    rp_.E = c.moe.num_experts, rp_.topk = K_, rp_.bias = bias_.data();
+    rp_.scaling = c.moe.routed_scaling_factor;
+    rp_.renormalize = c.moe.renormalize;
+    rp_.form = c.moe.router_form == RouterWeightForm::bias_in_place
+                   ? cpu::ref::RouterForm::biased_in_place
+                   : cpu::ref::RouterForm::unbiased;
+    glu_.kind = c.act == Activation::situ ? cpu::ref::GluKind::situ : cpu::ref::GluKind::silu;
+    glu_.beta1 = c.situ_beta, glu_.beta2 = c.situ_linear_beta;
+  }
+  void layer(int l) {
+    const int64_t T = T_, D = D_;
+    if (c_.has_attn_res()) {
+      const int64_t n_attn = l == 0 ? 0 : (l - 1) / bs_ + 2, n_mlp = l / bs_ + 2;
+      std::vector<const float*> ps;
+      for (int64_t i = 0; i < std::max(n_attn, n_mlp); ++i) ps.push_back(src_[size_t(i)].data());
+      if (n_attn > 0)
+        cpu::attn_res_mix_fast(ps.data(), n_attn, w_norm_.data(), proj_.data(), x_.data(), T, D,
+                               1e-5f);
+      cpu::attn_res_mix_fast(ps.data(), n_mlp, w_norm_.data(), proj_.data(), x_.data(), T, D,
+                             1e-5f);
+    }
+    cpu::kimi_rms_norm_fast(x_.data(), w_norm_.data(), h_.data(), T, D, 1e-5f);
+    cpu::kimi_rms_norm_fast(x_.data(), w_norm_.data(), h_.data(), T, D, 1e-5f);
+    cpu::add_round_fast(x_.data(), h_.data(), T * D);
+    cpu::add_round_fast(x_.data(), h_.data(), T * D);
+    if (c_.is_mla(l)) {
+      if (Q_ > 0) cpu::kimi_rms_norm_fast(qa_.data(), w_norm_.data(), qa_.data(), T, Q_, 1e-6f);
+      if (c_.mla.output_gate) cpu::sigmoid_gate_fast(o_.data(), g_.data(), T * Hv_);
+    }
+    if (!c_.is_moe(l)) {
+      cpu::glu_fast(glu_, gu_.data(), up_.data(), gu_.data(), T * If_);
+      return;
+    }
+    cpu::ref::route(logits_.data(), rp_, ids_.data(), weights_.data(), nullptr, T);
+    std::fill(acc_.begin(), acc_.end(), 0.0f);  // the merge's accumulator (one thread)
+    asm volatile("" : : "r"(acc_.data()) : "memory");
+    if (c_.moe.latent_size > 0 && c_.moe.latent_norm)
+      cpu::kimi_rms_norm_fast(lat_.data(), w_norm_.data(), lat_.data(), T, L_, 1e-5f);
+    if (Is_ > 0) {
+      cpu::glu_fast(glu_, gu_.data(), up_.data(), gu_.data(), T * Is_);
+      cpu::add_round_fast(x_.data(), h_.data(), T * D);
+    }
+  }
+  void all() {
+    for (int l = 0; l < c_.num_layers; ++l) layer(l);
+  }
+
+ private:
+  const ModelConfig& c_;
+  int64_t D_, L_, Is_, If_, Hv_, Q_, K_;
+  int bs_;
+  int64_t T_;
+  std::vector<float> w_norm_, proj_, bias_;
+  std::vector<std::vector<float>> src_;
+  std::vector<float> x_, h_, gu_, up_, lat_, qa_, o_, g_, logits_, weights_, acc_;
+  std::vector<int32_t> ids_;
+  cpu::ref::RouterParams rp_;
+  cpu::ref::Glu glu_;
+};
+
+// ns per token, layer and 1024 of hidden width (the cost model's unit).
 RateCurve row_ops_curve(const Probe& p, const std::vector<int>& Ms) {
   const ModelConfig& c = p.c;
-  const int64_t D = c.hidden_size, L = c.expert_in_dim(), Is = c.moe.shared_intermediate();
-  const int64_t E = c.moe.num_experts, K = c.moe.top_k, If = c.dense_intermediate_size;
-  const int64_t Hv = c.mla.num_heads * c.mla.v_head_dim, Q = c.mla.q_lora_rank;
-  const int bs = std::max(1, c.attn_res_block_size);
-  const int64_t max_sources = c.has_attn_res() ? c.num_layers / bs + 2 : 1;
-  std::vector<float> w_norm(size_t(std::max({D, L, Q, int64_t(1)})), 1.0f), proj(size_t(D), 0.01f),
-      bias(size_t(E), 0.0f);
   RateCurve curve;
   for (int M : Ms) {
-    const int64_t T = M;
-    std::vector<std::vector<float>> src(size_t(max_sources),
-                                        std::vector<float>(size_t(T * D), 0.5f));
-    std::vector<float> x(size_t(T * D), 0.5f), h(x.size()), gu(size_t(T * std::max(If, Is)), 0.2f),
-        up(gu.size(), 0.3f), lat(size_t(T * L), 0.1f),
-        qa(size_t(T * std::max<int64_t>(Q, 1)), 0.1f), o(size_t(T * Hv), 0.1f), g(o.size(), 0.2f),
-        logits(size_t(T * E), 0.0f), weights(size_t(T * K)), acc(size_t(T * L));
-    std::vector<int32_t> ids(size_t(T * K));
-    for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(i * 2654435761u % 1000) * 1e-3f;
-    cpu::ref::RouterParams rp;
-    rp.E = E, rp.topk = K, rp.bias = bias.data(), rp.scaling = c.moe.routed_scaling_factor;
-    rp.renormalize = c.moe.renormalize;
-    rp.form = c.moe.router_form == RouterWeightForm::bias_in_place
-                  ? cpu::ref::RouterForm::biased_in_place
-                  : cpu::ref::RouterForm::unbiased;
-    cpu::ref::Glu glu;
-    glu.kind = c.act == Activation::situ ? cpu::ref::GluKind::situ : cpu::ref::GluKind::silu;
-    glu.beta1 = c.situ_beta, glu.beta2 = c.situ_linear_beta;
-    RateSample s = p.time(
-        [&] {
-          for (int l = 0; l < c.num_layers; ++l) {
-            if (c.has_attn_res()) {
-              const int64_t n_attn = l == 0 ? 0 : (l - 1) / bs + 2, n_mlp = l / bs + 2;
-              std::vector<const float*> ps;
-              for (int64_t i = 0; i < std::max(n_attn, n_mlp); ++i)
-                ps.push_back(src[size_t(i)].data());
-              if (n_attn > 0)
-                cpu::attn_res_mix_fast(ps.data(), n_attn, w_norm.data(), proj.data(), x.data(), T,
-                                       D, 1e-5f);
-              cpu::attn_res_mix_fast(ps.data(), n_mlp, w_norm.data(), proj.data(), x.data(), T, D,
-                                     1e-5f);
-            }
-            cpu::kimi_rms_norm_fast(x.data(), w_norm.data(), h.data(), T, D, 1e-5f);
-            cpu::kimi_rms_norm_fast(x.data(), w_norm.data(), h.data(), T, D, 1e-5f);
-            cpu::add_round_fast(x.data(), h.data(), T * D);
-            cpu::add_round_fast(x.data(), h.data(), T * D);
-            if (c.is_mla(l)) {
-              if (Q > 0) cpu::kimi_rms_norm_fast(qa.data(), w_norm.data(), qa.data(), T, Q, 1e-6f);
-              if (c.mla.output_gate) cpu::sigmoid_gate_fast(o.data(), g.data(), T * Hv);
-            }
-            if (!c.is_moe(l)) {
-              cpu::glu_fast(glu, gu.data(), up.data(), gu.data(), T * If);
-              continue;
-            }
-            cpu::ref::route(logits.data(), rp, ids.data(), weights.data(), nullptr, T);
-            std::fill(acc.begin(), acc.end(), 0.0f);  // the merge's accumulator (one thread)
-            asm volatile("" : : "r"(acc.data()) : "memory");
-            if (c.moe.latent_size > 0 && c.moe.latent_norm)
-              cpu::kimi_rms_norm_fast(lat.data(), w_norm.data(), lat.data(), T, L, 1e-5f);
-            if (Is > 0) {
-              cpu::glu_fast(glu, gu.data(), up.data(), gu.data(), T * Is);
-              cpu::add_round_fast(x.data(), h.data(), T * D);
-            }
-          }
-        },
-        p.reps);
-    const double ns = s.median_s * 1e9 / double(T) / c.num_layers / (double(D) / 1024.0);
+    RowOpsStep rows(c, M);
+    RateSample s = p.time([&] { rows.all(); }, p.reps);
+    const double ns =
+        s.median_s * 1e9 / double(M) / c.num_layers / (double(c.hidden_size) / 1024.0);
     curve.points.push_back({M, ns});
-    p.emit("row ops M=" + std::to_string(M),
-           std::to_string(c.num_layers) + " layers, D=" + std::to_string(D) + ", " + p.thr, s, 0,
-           fmt("%.0f ns per token, layer and 1024 wide", ns), false);
+    p.emit(
+        "row ops M=" + std::to_string(M),
+        std::to_string(c.num_layers) + " layers, D=" + std::to_string(c.hidden_size) + ", " + p.thr,
+        s, 0, fmt("%.0f ns per token, layer and 1024 wide", ns), false);
   }
   curve.source =
       "measured: the fast backend's row ops of every layer at "
       "this model's widths, " +
       p.thr + p.basis + "; ns per token, layer and 1024 wide";
+  return curve;
+}
+
+// The parts above run together as a step at M tokens (a decode step of M sequences, or an M-token
+// prompt): layer by layer, its row ops, the attention half's linear calls, its KDA or MLA core,
+// the MLP half's calls and the routed experts, then lm_head in a decode step — in one entry of the
+// arena, as the backend runs a step. Each part is also timed alone over the same step (all its
+// layers in one entry), in turn with the step, round by round (so drift falls on both alike). The
+// ratio of the step's median to the sum of the parts' medians is how much slower (or faster) the
+// parts run among one another: each evicts the others' weights and state from the caches, each
+// fork-join wakes the pool, and sustained work may run at another clock than one part's burst.
+// The cost model multiplies its CPU step by it (ModelShapeRates::step_factor).
+RateCurve step_factor_curve(const Probe& p, WeightPool& pool, ExpertRig* rig,
+                            const std::vector<std::vector<uint16_t>>& kvb,
+                            const std::vector<int>& Ms, int64_t context) {
+  const ModelConfig& c = p.c;
+  RateCurve curve;
+  for (int M : Ms) {
+    TrunkStep trunk(c, pool, M);
+    RowOpsStep rows(c, M);
+    std::unique_ptr<KdaStep> kda;
+    if (c.num_kda_layers() > 0) kda = std::make_unique<KdaStep>(c, M);
+    std::unique_ptr<MlaStep> mla;
+    if (c.num_mla_layers() > 0) mla = std::make_unique<MlaStep>(c, M, context, kvb);
+    std::function<void()> experts;
+    double touched = 0;
+    if (rig && c.num_moe_layers() > 0) experts = rig->routed(M, c.moe.top_k, &touched);
+    auto each_layer = [&](auto&& fn) {
+      int n_kda = 0, n_mla = 0;
+      for (int l = 0; l < c.num_layers; ++l) fn(l, c.is_kda(l) ? n_kda++ : n_mla++);
+    };
+    std::vector<std::pair<std::string, std::function<void()>>> parts = {
+        {"trunk", [&] { trunk.all(); }}, {"row ops", [&] { rows.all(); }}};
+    if (kda || mla)
+      parts.push_back({"attention cores", [&] {
+                         each_layer([&](int l, int i) {
+                           if (c.is_kda(l))
+                             kda->layer(i);
+                           else
+                             mla->layer(i);
+                         });
+                       }});
+    if (experts)
+      parts.push_back({"routed experts", [&] {
+                         for (int l = 0; l < c.num_layers; ++l)
+                           if (c.is_moe(l)) experts();
+                       }});
+    const std::function<void()> step = [&] {
+      each_layer([&](int l, int i) {
+        rows.layer(l);
+        trunk.half(l, false);
+        if (c.is_kda(l))
+          kda->layer(i);
+        else
+          mla->layer(i);
+        trunk.half(l, true);
+        if (experts && c.is_moe(l)) experts();
+      });
+      trunk.head();
+    };
+    // Round by round: every part alone, then the step, each in its own entry of the arena.
+    const int rounds = M >= 256 ? std::max(3, p.reps / 2) : p.reps;
+    std::vector<std::vector<double>> t(parts.size() + 1);
+    auto timed = [&](const std::function<void()>& fn) {
+      if (p.cold) p.cold();
+      const auto a = std::chrono::steady_clock::now();
+      p.arena.execute(fn);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    };
+    for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const double s = timed(parts[i].second);
+        if (r > 0) t[i].push_back(s);
+      }
+      const double s = timed(step);
+      if (r > 0) t.back().push_back(s);
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+    double alone = 0;
+    std::string split;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const double m = median(t[i]);
+      alone += m;
+      split += ", " + parts[i].first + fmt(" %.3g ms", m * 1e3);
+    }
+    RateSample s;
+    s.repeats = rounds;
+    s.median_s = median(t.back());
+    s.min_s = *std::min_element(t.back().begin(), t.back().end());
+    s.max_s = *std::max_element(t.back().begin(), t.back().end());
+    const double factor = s.median_s / alone;
+    curve.points.push_back({M, factor});
+    p.emit("step M=" + std::to_string(M),
+           std::to_string(c.num_layers) + " layers, " + (trunk.decode() ? "decode" : "prefill") +
+               ", " + p.thr,
+           s, 0, fmt("%.2fx the parts alone (%.3g ms", factor, alone * 1e3) + split + ")", false);
+  }
+  curve.source =
+      "measured: the probes' parts run together as a step (layer by layer) against each part "
+      "alone, " +
+      p.thr + p.basis + "; the step's time over the parts' sum";
   return curve;
 }
 
@@ -575,7 +828,9 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
   ms.context = context;
   p.progress("model-shape probes: linear call and trunk");
   ms.linear_call_us = linear_call_rate(p);
-  ms.trunk = trunk_curve(p, Ms, ms.linear_call_us.value());
+  WeightPool pool(trunk_pool_elems(cfg, o.quick), fs::path(cfg.source).parent_path());
+  ms.trunk = trunk_curve(p, pool, Ms, ms.linear_call_us.value());
+  std::unique_ptr<ExpertRig> rig;
   if (cfg.num_moe_layers() > 0 && cfg.moe.mxfp4) {
     // The expert curve's M is tokens per expert: the mean each step of Ms gives (decode B: B·k /
     // U(B); a prompt of T: T·k / E), and 2 (batched decode's few-token kernel).
@@ -589,19 +844,23 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
     for (int M : Ms)
       if (M <= int(cpu::kGemvMaxTokens)) decode.push_back(M);
     p.progress("model-shape probes: CPU experts");
-    cpu::PinnedArena pinned(topo, threads);
-    expert_curves(p, topo, pinned, per_expert, decode, ms);
+    rig = std::make_unique<ExpertRig>(p, topo);
+    expert_curves(p, *rig, per_expert, decode, ms);
   }
   if (cfg.num_kda_layers() > 0) {
     p.progress("model-shape probes: KDA core");
     kda_curves(p, Ms, ms);
   }
+  const std::vector<std::vector<uint16_t>> kvb =
+      cfg.num_mla_layers() > 0 ? MlaStep::weights(cfg) : std::vector<std::vector<uint16_t>>{};
   if (cfg.num_mla_layers() > 0) {
     p.progress("model-shape probes: MLA core");
-    mla_curves(p, Ms, context, ms);
+    mla_curves(p, kvb, Ms, context, ms);
   }
   p.progress("model-shape probes: row ops");
   ms.row_ops_ns = row_ops_curve(p, Ms);
+  p.progress("model-shape probes: the parts together as a step");
+  ms.step_factor = step_factor_curve(p, pool, rig.get(), kvb, Ms, context);
   return ms;
 }
 

@@ -741,6 +741,51 @@ TEST_CASE("model-shape rates replace the K3-shaped probes for their model, in th
   CHECK(ref.rates_basis().empty());
 }
 
+TEST_CASE("the step probe's factor scales the fast CPU step and is a part of its own", "[cost]") {
+  FastCpu f;
+  f.hw.model_shapes = shapes_for(f.cfg, 1);
+  const CostModel alone = f.model();
+  CHECK(alone.step_factor(8) == 1);  // no step probe: the parts' sum
+  // 1.2× at 1 token, 1.5× from 8 (linear between, flat past the ends).
+  f.hw.model_shapes.step_factor = curve({{1, 1.2}, {8, 1.5}});
+  const CostModel together = f.model();
+  CHECK(together.step_factor(1) == Approx(1.2));
+  CHECK(together.step_factor(4) == Approx(1.2 + 0.3 * 3 / 7));
+  CHECK(together.step_factor(1024) == Approx(1.5));
+  auto part = [](const auto& parts) {
+    for (const auto& p : parts)
+      if (p.name.rfind("the parts together in one step", 0) == 0) return p.seconds;
+    return 0.0;
+  };
+  for (int B : {1, 8}) {
+    const DecodeEstimate a = alone.decode_step(f.host, B, 80),
+                         t = together.decode_step(f.host, B, 80);
+    CHECK(t.step_s == Approx(a.step_s * together.step_factor(B)));
+    CHECK(part(t.parts) == Approx(t.step_s - a.step_s));
+    CHECK(part(a.parts) == 0);
+  }
+  // Prefill: each chunk at its own width (two chunks of 512 and one of 256 here).
+  const PrefillEstimate a = alone.prefill(f.host, 1280, 512),
+                        t = together.prefill(f.host, 1280, 512);
+  CHECK(t.total_s == Approx(1.5 * a.total_s));
+  CHECK(part(t.parts) == Approx(0.5 * a.total_s));
+  // Faster together (a factor below 1) is a negative part, not dropped.
+  f.hw.model_shapes.step_factor = curve({{1, 0.9}});
+  const DecodeEstimate faster = f.model().decode_step(f.host, 1, 80);
+  CHECK(faster.step_s == Approx(0.9 * alone.decode_step(f.host, 1, 80).step_s));
+  CHECK(part(faster.parts) < 0);
+  // The rates name it; the other backends never read it.
+  bool named = false;
+  for (const std::string& r : together.describe_rates())
+    named = named || r.find("the parts together in a step: x(M) 1:1.20 8:1.50") == 0;
+  CHECK(named);
+  f.co.trunk = TrunkBackend::cpu_reference;
+  f.hw.kernels.cpu_trunk_ref = curve({{1, 2}});
+  f.hw.kernels.cpu_kda_ref_state_gbps = Rate(1);
+  f.hw.kernels.cpu_mla_ref_gflops = Rate(1);
+  CHECK(f.model().step_factor(8) == 1);
+}
+
 TEST_CASE("model-shape rates of another model fall back to the K3-shaped probes with a note",
           "[cost]") {
   FastCpu f;

@@ -199,6 +199,7 @@ TEST_CASE("model-shape rates survive save and load, and their errors name the fi
   ms.mla_decode_gflops = {{{1, 10}, {8, 30}}, "measured: mla"};
   ms.mla_prefill_gflops = {{{256, 100}, {1024, 150}}, "measured: mla prefill"};
   ms.row_ops_ns = {{{1, 9000}, {256, 3000}}, "measured: rows"};
+  ms.step_factor = {{{1, 1.1}, {1024, 1.25}}, "measured: step"};
   const json j = to_json(hw);
   // Weight-byte curves in "gbps", the others (FLOP rates, times) in "value".
   CHECK(j.at("model_shapes").at("trunk").at("points").at(0).contains("gbps"));
@@ -227,6 +228,8 @@ TEST_CASE("model-shape rates survive save and load, and their errors name the fi
   CHECK(m.row_ops_ns.value_at(1) == 9000);
   CHECK(m.row_ops_ns.value_at(128.5) == Approx(6000));
   CHECK(m.row_ops_ns.value_at(4096) == 3000);
+  CHECK(m.step_factor.source == "measured: step");
+  CHECK(m.step_factor.value_at(1024) == 1.25);
   // A profile without them has none (not measured), and merge keeps one model's block whole.
   CHECK(!hardware_from_json(json{{"format", "strata-hardware-1"}}, "x").model_shapes.known());
   HardwareProfile empty;

@@ -60,10 +60,18 @@ TEST_CASE("model-shape probes time every piece at the model's token counts", "[h
   CHECK(tokens(ms.mla_decode_gflops) == std::vector<int>{1, 2});
   CHECK(tokens(ms.kda_prefill_gflops) == std::vector<int>{16});
   CHECK(tokens(ms.mla_prefill_gflops) == std::vector<int>{16});
+  // The parts together as a step at every token count: a ratio of two times near 1 (the parts'
+  // sum against the same work in one step; a wide bound, as the machine may be busy).
+  CHECK(tokens(ms.step_factor) == std::vector<int>{1, 2, 16});
+  for (const RatePoint& q : ms.step_factor.points) {
+    CHECK(q.gbps > 0.25);
+    CHECK(q.gbps < 4);
+  }
+  CHECK(ms.step_factor.source.find("the step's time over the parts' sum") != std::string::npos);
   CHECK(ms.linear_call_us.value() > 0);
   CHECK(ms.trunk.source.find("one call's fixed cost taken out") != std::string::npos);
-  CHECK(lines ==
-        1 + 3 + 3 + 2 + 3 + 3 + 3);  // call, trunk, experts, decode experts, KDA, MLA, row ops
+  // call, trunk, experts, decode experts, KDA, MLA, row ops, steps
+  CHECK(lines == 1 + 3 + 3 + 2 + 3 + 3 + 3 + 3);
   // The cost model takes them for this model.
   HardwareProfile hw;
   hw.host.cores = threads;
