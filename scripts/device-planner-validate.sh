@@ -4,13 +4,14 @@
 # checked against `bench e2e`, in two runs so that the predictions are committed before the
 # measurement they are checked against:
 #   bash scripts/device-planner-validate.sh hw    # bench hw -m + strata plan --bench-e2e → $OUT
-#     (MODEL_COLD=MiB: the model-shape probes start on swept caches, bench hw --model-cold)
+#     (MODEL_COLD=MiB: the model-shape probes start on swept caches, bench hw --model-cold;
+#     HW_FLAGS: more bench hw flags, e.g. --no-gpu when only the host's rates are checked)
 #     (commit $OUT/h200-k3mini-hw.json to docs/hardware/ and the two prediction files to
 #     docs/predictions/, then, on a fresh machine:)
 #   bash scripts/device-planner-validate.sh e2e   # bench e2e --device cpu, twice → $OUT (each
 #     prefill line the median of 3 prompts: one timed prompt moved 1.5x between runs)
-# The e2e mode also re-predicts from the committed profile (docs/hardware/h200-k3mini-hw.json, when
-# present) so the run's log holds both sides. Each mode: build ≈ 1 min (none with STRATA=binary),
+# The e2e mode also re-predicts from the committed profile (PROFILE=file, default
+# docs/hardware/h200-k3mini-hw.json, when present) so the run's log holds both sides. Each mode: build ≈ 1 min (none with STRATA=binary),
 # then under 3 min.
 DEVICE_OUT_DEFAULT=/tmp/planner-validate-out
 source scripts/device-lib.sh
@@ -37,15 +38,15 @@ predict() {  # predict HW_JSON OUT_BASENAME
 if [ "$mode" = hw ]; then
   # The whole profile (K3-shaped probes, GPU peaks and kernels) plus the model-shape probes of
   # k3-mini; no disk (the placement is all host).
-  timeout 300 $S bench hw --no-disk -m /tmp/k3-mini ${MODEL_COLD:+--model-cold $MODEL_COLD} \
+  timeout 300 $S bench hw --no-disk ${HW_FLAGS:-} -m /tmp/k3-mini ${MODEL_COLD:+--model-cold $MODEL_COLD} \
     --save "$OUT/h200-k3mini-hw.json" \
     --json "$OUT/bench-hw-lines.json" > "$OUT/bench_hw.txt" 2> "$OUT/bench_hw.err"
   echo "bench hw rc=$? $(( $(date +%s) - t0 )) s"
   grep -E "hw/model|hw/host memory" "$OUT/bench_hw.txt" | cut -c1-200
   predict "$OUT/h200-k3mini-hw.json" h200-k3-mini-cpu-probes
 else
-  [ -f docs/hardware/h200-k3mini-hw.json ] &&
-    predict docs/hardware/h200-k3mini-hw.json h200-k3-mini-cpu-probes-replay
+  PROFILE=${PROFILE:-docs/hardware/h200-k3mini-hw.json}
+  [ -f "$PROFILE" ] && predict "$PROFILE" h200-k3-mini-cpu-probes-replay
   for run in 1 2; do
     uptime
     timeout 150 $S bench e2e -m /tmp/k3-mini "${E2E[@]}" --prefill-repeats 3 --json "$OUT/e2e-k3-mini-cpu-$run.json" \
