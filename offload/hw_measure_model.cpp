@@ -67,8 +67,8 @@ class WeightPool {
         for (size_t i = 0; i < n; ++i) chunk[i] = value(i0 + i);
         ok = ::pwrite(fd, chunk.data(), n * 2, off_t(i0 * 2)) == ssize_t(n * 2);
       }
-      // Written back before any probe reads it: the engine's checkpoint is not being flushed to
-      // disk while it runs (on the dev VM the first trunk probe ran 5–17 % slow without this).
+      // Written back before any probe reads it, so that no writeback runs beside the probes (the
+      // engine's checkpoint is clean in the page cache while it runs).
       ok = ok && ::fdatasync(fd) == 0;
       void* m = ok ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
       ::close(fd);
