@@ -555,7 +555,7 @@ void RoutedExperts::run(std::span<ExpertTask> tasks, std::span<const int32_t* co
   run_experts_cpu(tasks, xq_, glu, opt);
   const auto t2 = clock::now();
   // Each task's rows to their slots, tasks in parallel: a prefill chunk moves T·k rows of H here,
-  // which one thread made a serial share of the step (docs/planner.md, (2) on an H100 host). A
+  // which one thread made a serial share of the step (docs/planner.md, "Earlier rounds", (2)). A
   // row's bits do not depend on who copies it.
   tbb::parallel_for(size_t(0), tasks.size(), [&](size_t e) {
     for (int r = 0; r < tasks[e].n_tokens; ++r) {

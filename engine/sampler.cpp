@@ -24,7 +24,7 @@ int argmax(std::span<const float> logits) {
   // element equal to the maximum; ±0 compare equal in both), 0 when every value is NaN. The
   // one-pass scan (a compare against the running best's value per element) took 0.49–0.69 ms a
   // row against 0.05–0.13 ms for this on the dev VM under load; on a k3-mini B = 8 step its eight
-  // rows were most of the step's untimed rest (docs/planner.md, (2)).
+  // rows were most of the step's untimed rest (docs/planner.md, "Earlier rounds", (2)).
   const float* x = logits.data();
   const size_t n = logits.size();
   size_t i = 0;

@@ -303,8 +303,8 @@ struct ExpertRig {
 // do), cpu::RoutedExperts (quantize once, gather, kernels, copy to slots with the bf16 rounding)
 // and the backend's merge, the model's MoE layers in turn. (The form before timed the kernels
 // alone on M consecutive rows per expert: on an H100 machine's 16 threads the engine's routed
-// experts took ≈ 1.8× its time from 2 tokens per expert — docs/planner.md, (2).) Two curves:
-// `expert` (by tokens per expert M, each from a step of step_tokens_for(M) tokens) and
+// experts took ≈ 1.8× its time from 2 tokens per expert — docs/planner.md, "Earlier rounds".) Two
+// curves: `expert` (by tokens per expert M, each from a step of step_tokens_for(M) tokens) and
 // `expert_decode` (by decode batch B ≤ kGemvMaxTokens, a step of B tokens), GB/s of the touched
 // experts' weights with the CPU expert job's start taken out.
 void expert_curves(const Probe& p, ExpertRig& rig, const std::vector<int>& Ms,
@@ -321,7 +321,7 @@ void expert_curves(const Probe& p, ExpertRig& rig, const std::vector<int>& Ms,
     // one entry of the arena, as the backend calls them amid a step's other parallel work. A
     // repeat of one call, the arena entered for it alone, measured a per-call cost the engine
     // does not pay: 4 experts of k3-mini in 323 µs at 16 threads on an H100 machine's host, where
-    // the engine's step spent 43 µs per layer on them (docs/planner.md, (2) on an H100 host) —
+    // the engine's step spent 43 µs per layer on them (docs/planner.md, "Earlier rounds", (2)) —
     // most likely the workers' wake-up on each entry; this form measured 33 µs there.
     RateSample s = p.time(
         [&] {
