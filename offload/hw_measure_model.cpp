@@ -714,21 +714,20 @@ RateCurve step_factor_curve(const Probe& p, WeightPool& pool, ExpertRig* rig,
     std::function<void()> experts;
     double touched = 0;
     if (rig && c.num_moe_layers() > 0) experts = rig->routed(M, c.moe.top_k, &touched);
+    // fn(l, i): model layer l, the i-th of its kind (KDA or MLA).
     auto each_layer = [&](auto&& fn) {
       int n_kda = 0, n_mla = 0;
       for (int l = 0; l < c.num_layers; ++l) fn(l, c.is_kda(l) ? n_kda++ : n_mla++);
     };
+    auto core = [&](int l, int i) {
+      if (c.is_kda(l))
+        kda->layer(i);
+      else
+        mla->layer(i);
+    };
     std::vector<std::pair<std::string, std::function<void()>>> parts = {
         {"trunk", [&] { trunk.all(); }}, {"row ops", [&] { rows.all(); }}};
-    if (kda || mla)
-      parts.push_back({"attention cores", [&] {
-                         each_layer([&](int l, int i) {
-                           if (c.is_kda(l))
-                             kda->layer(i);
-                           else
-                             mla->layer(i);
-                         });
-                       }});
+    if (kda || mla) parts.push_back({"attention cores", [&] { each_layer(core); }});
     if (experts)
       parts.push_back({"routed experts", [&] {
                          for (int l = 0; l < c.num_layers; ++l)
@@ -738,10 +737,7 @@ RateCurve step_factor_curve(const Probe& p, WeightPool& pool, ExpertRig* rig,
       each_layer([&](int l, int i) {
         rows.layer(l);
         trunk.half(l, false);
-        if (c.is_kda(l))
-          kda->layer(i);
-        else
-          mla->layer(i);
+        core(l, i);
         trunk.half(l, true);
         if (experts && c.is_moe(l)) experts();
       });
