@@ -6,8 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "offload/cost_model.h"
 #include "offload/hardware.h"
 #include "storage/error.h"
+#include "storage/synth.h"
 #include "test_util.h"
 
 using namespace strata;
@@ -39,7 +41,10 @@ TEST_CASE("the reference hardware descriptions parse", "[hardware]") {
     if (hw.gpu.count > 0) {
       CHECK(hw.gpu.compute_capability == 90);
       CHECK(hw.gpu.memory_bytes > 0);
-      CHECK(hw.gpu.hbm_copy_gbps.known());
+      // The GPU's rates measured or stated together, or none: a host-only profile (`bench hw
+      // --no-gpu` on a GPU machine, e.g. h200-k3mini-hw-1207.json) states the GPU it saw, and a
+      // GPU plan from it is refused by name (checked below).
+      CHECK(hw.gpu.hbm_copy_gbps.known() == hw.gpu.bf16_gemm_tflops.known());
     }
     ++n;
   }
@@ -51,6 +56,26 @@ TEST_CASE("the reference hardware descriptions parse", "[hardware]") {
   CHECK(a.disk.total_read_gbps().value() == Approx(52));
   CHECK(a.kernels.gpu_expert.points.size() == 5);
   CHECK(!a.kernels.cpu_expert.known());  // not stated: the cost model assumes, and says so
+  // A host-only profile of a GPU machine plans the CPU backends and refuses the GPU trunk.
+  const auto host_only = test::source_dir() / "docs/hardware/h200-k3mini-hw-1207.json";
+  const HardwareProfile h = load_hardware(host_only);
+  REQUIRE(h.gpu.count == 1);
+  CHECK(!h.gpu.hbm_copy_gbps.known());
+  SynthOptions so;
+  so.preset = "k3-mini";
+  const ModelConfig mini = parse_config(synth_config_json(so), "k3-mini");
+  CostOptions cpu;
+  cpu.trunk = TrunkBackend::cpu_bf16;
+  CHECK(CostModel(h, mini, cpu).decode_step(Placement{0, 1, 0}, 1, 80).tokens_per_s > 0);
+  CostOptions gpu;
+  gpu.trunk = TrunkBackend::gpu;
+  try {
+    CostModel(h, mini, gpu);
+    FAIL("a GPU plan from a host-only profile was accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("h200-k3mini-hw-1207.json: gpu.hbm_copy_gbps") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("a profile survives save and load, and save never replaces a file unasked",
