@@ -1155,9 +1155,10 @@ PrefillEstimate CostModel::prefill(const Placement& p, int64_t tokens, int64_t c
       t_fixed += fixed;
       e.cpu_experts_per_chunk += on_cpu * moe_layers / double(e.chunks);
       const double parts = trunk + kda + mla + cexp + fixed;
-      const double t = parts * step_factor(C);
+      const double f = step_factor(C);
+      const double t = parts * f;
       t_together += t - parts;
-      together = std::max(together, step_factor(C));
+      together = std::max(together, f);
       total += opt_.overlap == Overlap::serial ? t + disk : std::max(t, disk);
     }
     e.parts.push_back({"dense trunk (bf16 GEMMs)", "cpu", t_trunk});

@@ -46,6 +46,18 @@ double process_cpu_s() {
 }
 }  // namespace
 
+RateSample sample_of(std::vector<double> seconds) {
+  STRATA_ASSERT(!seconds.empty());
+  std::sort(seconds.begin(), seconds.end());
+  const size_t n = seconds.size();
+  RateSample s;
+  s.repeats = int(n);
+  s.min_s = seconds.front();
+  s.max_s = seconds.back();
+  s.median_s = n % 2 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]);
+  return s;
+}
+
 RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup,
                         const std::function<void()>& before) {
   STRATA_ASSERT(repeats > 0);
@@ -60,15 +72,8 @@ RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup
     cpu.push_back(process_cpu_s() - c0);
     t.push_back(std::chrono::duration<double>(b - a).count());
   }
-  std::sort(t.begin(), t.end());
-  std::sort(cpu.begin(), cpu.end());
-  RateSample s;
-  s.cpu_median_s =
-      cpu.size() % 2 ? cpu[cpu.size() / 2] : 0.5 * (cpu[cpu.size() / 2 - 1] + cpu[cpu.size() / 2]);
-  s.repeats = repeats;
-  s.min_s = t.front();
-  s.max_s = t.back();
-  s.median_s = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  RateSample s = sample_of(std::move(t));
+  s.cpu_median_s = sample_of(std::move(cpu)).median_s;
   return s;
 }
 

@@ -94,6 +94,9 @@ ModelShapeRates measure_model_shapes(const ModelConfig& cfg, const MeasureOption
 
 // --- the individual loops (shared with bench io / bench cpu-experts) ---
 
+// Median, min and max of measured seconds (at least one), repeats = their count.
+RateSample sample_of(std::vector<double> seconds);
+
 // Runs fn() `warmup` times, then `repeats` times; median, min and max wall seconds. `before`,
 // when set, runs ahead of every timed call, outside the timing.
 RateSample time_repeats(const std::function<void()>& fn, int repeats, int warmup = 1,

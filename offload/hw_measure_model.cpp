@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -743,16 +742,13 @@ RateCurve step_factor_curve(const Probe& p, WeightPool& pool, ExpertRig* rig,
       });
       trunk.head();
     };
-    // Round by round: every part alone, then the step, each in its own entry of the arena.
-    const int rounds = p.reps;
+    // Round by round: every part alone, then the step, each in its own entry of the arena (a
+    // timed repeat of one, the cache sweep ahead of it when asked).
     std::vector<std::vector<double>> t(parts.size() + 1);
     auto timed = [&](const std::function<void()>& fn) {
-      if (p.cold) p.cold();
-      const auto a = std::chrono::steady_clock::now();
-      p.arena.execute(fn);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+      return time_repeats([&] { p.arena.execute(fn); }, 1, 0, p.cold).median_s;
     };
-    for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
+    for (int r = 0; r <= p.reps; ++r) {  // round 0 warms up
       for (size_t i = 0; i < parts.size(); ++i) {
         const double s = timed(parts[i].second);
         if (r > 0) t[i].push_back(s);
@@ -760,22 +756,14 @@ RateCurve step_factor_curve(const Probe& p, WeightPool& pool, ExpertRig* rig,
       const double s = timed(step);
       if (r > 0) t.back().push_back(s);
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    };
     double alone = 0;
     std::string split;
     for (size_t i = 0; i < parts.size(); ++i) {
-      const double m = median(t[i]);
+      const double m = sample_of(t[i]).median_s;
       alone += m;
       split += ", " + parts[i].first + fmt(" %.3g ms", m * 1e3);
     }
-    RateSample s;
-    s.repeats = rounds;
-    s.median_s = median(t.back());
-    s.min_s = *std::min_element(t.back().begin(), t.back().end());
-    s.max_s = *std::max_element(t.back().begin(), t.back().end());
+    const RateSample s = sample_of(t.back());
     const double factor = s.median_s / alone;
     curve.points.push_back({M, factor});
     p.emit("step M=" + std::to_string(M),
