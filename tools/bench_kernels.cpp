@@ -335,22 +335,29 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
     fill_bf16(q.p, size_t(T) * H * mla::kQDim, 25, 1.f);
     const size_t wsb = mla::prefill_workspace_bytes(H, S);
     Dev ws(wsb);
-    auto run = [&] {
-      ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), S, kvb.as<uint16_t>(),
-                      out.as<uint16_t>(), T, ws.p, wsb, nullptr),
-         "mla prefill");
-    };
-    BenchLine l;
-    l.name = "mla/prefill T=" + std::to_string(T);
-    l.shape = "H=96 q/k 192 v 128, causal";
-    l.time = stats(kernels::gpu_time(run, nullptr, 3, 1));
-    const double expand = 2.0 * double(S) * mla::kLatent * H * 256;
-    l.flops = mla::prefill_attention_flops(H, T, S) + expand;
-    l.peak_name = "bf16 GEMM (measured)";
-    l.peak = ctx.gemm_tflops;
-    l.peak_is_bandwidth = false;
-    l.note = "incl. kv expansion GEMM; target >= 40% of GEMM";
-    r.add(l);
+    // The attention kernels (the same bits): the default (cp.async), tma, tma4 and tma_solo.
+    for (const mla::PrefillKernel k : {mla::PrefillKernel::cp_async, mla::PrefillKernel::tma,
+                                       mla::PrefillKernel::tma4, mla::PrefillKernel::tma_solo}) {
+      auto run = [&] {
+        ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), S, kvb.as<uint16_t>(),
+                        out.as<uint16_t>(), T, ws.p, wsb, nullptr, k),
+           "mla prefill");
+      };
+      BenchLine l;
+      l.name =
+          "mla/prefill T=" + std::to_string(T) +
+          (k == mla::PrefillKernel::cp_async ? "" : std::string(" ") + mla::prefill_kernel_name(k));
+      l.shape =
+          std::string("H=96 q/k 192 v 128, causal, ") + mla::prefill_kernel_name(k) + " kernel";
+      l.time = stats(kernels::gpu_time(run, nullptr, 3, 1));
+      const double expand = 2.0 * double(S) * mla::kLatent * H * 256;
+      l.flops = mla::prefill_attention_flops(H, T, S) + expand;
+      l.peak_name = "bf16 GEMM (measured)";
+      l.peak = ctx.gemm_tflops;
+      l.peak_is_bandwidth = false;
+      l.note = "incl. kv expansion GEMM; target >= 50% of GEMM";
+      r.add(l);
+    }
   }
   // A chunk of T new tokens against a long cache (S positions, the chunk's own rows last), in the
   // bounded workspace: the cache expanded tile by tile (mla::kPrefillTile positions).
@@ -380,7 +387,8 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
       l.name = "mla/prefill T=" + std::to_string(c.T) + " S=" + std::to_string(c.S) +
                (tile < c.S ? "" : " one pass");
       l.shape = "H=96, " + (tile < c.S ? "cache tiles of " + std::to_string(tile) : "one tile") +
-                ", workspace " + fmt("%.2f GB", double(wsb) / 1e9);
+                ", workspace " + fmt("%.2f GB", double(wsb) / 1e9) + ", " +
+                mla::prefill_kernel_name(mla::default_prefill_kernel()) + " kernel";
       l.time = stats(kernels::gpu_time(run, nullptr, 3, 1));
       l.flops = mla::prefill_attention_flops(H, c.T, c.S) + expand;
       l.peak_name = "bf16 GEMM (measured)";

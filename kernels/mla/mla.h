@@ -65,8 +65,20 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // The cache is expanded tile by tile (prefill_tile_positions) and the attention runs over each
 // tile in turn, the fp32 softmax state (row max, row sum, unnormalised O) carried across tiles in
 // the workspace; the result equals the one-pass form up to fp32 summation order.
+// q, cache and workspace must be 16-byte aligned.
+//
+// The attention kernels give the same bits: cpasync (the default: each 128-query block loads its
+// own key tiles by cp.async), tma (the two query blocks of a thread-block cluster share each key
+// tile, loaded once by TMA and multicast to both), tma4 (the same with clusters of four) and
+// tma_solo (clusters of two, each block loading its own tiles by TMA: what the sharing gains). The
+// TMA forms are slower so far (docs/performance.md, MLA). The process default is read once from
+// the environment: STRATA_MLA_PREFILL=tma, tma4 or tma_solo selects those, anything else cpasync.
+enum class PrefillKernel { cp_async, tma, tma4, tma_solo };
+PrefillKernel default_prefill_kernel();
+const char* prefill_kernel_name(PrefillKernel k);
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
-               uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream);
+               uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream,
+               PrefillKernel kernel = default_prefill_kernel());
 
 // The split-attention kernel of decode() and decode_device(): mma (the default: 48 heads per
 // block on mma.sync) or wgmma (64 heads per block on wgmma, the cache tile read from shared memory

@@ -25,12 +25,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mma.cuh"
+#include "kernels/mla/tma.cuh"
 #include "kernels/mla/wgmma.cuh"
+#include "kernels/ops/row_cluster.cuh"
 
 namespace strata::kernels::mla {
 namespace {
@@ -258,6 +262,26 @@ __device__ __forceinline__ void pv_mma(float (&o)[kV / 8][4], const uint32_t (&p
   }
 }
 
+// S = Q·Kᵀ of one 64-key tile by wgmma for the warpgroup's 64 query rows (Q from registers as A);
+// desc(ks) is the K operand's descriptor for the k-step of dims 16·ks ...
+template <class Desc>
+__device__ __forceinline__ void s_wgmma(float (&sc)[kBK2 / 8][4],
+                                        const uint32_t (&qa)[kQDim / 16][4], Desc desc) {
+#pragma unroll
+  for (int nt = 0; nt < kBK2 / 8; nt++) {
+    sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+    for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kQDim / 16; ks++) wgmma_m64n64k16(sc, qa[ks], desc(ks));
+  wgmma_commit();
+  wgmma_wait_all();
+#pragma unroll
+  for (int nt = 0; nt < kBK2 / 8; nt++)
+    for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+}
+
 // One cache tile of a prefill call: positions [c0, end) of the cache, whose expanded [k_nope | v]
 // rows sit in `kv` from row 0. A call in one tile (first and last) keeps the softmax state in
 // registers only; otherwise the state of every query row and head crosses the launches in fp32:
@@ -293,6 +317,39 @@ __device__ __forceinline__ void store_state(const CacheTile& ct, int64_t row, in
   for (int nt = 0; nt < kV / 8; nt++)
     *reinterpret_cast<float2*>(so + nt * 8) = make_float2(o[nt][e0], o[nt][e0 + 1]);
   if (t == 0) *reinterpret_cast<float2*>(ct.st_ml + row * 2) = make_float2(m, l);
+}
+
+// The end of a block's two rows per thread: the row sums over the quad, then the fp32 state for
+// the next cache tile (not the last tile; a warp that ran no key tile leaves its rows' state as it
+// found it — the first tile always runs key tile 0, so the state is written before it is read) or
+// the normalised bf16 output.
+__device__ __forceinline__ void finish_rows(const CacheTile& ct, int H, int h, int64_t T, int t,
+                                            int64_t t_lo, int64_t t_hi, const float (&o)[kV / 8][4],
+                                            float m_lo, float m_hi, float l_lo, float l_hi,
+                                            bool touched, uint16_t* out) {
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  if (!ct.last) {
+    if (touched || ct.first) {
+      if (t_lo < T) store_state(ct, (t_lo * H + h), t, o, 0, m_lo, l_lo);
+      if (t_hi < T) store_state(ct, (t_hi * H + h), t, o, 2, m_hi, l_hi);
+    }
+    return;
+  }
+  const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) {
+    const int col = nt * 8 + 2 * t;
+    if (t_lo < T)
+      *reinterpret_cast<uint32_t*>(out + (t_lo * H + h) * kV + col) =
+          pack_bf2(o[nt][0] * i_lo, o[nt][1] * i_lo);
+    if (t_hi < T)
+      *reinterpret_cast<uint32_t*>(out + (t_hi * H + h) * kV + col) =
+          pack_bf2(o[nt][2] * i_hi, o[nt][3] * i_hi);
+  }
 }
 
 template <int kMode>
@@ -387,22 +444,13 @@ __global__ void __launch_bounds__(kThreads2, 1)
     const uint32_t stage = smem_addr(Qs + kQElems2 + (j % kStages2) * kStageElems2);
 
     float sc[kBK2 / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < kBK2 / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
     if constexpr (wgmma_s(kMode)) {
-#pragma unroll
-      for (int nt = 0; nt < kBK2 / 8; nt++)
-        for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kQDim / 16; ks++)  // 16 dims = 2 K-direction core matrices
-        wgmma_m64n64k16(sc, qa[ks], wgmma_desc(stage + uint32_t(ks * 2 * 1024), 1024, 128));
-      wgmma_commit();
-      wgmma_wait_all();
-#pragma unroll
-      for (int nt = 0; nt < kBK2 / 8; nt++)
-        for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+      // 16 dims = 2 K-direction core matrices per k-step
+      s_wgmma(sc, qa,
+              [&](int ks) { return wgmma_desc(stage + uint32_t(ks * 2 * 1024), 1024, 128); });
     } else {
+#pragma unroll
+      for (int nt = 0; nt < kBK2 / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < kQDim / 16; ks++) {
 #pragma unroll
@@ -436,31 +484,185 @@ __global__ void __launch_bounds__(kThreads2, 1)
       pv_mma(o, pa, stage + v_off);
     }
   }
+  finish_rows(ct, H, h, T, t, t_lo, t_hi, o, m_lo, m_hi, l_lo, l_hi, touched, out);
+}
+
+// ---- attention, TMA form: a cluster of two query blocks shares each key tile ----------------
+// The same block (128 queries of one head, 8 warps, Q in registers, S = QKᵀ by wgmma, P·V by
+// mma.sync, 64-key tiles) and the same arithmetic in the same order as attn_prefill<kWgmmaS>, so
+// the two give the same bits. What changes is how the tiles arrive: the two CTAs of a cluster hold
+// the query tiles 2p+1 and 2p of one head (rank 0 the later) and walk the same key tiles; each
+// issues half of every tile's rows (32 keys) as TMA boxes multicast into both CTAs, so a tile
+// crosses L2 → SM once per pair instead of once per block (the kept kernel's ncu: L2 68.6 %
+// busy). Stage layout (40 KB, 1024-aligned, four stages): five boxes of 64 keys × 64 bf16 in the
+// 128-byte swizzle — k_nope 0-63, k_nope 64-127, k_pe (from the latent cache), v 0-63, v 64-127.
+// Hand-over: `full[s]` (one local arrival with the tile's 40960 bytes expected, completed by both
+// CTAs' copies) and `empty[s]` (one arrival per warp of both CTAs once it is done with the stage);
+// thread 0 of each CTA waits for `empty` before issuing the tile two ahead into that stage. Rank
+// 1's key tiles past its own diagonal (and every tile of a padding CTA when the query tiles are
+// odd) are received and released without compute. Rows past the cache tile (kv) or the cache
+// (k_pe) are zero-filled by the TMA; rows in [end, S) of k_pe are real keys whose scores are
+// masked, as in attn_prefill.
+constexpr int kStages3 = 4, kBox = kBK2 * 128, kStage3 = 5 * kBox;
+constexpr int kBoxKpe = 2, kBoxV = 3;  // box index of k_pe and of the first v box in a stage
+constexpr size_t kAttnSmem3 = 1024 + 1024 + sizeof(uint16_t) * size_t(kQElems2) +
+                              size_t(kStages3) * kStage3;  // alignment slack, barriers, Q, ring
+static_assert((1024 + 2 * kQElems2) % 1024 == 0, "the ring must start 1024-aligned");
+static_assert(kAttnSmem3 <= 227 * 1024, "attn_prefill_tma exceeds sm_90 shared memory");
+
+// O += P·V for one 64-key tile by mma.sync, V from the two swizzled boxes at v_base: lane l reads
+// key (l % 16) of each 16-key step and value chunk 2·np + l / 16 (box np / 4).
+__device__ __forceinline__ void pv_mma_sw128(float (&o)[kV / 8][4],
+                                             const uint32_t (&pa)[kBK2 / 16][4], uint32_t v_base,
+                                             int lane) {
+  const uint32_t row = v_base + uint32_t(lane % 16) * 128;
+  const uint32_t x = lane % 8, hi = lane / 16;
 #pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
-  }
-  if (!ct.last) {
-    // A warp that ran no key tile leaves its rows' state as it found it (the first tile always
-    // runs key tile 0, so the state is written once before it is ever read).
-    if (touched || ct.first) {
-      if (t_lo < T) store_state(ct, (t_lo * H + h), t, o, 0, m_lo, l_lo);
-      if (t_hi < T) store_state(ct, (t_hi * H + h), t, o, 2, m_hi, l_hi);
+  for (int kk = 0; kk < kBK2 / 16; kk++) {
+#pragma unroll
+    for (int np = 0; np < kV / 16; np++) {
+      const uint32_t chunk = (uint32_t((np % 4) * 2) + hi) ^ x;
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(row + uint32_t((np / 4) * kBox + kk * 16 * 128) + chunk * 16, b0, b1, b2, b3);
+      mma16816(o[2 * np], pa[kk], b0, b1);
+      mma16816(o[2 * np + 1], pa[kk], b2, b3);
     }
-    return;
   }
-  const float i_lo = 1.0f / l_lo, i_hi = 1.0f / l_hi;
+}
+
+__global__ void __launch_bounds__(kThreads2, 1)
+    attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
+                     const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
+                     int64_t T, uint16_t* out, float qscale, int head_group, CacheTile ct,
+                     bool share, int flags) {
+  // Grid: clusters of cl CTAs ordered as attn_prefill's blocks, by groups of cl query tiles.
+  const unsigned rank = detail::cluster_ctarank(), cl = detail::cluster_nctarank();
+  const int n_q = int((T + kBQ2 - 1) / kBQ2), n_p = (n_q + int(cl) - 1) / int(cl);
+  const int c = blockIdx.x / int(cl), grp = c / (n_p * head_group);
+  const int g_heads = std::min(head_group, H - grp * head_group), r = c - grp * n_p * head_group;
+  const int qt0 = n_q - 1 - int(cl) * (r / g_heads), h = grp * head_group + r % g_heads;
+  const int qt = qt0 - int(rank);
+  const bool pad = qt < 0;  // no query tile (n_q not a multiple of cl): copies only
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = lane % 4;
+  extern __shared__ uint8_t smem3[];
+  const uint32_t raw = smem_addr(smem3), base = (raw + 1023u) & ~1023u;
+  const uint32_t full = base, empty = base + 8 * kStages3;  // mbarriers, 8 bytes each
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem3 + (base - raw) + 1024);
+  const uint32_t ring = base + 1024 + uint32_t(2 * kQElems2);
+  const int64_t t0 = int64_t(qt) * kBQ2, first_pos = S - T;
+  // The pair's key tiles: those rank 0 (the later queries) needs from the cache tile.
+  const int64_t last0 = std::min<int64_t>(first_pos + int64_t(qt0) * kBQ2 + kBQ2 - 1, S - 1);
+  const int64_t c0 = ct.c0, lim = std::min<int64_t>(ct.end, last0 + 1);
+  const int n_tiles = lim > c0 ? int((lim - c0 + kBK2 - 1) / kBK2) : 0;
+  if (n_tiles == 0 && !ct.last) return;  // both CTAs, before any cluster operation
+
+  if (tid == 0) {
+    for (int i = 0; i < kStages3; i++) {
+      mbar_init(full + 8 * i, 1);
+      mbar_init(empty + 8 * i, cl * kWarps2);
+    }
+    fence_mbarrier_init();
+  }
+  if (!pad) {
 #pragma unroll
-  for (int nt = 0; nt < kV / 8; nt++) {
-    const int col = nt * 8 + 2 * t;
-    if (t_lo < T)
-      *reinterpret_cast<uint32_t*>(out + (t_lo * H + h) * kV + col) =
-          pack_bf2(o[nt][0] * i_lo, o[nt][1] * i_lo);
-    if (t_hi < T)
-      *reinterpret_cast<uint32_t*>(out + (t_hi * H + h) * kV + col) =
-          pack_bf2(o[nt][2] * i_hi, o[nt][3] * i_hi);
+    for (int i = 0; i < kBQ2 * (kQDim / 8) / kThreads2; i++) {
+      const int idx = tid + i * kThreads2, rr = idx / (kQDim / 8), cc = idx % (kQDim / 8);
+      const int64_t tt = t0 + rr;
+      const bool ok = tt < T;
+      cp_async16(smem_addr(Qs + rr * kKst + cc * 8), q + ((ok ? tt : 0) * H + h) * kQDim + cc * 8,
+                 ok);
+    }
   }
+  cp_async_commit();
+  detail::cluster_arrive();  // both CTAs' barriers initialised before any copy or remote arrival
+  detail::cluster_wait();
+  // Tile jj into its stage: this CTA's part (64/cl rows) of each box, multicast to the cluster
+  // (share), or every part into this CTA only (the tma_solo measurement form).
+  const CUtensorMap *map_kv = &tm_kv, *map_pe = &tm_pe;
+  const int part_rows = kBK2 / int(cl);
+  auto issue = [&](int jj) {
+    const uint32_t bar = full + 8 * (jj % kStages3);
+    mbar_arrive_expect_tx(bar, kStage3);
+    for (unsigned part = share ? rank : 0; part < (share ? rank + 1 : cl); part++) {
+      const uint16_t mask = share ? uint16_t((1u << cl) - 1) : uint16_t(1u << rank);
+      const uint32_t st =
+          ring + uint32_t((jj % kStages3) * kStage3) + part * uint32_t(part_rows * 128);
+      const int row = jj * kBK2 + int(part) * part_rows;  // in the cache tile
+      tma_load_mc(st, map_kv, 0, h, row, bar, mask);
+      tma_load_mc(st + kBox, map_kv, 64, h, row, bar, mask);
+      tma_load_mc(st + kBoxKpe * kBox, map_pe, kLatent, int(c0) + row, bar, mask);
+      tma_load_mc(st + kBoxV * kBox, map_kv, kNope, h, row, bar, mask);
+      tma_load_mc(st + (kBoxV + 1) * kBox, map_kv, kNope + 64, h, row, bar, mask);
+    }
+  };
+  if (tid == 0) {
+    if (n_tiles > 0) issue(0);
+    if (n_tiles > 1) issue(1);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const uint32_t q_addr = smem_addr(Qs + (warp * 16 + lane % 16) * kKst + (lane / 16) * 8);
+  uint32_t qa[kQDim / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < kQDim / 16; ks++)
+    ldsm_x4(q_addr + ks * 32, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
+  const int64_t wpos0 = first_pos + t0 + warp * 16;
+  const int64_t pos_lo = wpos0 + lane / 4, pos_hi = pos_lo + 8;
+  const int64_t wg_last = wpos0 - (warp % 4) * 16 + 63;  // the warpgroup's last row
+
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  float o[kV / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kV / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  const int64_t t_lo = t0 + warp * 16 + lane / 4, t_hi = t_lo + 8;
+  if (!ct.first && !pad) {
+    if (t_lo < T) load_state(ct, (t_lo * H + h), t, o, 0, m_lo, l_lo);
+    if (t_hi < T) load_state(ct, (t_hi * H + h), t, o, 2, m_hi, l_hi);
+  }
+  bool touched = false;
+
+  for (int j = 0; j < n_tiles; j++) {
+    const int s = j % kStages3;
+    mbar_wait<false>(full + 8 * s, unsigned(j / kStages3) & 1u);  // every warp, every tile
+    if (flags & 8) __syncthreads();
+    if (tid == 0 && j + 2 < n_tiles) {
+      const int jn = j + 2;  // its stage last held tile jn − 4: every CTA must be done with it
+      if (jn >= kStages3)
+        mbar_wait<true>(empty + 8 * (jn % kStages3), unsigned(jn / kStages3 - 1) & 1u);
+      issue(jn);
+    }
+    __syncwarp();
+    const int64_t s0 = c0 + int64_t(j) * kBK2;
+    const uint32_t stage = ring + uint32_t(s * kStage3);
+    if (!pad && s0 <= wg_last) {
+      touched = true;
+      float sc[kBK2 / 8][4];
+      s_wgmma(sc, qa, [&](int ks) {
+        return wgmma_desc_sw128(stage + uint32_t((ks / 4) * kBox + (ks % 4) * 32));
+      });
+      uint32_t pa[kBK2 / 16][4];
+      online_softmax(sc, pa, o, m_lo, m_hi, l_lo, l_hi, s0, wpos0, pos_lo, pos_hi, ct.end, t,
+                     qscale);
+      pv_mma_sw128(o, pa, stage + uint32_t(kBoxV * kBox), lane);
+    }
+    if (!(flags & 1)) fence_proxy_async();  // this warp's reads before the TMA refills the stage
+    __syncwarp();
+    if (lane == 0)
+      for (unsigned rr = 0; rr < cl; rr++) {
+        if ((flags & 2) && rr == rank)
+          mbar_arrive_local(empty + 8 * s);
+        else
+          mbar_arrive_cluster(empty + 8 * s, rr);
+      }
+  }
+  // Every copy into this CTA has landed (each warp waited on every tile); the cluster barrier
+  // orders the peer's last arrivals on this CTA's barriers before either CTA exits.
+  detail::cluster_arrive();
+  detail::cluster_wait();
+  if (pad) return;
+  finish_rows(ct, H, h, T, t, t_lo, t_hi, o, m_lo, m_hi, l_lo, l_hi, touched, out);
 }
 
 struct Lt {
@@ -565,6 +767,51 @@ size_t state_bytes(int H, int64_t T) {
   return state_o_bytes(H, T) + align256(size_t(T) * size_t(H) * 2 * sizeof(float));
 }
 
+int tma_flags() {
+  static const int f = [] {
+    const char* e = std::getenv("STRATA_MLA_TMA_FLAGS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return f;
+}
+
+// cuTensorMapEncodeTiled from the driver, found once through the runtime (no link to libcuda);
+// null when the driver lacks it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled f = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return f;
+}
+
+// A bf16 tensor map of `rank` dims (dim[0] contiguous; stride[i] in bytes for dim i + 1) read in
+// boxes of `box` with the 128-byte swizzle; out-of-range elements read as zero.
+Status encode_map(EncodeTiled encode, CUtensorMap* map, unsigned rank, const void* base,
+                  const cuuint64_t* dim, const cuuint64_t* stride, const cuuint32_t* box) {
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dim, stride, box,
+             unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    Status st;
+    st.code = 2000 + int(r);
+    st.message = "mla prefill: cuTensorMapEncodeTiled failed";
+    return st;
+  }
+  return Status{};
+}
+
 }  // namespace
 
 size_t prefill_workspace_bytes(int H, int64_t S) {
@@ -589,11 +836,43 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
   return std::min(tile, S);
 }
 
+PrefillKernel default_prefill_kernel() {
+  static const PrefillKernel k = [] {
+    const char* e = std::getenv("STRATA_MLA_PREFILL");
+    if (e && std::strcmp(e, "tma") == 0) return PrefillKernel::tma;
+    if (e && std::strcmp(e, "tma_solo") == 0) return PrefillKernel::tma_solo;
+    if (e && std::strcmp(e, "tma4") == 0) return PrefillKernel::tma4;
+    return PrefillKernel::cp_async;
+  }();
+  return k;
+}
+
+const char* prefill_kernel_name(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::tma:
+      return "tma";
+    case PrefillKernel::tma4:
+      return "tma4";
+    case PrefillKernel::tma_solo:
+      return "tma_solo";
+    case PrefillKernel::cp_async:
+      break;
+  }
+  return "cpasync";
+}
+
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
-               uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream) {
+               uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream,
+               PrefillKernel kernel) {
   if (!q || !cache || !kv_b || !out || !workspace) return invalid("mla prefill: null pointer");
+  if ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(cache) |
+       reinterpret_cast<uintptr_t>(workspace)) %
+          16 !=
+      0)
+    return invalid("mla prefill: q, cache and workspace must be 16-byte aligned");
   if (H < 1 || T < 1 || T > S) return invalid("mla prefill: need H >= 1 and 1 <= T <= S");
-  if ((T + kBQ2 - 1) / kBQ2 * H > (int64_t(1) << 31) - 1 || H > 65535)
+  if (((T + kBQ2 - 1) / kBQ2 + 1) * H > (int64_t(1) << 31) - 1 || H > 65535 ||
+      S > (int64_t(1) << 31) - 1)
     return invalid("mla prefill: too large");
   const int64_t tile = prefill_tile_positions(H, S, T, workspace_bytes);
   if (tile < 1)
@@ -611,8 +890,30 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
     ct.st_ml = reinterpret_cast<float*>(scratch + kGemmScratch + state_o_bytes(H, T));
   }
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  if (Status a = rt::allow_dynamic_smem(attn_prefill<kWgmmaS>, int(kAttnSmem2)); !a.ok()) return a;
-  const int64_t blocks = (T + kBQ2 - 1) / kBQ2 * H;
+  const bool tma = kernel != PrefillKernel::cp_async;
+  EncodeTiled encode = nullptr;
+  if (tma) {
+    encode = encode_tiled();
+    if (!encode)
+      return invalid(
+          "mla prefill: the driver has no cuTensorMapEncodeTiled (the TMA kernel needs CUDA 12 "
+          "drivers; STRATA_MLA_PREFILL=cpasync selects the cp.async kernel)");
+    if (Status a = rt::allow_dynamic_smem(attn_prefill_tma, int(kAttnSmem3)); !a.ok()) return a;
+  } else if (Status a = rt::allow_dynamic_smem(attn_prefill<kWgmmaS>, int(kAttnSmem2)); !a.ok()) {
+    return a;
+  }
+  // The TMA kernel's cluster: the query blocks that share a key tile, each loading 64/cl rows.
+  const unsigned cl = kernel == PrefillKernel::tma4 ? 4 : 2;
+  const int64_t n_q = (T + kBQ2 - 1) / kBQ2;
+  const int64_t blocks = tma ? (n_q + cl - 1) / cl * cl * H : n_q * H;
+  CUtensorMap tm_pe{};
+  if (tma) {
+    // k_pe: columns 512 .. 575 of the S cache rows; boxes of 64 columns × 64/cl rows.
+    const cuuint64_t dim[2] = {cuuint64_t(kCacheDim), cuuint64_t(S)};
+    const cuuint64_t stride[1] = {cuuint64_t(kCacheDim) * 2};
+    const cuuint32_t box[2] = {64, kBK2 / cl};
+    if (Status st = encode_map(encode, &tm_pe, 2, cache, dim, stride, box); !st.ok()) return st;
+  }
   for (int64_t c0 = 0; c0 < S; c0 += tile) {
     const int64_t n = std::min(tile, S - c0);
     if (Status st = expand_kv(H, cache + c0 * kCacheDim, n, kv_b, kv, scratch, kGemmScratch, s);
@@ -626,8 +927,34 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
     // head) within ~24 MB of the 50 MB L2.
     const int64_t per_head_bytes = n * int64_t(kKv + kRope) * int64_t(sizeof(uint16_t));
     const int head_group = int(std::clamp<int64_t>((int64_t(24) << 20) / per_head_bytes, 1, H));
-    attn_prefill<kWgmmaS><<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(
-        H, q, kv, cache, S, T, out, qscale, head_group, ct);
+    if (tma) {
+      // [k_nope | v] of the tile: [n, H, 256]; boxes of 64 values × 1 head × 64/cl positions.
+      const cuuint64_t dim[3] = {cuuint64_t(kKv), cuuint64_t(H), cuuint64_t(n)};
+      const cuuint64_t stride[2] = {cuuint64_t(kKv) * 2, cuuint64_t(H) * kKv * 2};
+      const cuuint32_t box[3] = {64, 1, kBK2 / cl};
+      CUtensorMap tm_kv{};
+      if (Status st = encode_map(encode, &tm_kv, 3, kv, dim, stride, box); !st.ok()) return st;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(blocks));
+      cfg.blockDim = dim3(kThreads2);
+      cfg.dynamicSmemBytes = kAttnSmem3;
+      cfg.stream = s;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = cl;
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      const bool share = kernel != PrefillKernel::tma_solo;
+      if (Status st =
+              status_of(cudaLaunchKernelEx(&cfg, attn_prefill_tma, tm_kv, tm_pe, H, q, S, T, out,
+                                           qscale, head_group, ct, share, tma_flags()));
+          !st.ok())
+        return st;
+    } else {
+      attn_prefill<kWgmmaS><<<unsigned(blocks), kThreads2, kAttnSmem2, s>>>(
+          H, q, kv, cache, S, T, out, qscale, head_group, ct);
+    }
     if (Status st = launch_status(); !st.ok()) return st;
   }
   return Status{};

@@ -11,7 +11,8 @@
 // (a flip of one bf16 ulp in rare elements): rel L2 ≤ 2e-3 and ≤ 1% of elements differing.
 // Tiled prefill against the one-pass GPU result: the same bf16 keys and the same 64-key softmax
 // steps, only the row sums are added in another order across the tile boundaries: rel L2 ≤ 1e-3,
-// cosine ≥ 0.99999 (in practice a rare one-ulp bf16 flip).
+// cosine ≥ 0.99999 (in practice a rare one-ulp bf16 flip). The prefill attention kernels (tma,
+// tma4, tma_solo, cp.async) must give the same bits in every case.
 // Decode caches hold NaN past each sequence's end: a read out of range poisons the output.
 #include <catch2/catch.hpp>
 
@@ -63,11 +64,9 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
   auto nw = random_uniform(km::kLatent, rng, 0.8f, 1.2f);
   auto kvb = random_bf16(int64_t(H) * 256 * km::kLatent, rng, 1.f / std::sqrt(512.f));
   auto q = random_bf16(T * H * km::kQDim, rng, 1.f);
-  DevBuf<uint16_t> d_ckv(ckv.bits), d_kvb(kvb.bits), d_q(q.bits), d_cache(S * R),
-      d_out(T * H * km::kV);
+  DevBuf<uint16_t> d_ckv(ckv.bits), d_kvb(kvb.bits), d_q(q.bits), d_cache(S * R);
   DevBuf<float> d_nw(nw);
   d_cache.fill_bytes(0xff);
-  d_out.fill_bytes(0xff);
   // Earlier chunk's rows first, then this call's rows, then attention for this call's queries.
   if (S_prev > 0)
     REQUIRE(km::write_latent(d_ckv.p, d_nw.p, 1e-6f, d_cache.p, 0, S_prev, nullptr).ok());
@@ -79,27 +78,32 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
     INFO("bounded workspace " << wsb << " bytes, one pass " << km::prefill_workspace_bytes(H, S));
     REQUIRE(km::prefill_tile_positions(H, S, T, wsb) == tile);  // really tiles, as asked
   }
-  std::vector<float> got;
-  {
-    DevBuf<uint8_t> ws(wsb);
+  // One prefill into a fresh NaN-filled output and workspace (state read before it is written
+  // poisons the output); returns the output's bits.
+  auto run = [&](km::PrefillKernel kernel, size_t bytes) {
+    INFO(km::prefill_kernel_name(kernel) << " kernel, workspace " << bytes << " bytes");
+    DevBuf<uint8_t> ws(bytes);
     REQUIRE(ws.p != nullptr);
-    ws.fill_bytes(0xff);  // NaN-filled: state read before it is written poisons the output
-    auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out.p, T, ws.p, wsb, nullptr);
+    ws.fill_bytes(0xff);
+    DevBuf<uint16_t> d_out(T * H * km::kV);
+    d_out.fill_bytes(0xff);
+    auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out.p, T, ws.p, bytes, nullptr, kernel);
     INFO(s.message);
     REQUIRE(s.ok());
     CUDA_REQUIRE(cudaDeviceSynchronize());
-    got = widen(d_out.download());
-  }
+    return d_out.download();
+  };
+  // The two attention kernels do the same arithmetic in the same order: the same bits.
+  const std::vector<uint16_t> bits = run(km::PrefillKernel::tma, wsb);
+  CHECK(bits == run(km::PrefillKernel::tma4, wsb));
+  CHECK(bits == run(km::PrefillKernel::tma_solo, wsb));
+  CHECK(bits == run(km::PrefillKernel::cp_async, wsb));
+  const std::vector<float> got = widen(bits);
   if (one_pass) {
     const size_t full = km::prefill_workspace_bytes(H, S);
-    DevBuf<uint8_t> ws(full);
-    REQUIRE(ws.p != nullptr);
-    DevBuf<uint16_t> d_out1(T * H * km::kV);
-    auto s = km::prefill(H, d_q.p, d_cache.p, S, d_kvb.p, d_out1.p, T, ws.p, full, nullptr);
-    INFO(s.message);
-    REQUIRE(s.ok());
-    CUDA_REQUIRE(cudaDeviceSynchronize());
-    const Diff d1 = compare(got, widen(d_out1.download()));
+    const std::vector<uint16_t> bits1 = run(km::PrefillKernel::tma, full);
+    CHECK(bits1 == run(km::PrefillKernel::cp_async, full));
+    const Diff d1 = compare(got, widen(bits1));
     INFO("tiled vs one pass: " << d1.str());
     CHECK(d1.nonfinite_mismatch == 0);
     CHECK(d1.rel_l2 <= 1e-3);
@@ -216,6 +220,13 @@ TEST_CASE("mla gpu prefill: fresh prompt, 5 heads, 100 tokens", "[gpu][mla]") {
 
 TEST_CASE("mla gpu prefill: K3 shape (96 heads), 333 tokens after 200 cached", "[gpu][mla]") {
   run_prefill_case(96, 200, 333, 23);
+}
+
+TEST_CASE("mla gpu prefill: an even number of query tiles (512 tokens after 70 cached, 4 heads)",
+          "[gpu][mla]") {
+  // Four query tiles: two full clusters in the TMA kernel, no padding CTA (the other cases have
+  // an odd count).
+  run_prefill_case(4, 70, 512, 25);
 }
 
 TEST_CASE("mla gpu prefill: long prompt (4099 tokens, 2 heads)", "[gpu][mla]") {
@@ -358,7 +369,8 @@ TEST_CASE("mla gpu write_latent_decode: one row per sequence at its device posit
 
 TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
   const int32_t lens[1] = {0};
-  uint16_t dummy = 0;
+  alignas(16) static uint16_t buf[16] = {};
+  uint16_t& dummy = buf[0];
   auto s = km::decode(4, &dummy, &dummy, 576, lens, 1, &dummy, &dummy, &dummy, 1, nullptr);
   REQUIRE_FALSE(s.ok());
   REQUIRE(std::string(s.message).find(">= 1") != std::string::npos);
@@ -369,6 +381,10 @@ TEST_CASE("mla gpu: bad arguments are refused with a reason", "[gpu][mla]") {
   s = km::prefill(4, &dummy, &dummy, 100000, &dummy, &dummy, 8, &dummy, least - 1, nullptr);
   REQUIRE_FALSE(s.ok());
   REQUIRE(std::string(s.message).find("prefill_workspace_bytes_bounded") != std::string::npos);
+  // The copies move 16-byte pieces: a cache (or q, or workspace) off that alignment is refused.
+  s = km::prefill(4, &dummy, buf + 1, 100000, &dummy, &dummy, 8, &dummy, least, nullptr);
+  REQUIRE_FALSE(s.ok());
+  REQUIRE(std::string(s.message).find("16-byte aligned") != std::string::npos);
   // decode_device: no positions, or no capacity.
   s = km::decode_device(4, &dummy, &dummy, 576, nullptr, 1, 64, &dummy, &dummy, &dummy, 1 << 20,
                         nullptr);

@@ -1,0 +1,90 @@
+// Tensor-memory-accelerator loads and the mbarriers that hand them over (sm_90a), for the TMA
+// form of the MLA prefill kernel: a CTA of a two-CTA cluster issues half of a tile's boxes and
+// multicasts them into the same shared-memory offset of both CTAs, each of whose `full` mbarrier
+// counts the bytes of the whole tile. Addresses are shared-memory (shared::cta) addresses of the
+// executing CTA; a multicast writes, and completes bytes on the mbarrier, at the same offsets in
+// every CTA of the mask. Device-only; included by kernels/mla/mla_prefill.cu.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace strata::kernels::mla {
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised mbarriers visible to the cluster (then a cluster barrier).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also expects `bytes` more transaction bytes in the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+// One arrival on the mbarrier at the same offset in CTA `rank` of the cluster (this one included).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, unsigned rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_local(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of the given parity has completed; `cluster`: acquire at cluster scope
+// (the arrivals came from both CTAs and the waiter then writes into both).
+template <bool kCluster>
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
+  unsigned done;
+  do {
+    if constexpr (kCluster) {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+          "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
+  } while (!done);
+}
+
+// A box of the tensor map at (x, y[, z]) into dst of every CTA in `mask`, its bytes completed on
+// the mbarrier `bar` at the same offset in each.
+__device__ __forceinline__ void tma_load_mc(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                            int z, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_mc(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                            uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// Descriptor of a K-major wgmma operand in the 128-byte-swizzled layout that a TMA box of 64 bf16
+// columns writes with CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 8-row atoms of 1024 bytes
+// (1024-aligned), the 16-byte chunk c of row r at r·128 + ((c ^ r % 8) · 16). A k-step of 16
+// columns inside the row starts 32 bytes further; the stride (N-direction) offset is one atom, the
+// leading offset is unused in this mode.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+}  // namespace strata::kernels::mla
