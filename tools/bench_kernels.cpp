@@ -335,9 +335,10 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
     fill_bf16(q.p, size_t(T) * H * mla::kQDim, 25, 1.f);
     const size_t wsb = mla::prefill_workspace_bytes(H, S);
     Dev ws(wsb);
-    // The attention kernels (the same bits): the default (cp.async), tma, tma4 and tma_solo.
-    for (const mla::PrefillKernel k : {mla::PrefillKernel::cp_async, mla::PrefillKernel::tma,
-                                       mla::PrefillKernel::tma4, mla::PrefillKernel::tma_solo}) {
+    // The attention kernels (the same bits): the default (cp.async), tma, tma_pipe and tma_solo.
+    for (const mla::PrefillKernel k :
+         {mla::PrefillKernel::cp_async, mla::PrefillKernel::tma, mla::PrefillKernel::tma_pipe,
+          mla::PrefillKernel::tma_solo}) {
       auto run = [&] {
         ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), S, kvb.as<uint16_t>(),
                         out.as<uint16_t>(), T, ws.p, wsb, nullptr, k),

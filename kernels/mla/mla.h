@@ -69,11 +69,12 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 //
 // The attention kernels give the same bits: cpasync (the default: each 128-query block loads its
 // own key tiles by cp.async), tma (the two query blocks of a thread-block cluster share each key
-// tile, loaded once by TMA and multicast to both), tma4 (the same with clusters of four) and
-// tma_solo (clusters of two, each block loading its own tiles by TMA: what the sharing gains). The
-// TMA forms are slower so far (docs/performance.md, MLA). The process default is read once from
-// the environment: STRATA_MLA_PREFILL=tma, tma4 or tma_solo selects those, anything else cpasync.
-enum class PrefillKernel { cp_async, tma, tma4, tma_solo };
+// tile, loaded once by TMA and multicast to both), tma_pipe (tma with Q read from shared memory
+// and the next tile's S issued before this tile's softmax) and tma_solo (tma with each block
+// loading its own tiles: what the sharing gains). The TMA forms are not faster so far
+// (docs/performance.md, MLA). The process default is read once from the environment:
+// STRATA_MLA_PREFILL=tma, tma_pipe or tma_solo selects those, anything else cpasync.
+enum class PrefillKernel { cp_async, tma, tma_pipe, tma_solo };
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,

@@ -505,6 +505,8 @@ __global__ void __launch_bounds__(kThreads2, 1)
 // masked, as in attn_prefill.
 constexpr int kStages3 = 4, kBox = kBK2 * 128, kStage3 = 5 * kBox;
 constexpr int kBoxKpe = 2, kBoxV = 3;  // box index of k_pe and of the first v box in a stage
+constexpr int kQWg = 64 * kQDim * 2;   // bytes of one warpgroup's Q (kPipe layout)
+static_assert(2 * kQWg <= 2 * kQElems2, "kPipe's Q fits the Q region");
 constexpr size_t kAttnSmem3 = 1024 + 1024 + sizeof(uint16_t) * size_t(kQElems2) +
                               size_t(kStages3) * kStage3;  // alignment slack, barriers, Q, ring
 static_assert((1024 + 2 * kQElems2) % 1024 == 0, "the ring must start 1024-aligned");
@@ -530,11 +532,12 @@ __device__ __forceinline__ void pv_mma_sw128(float (&o)[kV / 8][4],
   }
 }
 
+template <bool kPipe>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
                      const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
                      int64_t T, uint16_t* out, float qscale, int head_group, CacheTile ct,
-                     bool share, int flags) {
+                     bool share) {
   // Grid: clusters of cl CTAs ordered as attn_prefill's blocks, by groups of cl query tiles.
   const unsigned rank = detail::cluster_ctarank(), cl = detail::cluster_nctarank();
   const int n_q = int((T + kBQ2 - 1) / kBQ2), n_p = (n_q + int(cl) - 1) / int(cl);
@@ -570,8 +573,12 @@ __global__ void __launch_bounds__(kThreads2, 1)
       const int idx = tid + i * kThreads2, rr = idx / (kQDim / 8), cc = idx % (kQDim / 8);
       const int64_t tt = t0 + rr;
       const bool ok = tt < T;
-      cp_async16(smem_addr(Qs + rr * kKst + cc * 8), q + ((ok ? tt : 0) * H + h) * kQDim + cc * 8,
-                 ok);
+      // kPipe: Q is wgmma's A operand from shared memory, each warpgroup's 64 rows in the
+      // no-swizzle core-matrix layout (chunk cc of row r at cc·1024 + (r/8)·128 + (r%8)·16).
+      const uint32_t dst = kPipe ? smem_addr(Qs) + uint32_t((rr / 64) * kQWg + cc * 1024 +
+                                                            (rr % 64 / 8) * 128 + (rr % 8) * 16)
+                                 : smem_addr(Qs + rr * kKst + cc * 8);
+      cp_async16(dst, q + ((ok ? tt : 0) * H + h) * kQDim + cc * 8, ok);
     }
   }
   cp_async_commit();
@@ -604,10 +611,13 @@ __global__ void __launch_bounds__(kThreads2, 1)
   __syncthreads();
 
   const uint32_t q_addr = smem_addr(Qs + (warp * 16 + lane % 16) * kKst + (lane / 16) * 8);
-  uint32_t qa[kQDim / 16][4];
+  uint32_t qa[kPipe ? 1 : kQDim / 16][4];
+  if constexpr (!kPipe) {
 #pragma unroll
-  for (int ks = 0; ks < kQDim / 16; ks++)
-    ldsm_x4(q_addr + ks * 32, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
+    for (int ks = 0; ks < kQDim / 16; ks++)
+      ldsm_x4(q_addr + ks * 32, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
+  }
+  const uint32_t q_wg = smem_addr(Qs) + uint32_t((warp / 4) * kQWg);  // kPipe: this warpgroup's Q
   const int64_t wpos0 = first_pos + t0 + warp * 16;
   const int64_t pos_lo = wpos0 + lane / 4, pos_hi = pos_lo + 8;
   const int64_t wg_last = wpos0 - (warp % 4) * 16 + 63;  // the warpgroup's last row
@@ -623,39 +633,113 @@ __global__ void __launch_bounds__(kThreads2, 1)
   }
   bool touched = false;
 
-  for (int j = 0; j < n_tiles; j++) {
-    const int s = j % kStages3;
-    mbar_wait<false>(full + 8 * s, unsigned(j / kStages3) & 1u);  // every warp, every tile
-    if (flags & 8) __syncthreads();
+  // Thread 0 issues tile j + 2 once every warp of the cluster is done with tile j − 2 (its stage).
+  auto produce = [&](int j) {
     if (tid == 0 && j + 2 < n_tiles) {
-      const int jn = j + 2;  // its stage last held tile jn − 4: every CTA must be done with it
+      const int jn = j + 2;
       if (jn >= kStages3)
         mbar_wait<true>(empty + 8 * (jn % kStages3), unsigned(jn / kStages3 - 1) & 1u);
       issue(jn);
     }
-    __syncwarp();
-    const int64_t s0 = c0 + int64_t(j) * kBK2;
-    const uint32_t stage = ring + uint32_t(s * kStage3);
-    if (!pad && s0 <= wg_last) {
-      touched = true;
-      float sc[kBK2 / 8][4];
-      s_wgmma(sc, qa, [&](int ks) {
-        return wgmma_desc_sw128(stage + uint32_t((ks / 4) * kBox + (ks % 4) * 32));
-      });
-      uint32_t pa[kBK2 / 16][4];
-      online_softmax(sc, pa, o, m_lo, m_hi, l_lo, l_hi, s0, wpos0, pos_lo, pos_hi, ct.end, t,
-                     qscale);
-      pv_mma_sw128(o, pa, stage + uint32_t(kBoxV * kBox), lane);
-    }
-    if (!(flags & 1)) fence_proxy_async();  // this warp's reads before the TMA refills the stage
+  };
+  // This warp is done with tile j's stage: one arrival on its `empty` in every CTA of the cluster
+  // (a plain local arrival for this CTA's own: the cluster form to itself costs ≈ 15 %).
+  auto release = [&](int j) {
     __syncwarp();
     if (lane == 0)
       for (unsigned rr = 0; rr < cl; rr++) {
-        if ((flags & 2) && rr == rank)
-          mbar_arrive_local(empty + 8 * s);
+        if (rr == rank)
+          mbar_arrive_local(empty + 8 * (j % kStages3));
         else
-          mbar_arrive_cluster(empty + 8 * s, rr);
+          mbar_arrive_cluster(empty + 8 * (j % kStages3), rr);
       }
+  };
+  auto wait_full = [&](int j) {  // every warp, every tile, in order
+    mbar_wait<false>(full + 8 * (j % kStages3), unsigned(j / kStages3) & 1u);
+  };
+  // Whether this warpgroup has keys to add from tile j (false from some tile on).
+  auto runs = [&](int j) { return !pad && c0 + int64_t(j) * kBK2 <= wg_last; };
+  auto k_desc = [&](int j) {
+    const uint32_t stage = ring + uint32_t((j % kStages3) * kStage3);
+    return [stage](int ks) {
+      return wgmma_desc_sw128(stage + uint32_t((ks / 4) * kBox + (ks % 4) * 32));
+    };
+  };
+  // The rest of tile j once its scores are in sc: softmax, the issue of tile j + 2 (after the
+  // softmax: by then the cluster is most likely done with tile j − 2), P·V, the release.
+  auto finish_tile = [&](int j, float(&sc)[kBK2 / 8][4]) {
+    uint32_t pa[kBK2 / 16][4];
+    online_softmax(sc, pa, o, m_lo, m_hi, l_lo, l_hi, c0 + int64_t(j) * kBK2, wpos0, pos_lo, pos_hi,
+                   ct.end, t, qscale);
+    produce(j);
+    __syncwarp();
+    pv_mma_sw128(o, pa, ring + uint32_t((j % kStages3) * kStage3 + kBoxV * kBox), lane);
+  };
+  if constexpr (!kPipe) {
+    for (int j = 0; j < n_tiles; j++) {
+      wait_full(j);
+      if (runs(j)) {
+        touched = true;
+        float sc[kBK2 / 8][4];
+        s_wgmma(sc, qa, k_desc(j));
+        finish_tile(j, sc);
+      } else {
+        produce(j);
+      }
+      release(j);
+    }
+  } else {
+    // S of tile j + 1 issued before tile j's softmax (Q and K from shared memory), so the tensor
+    // cores work on it while this warpgroup runs the softmax and P·V of tile j.
+    float sa[kBK2 / 8][4], sb[kBK2 / 8][4];
+    auto start_s = [&](float(&d)[kBK2 / 8][4], int j) {
+      const auto desc = k_desc(j);
+#pragma unroll
+      for (int nt = 0; nt < kBK2 / 8; nt++) {
+        d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.f;
+        for (int e = 0; e < 4; e++) reg_fence(d[nt][e]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kQDim / 16; ks++)
+        wgmma_m64n64k16_ss(d, wgmma_desc(q_wg + uint32_t(ks * 2048), 1024, 128), desc(ks));
+      wgmma_commit();
+    };
+    // Every warpgroup runs every tile of the pair (no branch while a wgmma is in flight, which
+    // would make ptxas serialise them): tiles above its rows are masked whole (p = 0, the state
+    // unchanged bit for bit), a padding CTA's rows are never written.
+    touched = !pad;
+    auto body = [&](int j, float(&cur)[kBK2 / 8][4]) {
+#pragma unroll
+      for (int nt = 0; nt < kBK2 / 8; nt++)
+        for (int e = 0; e < 4; e++) reg_fence(cur[nt][e]);
+      finish_tile(j, cur);
+      release(j);
+    };
+    // Nothing is in flight at a loop edge: each half starts the next tile's S, runs this tile
+    // (whose S is complete) and waits for the next S before the buffers swap roles.
+    auto half = [&](int j, float(&cur)[kBK2 / 8][4], float(&nxt)[kBK2 / 8][4]) {
+      wait_full(j + 1);
+      start_s(nxt, j + 1);
+      body(j, cur);
+      wgmma_wait<0>();
+    };
+    if (n_tiles > 0) {
+      wait_full(0);
+      start_s(sa, 0);
+      wgmma_wait<0>();
+    }
+    int j = 0;
+    for (; j + 2 < n_tiles; j += 2) {
+      half(j, sa, sb);
+      half(j + 1, sb, sa);
+    }
+    if (j + 1 < n_tiles) {
+      half(j, sa, sb);
+      body(j + 1, sb);
+    } else if (j < n_tiles) {
+      body(j, sa);
+    }
   }
   // Every copy into this CTA has landed (each warp waited on every tile); the cluster barrier
   // orders the peer's last arrivals on this CTA's barriers before either CTA exits.
@@ -767,14 +851,6 @@ size_t state_bytes(int H, int64_t T) {
   return state_o_bytes(H, T) + align256(size_t(T) * size_t(H) * 2 * sizeof(float));
 }
 
-int tma_flags() {
-  static const int f = [] {
-    const char* e = std::getenv("STRATA_MLA_TMA_FLAGS");
-    return e ? std::atoi(e) : 0;
-  }();
-  return f;
-}
-
 // cuTensorMapEncodeTiled from the driver, found once through the runtime (no link to libcuda);
 // null when the driver lacks it.
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
@@ -841,7 +917,7 @@ PrefillKernel default_prefill_kernel() {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
     if (e && std::strcmp(e, "tma") == 0) return PrefillKernel::tma;
     if (e && std::strcmp(e, "tma_solo") == 0) return PrefillKernel::tma_solo;
-    if (e && std::strcmp(e, "tma4") == 0) return PrefillKernel::tma4;
+    if (e && std::strcmp(e, "tma_pipe") == 0) return PrefillKernel::tma_pipe;
     return PrefillKernel::cp_async;
   }();
   return k;
@@ -851,8 +927,8 @@ const char* prefill_kernel_name(PrefillKernel k) {
   switch (k) {
     case PrefillKernel::tma:
       return "tma";
-    case PrefillKernel::tma4:
-      return "tma4";
+    case PrefillKernel::tma_pipe:
+      return "tma_pipe";
     case PrefillKernel::tma_solo:
       return "tma_solo";
     case PrefillKernel::cp_async:
@@ -891,6 +967,8 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   }
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   const bool tma = kernel != PrefillKernel::cp_async;
+  auto* const tma_fn =
+      kernel == PrefillKernel::tma_pipe ? attn_prefill_tma<true> : attn_prefill_tma<false>;
   EncodeTiled encode = nullptr;
   if (tma) {
     encode = encode_tiled();
@@ -898,12 +976,13 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
       return invalid(
           "mla prefill: the driver has no cuTensorMapEncodeTiled (the TMA kernel needs CUDA 12 "
           "drivers; STRATA_MLA_PREFILL=cpasync selects the cp.async kernel)");
-    if (Status a = rt::allow_dynamic_smem(attn_prefill_tma, int(kAttnSmem3)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(tma_fn, int(kAttnSmem3)); !a.ok()) return a;
   } else if (Status a = rt::allow_dynamic_smem(attn_prefill<kWgmmaS>, int(kAttnSmem2)); !a.ok()) {
     return a;
   }
-  // The TMA kernel's cluster: the query blocks that share a key tile, each loading 64/cl rows.
-  const unsigned cl = kernel == PrefillKernel::tma4 ? 4 : 2;
+  // The TMA kernel's cluster: the query blocks that share a key tile, each loading 64/cl rows
+  // (clusters of 4 measured slower than 2: docs/performance.md).
+  const unsigned cl = 2;
   const int64_t n_q = (T + kBQ2 - 1) / kBQ2;
   const int64_t blocks = tma ? (n_q + cl - 1) / cl * cl * H : n_q * H;
   CUtensorMap tm_pe{};
@@ -946,9 +1025,8 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       const bool share = kernel != PrefillKernel::tma_solo;
-      if (Status st =
-              status_of(cudaLaunchKernelEx(&cfg, attn_prefill_tma, tm_kv, tm_pe, H, q, S, T, out,
-                                           qscale, head_group, ct, share, tma_flags()));
+      if (Status st = status_of(cudaLaunchKernelEx(&cfg, tma_fn, tm_kv, tm_pe, H, q, S, T, out,
+                                                   qscale, head_group, ct, share));
           !st.ok())
         return st;
     } else {

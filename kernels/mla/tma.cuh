@@ -38,24 +38,22 @@ __device__ __forceinline__ void mbar_arrive_local(uint32_t bar) {
 // (the arrivals came from both CTAs and the waiter then writes into both).
 template <bool kCluster>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
-  unsigned done;
-  do {
-    if constexpr (kCluster) {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-          "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    }
-  } while (!done);
+  // The retry loop is inside the asm: to the compiler the wait is one straight-line statement.
+  if constexpr (kCluster) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+  }
 }
 
 // A box of the tensor map at (x, y[, z]) into dst of every CTA in `mask`, its bytes completed on

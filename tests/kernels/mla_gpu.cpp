@@ -12,7 +12,7 @@
 // Tiled prefill against the one-pass GPU result: the same bf16 keys and the same 64-key softmax
 // steps, only the row sums are added in another order across the tile boundaries: rel L2 ≤ 1e-3,
 // cosine ≥ 0.99999 (in practice a rare one-ulp bf16 flip). The prefill attention kernels (tma,
-// tma4, tma_solo, cp.async) must give the same bits in every case.
+// tma_pipe, tma_solo, cp.async) must give the same bits in every case.
 // Decode caches hold NaN past each sequence's end: a read out of range poisons the output.
 #include <catch2/catch.hpp>
 
@@ -95,7 +95,7 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
   };
   // The two attention kernels do the same arithmetic in the same order: the same bits.
   const std::vector<uint16_t> bits = run(km::PrefillKernel::tma, wsb);
-  CHECK(bits == run(km::PrefillKernel::tma4, wsb));
+  CHECK(bits == run(km::PrefillKernel::tma_pipe, wsb));
   CHECK(bits == run(km::PrefillKernel::tma_solo, wsb));
   CHECK(bits == run(km::PrefillKernel::cp_async, wsb));
   const std::vector<float> got = widen(bits);
