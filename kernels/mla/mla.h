@@ -67,13 +67,14 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // the workspace; the result equals the one-pass form up to fp32 summation order.
 // q, cache and workspace must be 16-byte aligned.
 //
-// The attention kernels give the same bits: cpasync (the default: each 128-query block loads its
-// own key tiles by cp.async), tma (the two query blocks of a thread-block cluster share each key
-// tile, loaded once by TMA and multicast to both), tma_pipe (tma with Q read from shared memory
-// and the next tile's S issued before this tile's softmax) and tma_solo (tma with each block
-// loading its own tiles: what the sharing gains). The TMA forms are not faster so far
-// (docs/performance.md, MLA). The process default is read once from the environment:
-// STRATA_MLA_PREFILL=tma, tma_pipe or tma_solo selects those, anything else cpasync.
+// The attention kernels give the same bits (asserted by the op-checks): tma_pipe (the default:
+// the two query blocks of a thread-block cluster share each key tile, loaded once by TMA and
+// multicast to both; Q read by wgmma from shared memory and the next tile's S issued before this
+// tile's softmax), tma (the same without that overlap), tma_solo (tma with each block loading its
+// own tiles: what the sharing gains) and cpasync (each block loads its own tiles by cp.async; also
+// what runs when the driver lacks cuTensorMapEncodeTiled). Measured in docs/performance.md, MLA.
+// The process default is read once from the environment: STRATA_MLA_PREFILL=cpasync, tma or
+// tma_solo selects those, anything else (or unset) tma_pipe.
 enum class PrefillKernel { cp_async, tma, tma_pipe, tma_solo };
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);
