@@ -267,19 +267,13 @@ __device__ __forceinline__ void pv_mma(float (&o)[kV / 8][4], const uint32_t (&p
 template <class Desc>
 __device__ __forceinline__ void s_wgmma(float (&sc)[kBK2 / 8][4],
                                         const uint32_t (&qa)[kQDim / 16][4], Desc desc) {
-#pragma unroll
-  for (int nt = 0; nt < kBK2 / 8; nt++) {
-    sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-    for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-  }
+  zero_for_wgmma(sc);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kQDim / 16; ks++) wgmma_m64n64k16(sc, qa[ks], desc(ks));
   wgmma_commit();
   wgmma_wait_all();
-#pragma unroll
-  for (int nt = 0; nt < kBK2 / 8; nt++)
-    for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
+  reg_fence(sc);
 }
 
 // One cache tile of a prefill call: positions [c0, end) of the cache, whose expanded [k_nope | v]
@@ -468,18 +462,14 @@ __global__ void __launch_bounds__(kThreads2, 1)
       // 16 keys = 2 key blocks of V per k-step; descriptor offsets (leading, stride) in bytes.
       constexpr uint32_t kLead = 128, kStride = 1024;
       const uint32_t v_base = stage + uint32_t(2 * kBK2 * kKst);
-#pragma unroll
-      for (int nt = 0; nt < kV / 8; nt++)
-        for (int e = 0; e < 4; e++) reg_fence(o[nt][e]);
+      reg_fence(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK2 / 16; kk++)
         wgmma_m64n128k16_tb(o, pa[kk], wgmma_desc(v_base + uint32_t(kk * 2 * 128), kLead, kStride));
       wgmma_commit();
       wgmma_wait_all();
-#pragma unroll
-      for (int nt = 0; nt < kV / 8; nt++)
-        for (int e = 0; e < 4; e++) reg_fence(o[nt][e]);
+      reg_fence(o);
     } else {
       pv_mma(o, pa, stage + v_off);
     }
@@ -699,11 +689,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
     float sa[kBK2 / 8][4], sb[kBK2 / 8][4];
     auto start_s = [&](float(&d)[kBK2 / 8][4], int j) {
       const auto desc = k_desc(j);
-#pragma unroll
-      for (int nt = 0; nt < kBK2 / 8; nt++) {
-        d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.f;
-        for (int e = 0; e < 4; e++) reg_fence(d[nt][e]);
-      }
+      zero_for_wgmma(d);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kQDim / 16; ks++)
@@ -715,9 +701,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
     // unchanged bit for bit), a padding CTA's rows are never written.
     touched = !pad;
     auto body = [&](int j, float(&cur)[kBK2 / 8][4]) {
-#pragma unroll
-      for (int nt = 0; nt < kBK2 / 8; nt++)
-        for (int e = 0; e < 4; e++) reg_fence(cur[nt][e]);
+      reg_fence(cur);
       finish_tile(j, cur);
       release(j);
     };
@@ -917,29 +901,30 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
   return std::min(tile, S);
 }
 
+// Every prefill kernel by its STRATA_MLA_PREFILL name (one table for both directions).
+struct NamedPrefillKernel {
+  PrefillKernel kernel;
+  const char* name;
+};
+constexpr NamedPrefillKernel kPrefillKernels[] = {{PrefillKernel::cp_async, "cpasync"},
+                                                  {PrefillKernel::tma, "tma"},
+                                                  {PrefillKernel::tma_pipe, "tma_pipe"},
+                                                  {PrefillKernel::tma_solo, "tma_solo"}};
+
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
-    if (e && std::strcmp(e, "cpasync") == 0) return PrefillKernel::cp_async;
-    if (e && std::strcmp(e, "tma") == 0) return PrefillKernel::tma;
-    if (e && std::strcmp(e, "tma_solo") == 0) return PrefillKernel::tma_solo;
+    for (const NamedPrefillKernel& n : kPrefillKernels)
+      if (e && std::strcmp(e, n.name) == 0) return n.kernel;
     return PrefillKernel::tma_pipe;
   }();
   return k;
 }
 
 const char* prefill_kernel_name(PrefillKernel k) {
-  switch (k) {
-    case PrefillKernel::tma:
-      return "tma";
-    case PrefillKernel::tma_pipe:
-      return "tma_pipe";
-    case PrefillKernel::tma_solo:
-      return "tma_solo";
-    case PrefillKernel::cp_async:
-      break;
-  }
-  return "cpasync";
+  for (const NamedPrefillKernel& n : kPrefillKernels)
+    if (n.kernel == k) return n.name;
+  return "?";
 }
 
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,

@@ -43,6 +43,20 @@ __device__ __forceinline__ void wgmma_wait_all() {
 __device__ __forceinline__ void reg_fence(float& x) {
   asm volatile("" : "+f"(x)::"memory");
 }
+// The same for every register of an accumulator in the m16n8 C layout per 8-column block.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++)
+    for (int e = 0; e < 4; e++) reg_fence(d[n][e]);
+}
+// Zeroes an accumulator and pins it before the first wgmma that adds to it.
+template <int N>
+__device__ __forceinline__ void zero_for_wgmma(float (&d)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
+  reg_fence(d);
+}
 // Generic-proxy writes (st.shared, cp.async) → async-proxy reads (wgmma) of shared memory.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
