@@ -5,7 +5,8 @@
 #                                                   (binaries built elsewhere; no build here)
 # The prefill op-checks (every kernel against the CPU reference and bitwise against cp.async),
 # then `bench kernels --filter mla/prefill` (the fresh-prompt lines of every kernel, the long-cache
-# lines of the default) and the long-cache lines again with STRATA_MLA_PREFILL=cpasync. NCU=1 adds
+# lines of the default) and the long-cache lines again with STRATA_MLA_PREFILL set to each of
+# $KERNELS (default cpasync). NCU=1 adds
 # ncu (speed of light, memory, warp state, scheduler; unlocked clocks) of tma_pipe and of cp.async
 # at T = 2048.
 DEVICE_OUT_DEFAULT=/tmp/mla-prefill
@@ -21,9 +22,11 @@ grep -E -B3 -A25 "FAILED" "$OUT/ops.log" | head -60
 lines() { grep -E "^peak/bf16|^mla/prefill" "$1" | sed -E 's/ +H=96[^0-9]*kernel +/  /' | cut -c1-140; }
 timeout 120 $S bench kernels --filter mla/prefill --repeats 3 > "$OUT/bench.txt" 2>&1
 echo "bench rc=$? $(( $(date +%s) - t0 )) s"; lines "$OUT/bench.txt"
-STRATA_MLA_PREFILL=cpasync timeout 120 $S bench kernels --filter mla/prefill --repeats 3 \
-  > "$OUT/bench_cpasync.txt" 2>&1
-echo "bench (cpasync default) rc=$? $(( $(date +%s) - t0 )) s"; lines "$OUT/bench_cpasync.txt" | grep "S="
+for k in ${KERNELS:-cpasync}; do
+  STRATA_MLA_PREFILL=$k timeout 120 $S bench kernels --filter mla/prefill --repeats 3 \
+    > "$OUT/bench_$k.txt" 2>&1
+  echo "bench ($k default) rc=$? $(( $(date +%s) - t0 )) s"; lines "$OUT/bench_$k.txt" | grep "S="
+done
 if [ -n "${NCU:-}" ]; then
   N=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   # The bench's fresh-prompt lines run tma_pipe first, then cp.async: the first launch of each.

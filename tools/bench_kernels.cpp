@@ -336,8 +336,10 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
     const size_t wsb = mla::prefill_workspace_bytes(H, S);
     Dev ws(wsb);
     // The attention kernels (the same bits): the default (tma_pipe), cp.async, tma and tma_solo.
-    for (const mla::PrefillKernel k : {mla::PrefillKernel::tma_pipe, mla::PrefillKernel::cp_async,
-                                       mla::PrefillKernel::tma, mla::PrefillKernel::tma_solo}) {
+    for (const mla::PrefillKernel k :
+         {mla::PrefillKernel::tma_pipe, mla::PrefillKernel::cp_async, mla::PrefillKernel::tma,
+          mla::PrefillKernel::tma_solo, mla::PrefillKernel::tma_fa3,
+          mla::PrefillKernel::tma_fa3_n64, mla::PrefillKernel::tma_fa3_pp}) {
       auto run = [&] {
         ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), S, kvb.as<uint16_t>(),
                         out.as<uint16_t>(), T, ws.p, wsb, nullptr, k),

@@ -190,11 +190,13 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const uint16_t* kv_
 // scores on the diagonal tile (or at and past `end`, the end of the cache tile), updates the
 // running max m (scaled, log2 domain) and the per-thread partial sums l, rescales O, and returns P
 // as bf16 A fragments.
-__device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
-                                               uint32_t (&pa)[kBK2 / 16][4], float (&o)[kV / 8][4],
-                                               float& m_lo, float& m_hi, float& l_lo, float& l_hi,
-                                               int64_t s0, int64_t wpos0, int64_t pos_lo,
-                                               int64_t pos_hi, int64_t end, int t, float qscale) {
+// softmax_tile leaves O alone and returns the factors a_lo, a_hi that rescale it (scale_o), so a
+// kernel whose P·V of the previous tile is still in flight can apply them once it has landed.
+__device__ __forceinline__ void softmax_tile(float (&sc)[kBK2 / 8][4], uint32_t (&pa)[kBK2 / 16][4],
+                                             float& m_lo, float& m_hi, float& l_lo, float& l_hi,
+                                             float& a_lo, float& a_hi, int64_t s0, int64_t wpos0,
+                                             int64_t pos_lo, int64_t pos_hi, int64_t end, int t,
+                                             float qscale) {
   if (s0 + kBK2 - 1 > wpos0 || s0 + kBK2 > end) {  // the diagonal (or the end of the tile)
 #pragma unroll
     for (int nt = 0; nt < kBK2 / 8; nt++) {
@@ -221,7 +223,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
   // so far keeps -inf; subtracting 0 then gives p = 0 and a = 0 instead of NaN.
   const float mn_lo = fmaxf(m_lo, mx_lo * qscale), mn_hi = fmaxf(m_hi, mx_hi * qscale);
   const float sub_lo = mn_lo == -INFINITY ? 0.f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-  const float a_lo = fast_exp2(m_lo - sub_lo), a_hi = fast_exp2(m_hi - sub_hi);
+  a_lo = fast_exp2(m_lo - sub_lo), a_hi = fast_exp2(m_hi - sub_hi);
   m_lo = mn_lo, m_hi = mn_hi;
   float ps_lo = 0.f, ps_hi = 0.f;
 #pragma unroll
@@ -237,6 +239,8 @@ __device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
   }
   l_lo = l_lo * a_lo + ps_lo;  // per-thread partial row sums, reduced over the quad at the end
   l_hi = l_hi * a_hi + ps_hi;
+}
+__device__ __forceinline__ void scale_o(float (&o)[kV / 8][4], float a_lo, float a_hi) {
 #pragma unroll
   for (int nt = 0; nt < kV / 8; nt++) {
     o[nt][0] *= a_lo;
@@ -244,6 +248,16 @@ __device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
     o[nt][2] *= a_hi;
     o[nt][3] *= a_hi;
   }
+}
+__device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
+                                               uint32_t (&pa)[kBK2 / 16][4], float (&o)[kV / 8][4],
+                                               float& m_lo, float& m_hi, float& l_lo, float& l_hi,
+                                               int64_t s0, int64_t wpos0, int64_t pos_lo,
+                                               int64_t pos_hi, int64_t end, int t, float qscale) {
+  float a_lo, a_hi;
+  softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, s0, wpos0, pos_lo, pos_hi, end, t,
+               qscale);
+  scale_o(o, a_lo, a_hi);
 }
 
 // O += P·V for one 64-key tile by mma.sync; v_addr: this lane's ldmatrix.trans address of the
@@ -527,7 +541,42 @@ __device__ __forceinline__ void pv_mma_sw128(float (&o)[kV / 8][4],
   }
 }
 
-template <bool kPipe>
+// P·V forms of attn_prefill_tma: mma.sync with ldmatrix.trans fragments (the tma, tma_pipe and
+// tma_solo kernels), or wgmma with P from registers and V read by the tensor cores from its two
+// swizzled boxes as an MN-major operand — one m64n128 per 16 keys (the boxes 8192 bytes apart are
+// its two 64-wide N blocks) or two m64n64 (one per box).
+enum PvForm : int { kPvMma = 0, kPvWgmma128 = 1, kPvWgmma64 = 2 };
+
+// O += P·V of one 64-key tile by wgmma (kPv ≠ kPvMma), issued and committed, not waited for: V's
+// 16-key steps are 2048 bytes apart (two 1024-byte atoms of 8 keys).
+template <int kPv>
+__device__ __forceinline__ void pv_wgmma(float (&o)[kV / 8][4], const uint32_t (&pa)[kBK2 / 16][4],
+                                         uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBK2 / 16; kk++) {
+    const uint32_t v = v_base + uint32_t(kk * 2048);
+    if constexpr (kPv == kPvWgmma128) {
+      wgmma_m64n128k16_tb(o, pa[kk], wgmma_desc_sw128_mn(v, kBox, 1024));
+    } else {
+      wgmma_m64n64k16<1>(*reinterpret_cast<float(*)[8][4]>(&o[0][0]), pa[kk],
+                         wgmma_desc_sw128_mn(v, 1024, 1024));
+      wgmma_m64n64k16<1>(*reinterpret_cast<float(*)[8][4]>(&o[8][0]), pa[kk],
+                         wgmma_desc_sw128_mn(v + kBox, 1024, 1024));
+    }
+  }
+  wgmma_commit();
+}
+
+// Named barriers of the ping-pong schedule (kPingPong): warpgroup w waits on barrier 1 + w for its
+// turn to issue, and arrives on the other's once it has issued (256 = the two warpgroups).
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+template <bool kPipe, int kPv = kPvMma, bool kPingPong = false>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
                      const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
@@ -686,7 +735,6 @@ __global__ void __launch_bounds__(kThreads2, 1)
   } else {
     // S of tile j + 1 issued before tile j's softmax (Q and K from shared memory), so the tensor
     // cores work on it while this warpgroup runs the softmax and P·V of tile j.
-    float sa[kBK2 / 8][4], sb[kBK2 / 8][4];
     auto start_s = [&](float(&d)[kBK2 / 8][4], int j) {
       const auto desc = k_desc(j);
       zero_for_wgmma(d);
@@ -700,34 +748,107 @@ __global__ void __launch_bounds__(kThreads2, 1)
     // would make ptxas serialise them): tiles above its rows are masked whole (p = 0, the state
     // unchanged bit for bit), a padding CTA's rows are never written.
     touched = !pad;
-    auto body = [&](int j, float(&cur)[kBK2 / 8][4]) {
-      reg_fence(cur);
-      finish_tile(j, cur);
-      release(j);
-    };
-    // Nothing is in flight at a loop edge: each half starts the next tile's S, runs this tile
-    // (whose S is complete) and waits for the next S before the buffers swap roles.
-    auto half = [&](int j, float(&cur)[kBK2 / 8][4], float(&nxt)[kBK2 / 8][4]) {
-      wait_full(j + 1);
-      start_s(nxt, j + 1);
-      body(j, cur);
-      wgmma_wait<0>();
-    };
-    if (n_tiles > 0) {
-      wait_full(0);
-      start_s(sa, 0);
-      wgmma_wait<0>();
-    }
-    int j = 0;
-    for (; j + 2 < n_tiles; j += 2) {
-      half(j, sa, sb);
-      half(j + 1, sb, sa);
-    }
-    if (j + 1 < n_tiles) {
-      half(j, sa, sb);
-      body(j + 1, sb);
-    } else if (j < n_tiles) {
-      body(j, sa);
+    if constexpr (kPv != kPvMma) {
+      // P·V on wgmma too (tma_fa3): step j issues S(j + 1) and then P(j)·V(j), runs the softmax of
+      // tile j + 1 while both are on the tensor cores (it writes the other P and leaves O alone),
+      // then waits for P·V, releases tile j and applies tile j + 1's rescale to O. P alternates
+      // between two register sets: one is read by the wgmma in flight while the other is written.
+      float sc[kBK2 / 8][4];
+      uint32_t pa[kBK2 / 16][4], pb[kBK2 / 16][4];
+      float a_lo, a_hi;
+      auto v_base = [&](int j) { return ring + uint32_t((j % kStages3) * kStage3 + kBoxV * kBox); };
+      auto soft = [&](int j, uint32_t(&p)[kBK2 / 16][4]) {
+        reg_fence(sc);
+        softmax_tile(sc, p, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, c0 + int64_t(j) * kBK2, wpos0,
+                     pos_lo, pos_hi, ct.end, t, qscale);
+        produce(j);
+        __syncwarp();
+      };
+      // kPingPong: the two warpgroups take turns to issue their tile's wgmmas, so one's softmax
+      // runs while the tensor cores work on the other's products. Both issue n_tiles + 1 times;
+      // warpgroup 1 opens the first turn and leaves out its last hand-over (nobody waits for it).
+      const int wg = warp / 4;
+      auto turn = [&] {
+        if constexpr (kPingPong) named_sync(1 + wg);
+      };
+      auto hand_over = [&](bool fin) {
+        if constexpr (kPingPong)
+          if (!(fin && wg == 1)) named_arrive(2 - wg);
+      };
+      if (kPingPong && wg == 1 && n_tiles > 0) named_arrive(1);
+      auto step = [&](int j, uint32_t(&cur)[kBK2 / 16][4], uint32_t(&nxt)[kBK2 / 16][4]) {
+        wait_full(j + 1);
+        turn();
+        start_s(sc, j + 1);
+        pv_wgmma<kPv>(o, cur, v_base(j));
+        hand_over(false);
+        wgmma_wait<1>();
+        soft(j + 1, nxt);
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(j);
+        scale_o(o, a_lo, a_hi);
+      };
+      auto last = [&](int j, uint32_t(&cur)[kBK2 / 16][4]) {
+        turn();
+        wgmma_fence();
+        pv_wgmma<kPv>(o, cur, v_base(j));
+        hand_over(true);
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(j);
+      };
+      if (n_tiles > 0) {
+        wait_full(0);
+        turn();
+        start_s(sc, 0);
+        hand_over(false);
+        wgmma_wait<0>();
+        soft(0, pa);
+        scale_o(o, a_lo, a_hi);
+      }
+      int j = 0;
+      for (; j + 2 < n_tiles; j += 2) {
+        step(j, pa, pb);
+        step(j + 1, pb, pa);
+      }
+      if (j + 1 < n_tiles) {
+        step(j, pa, pb);
+        last(j + 1, pb);
+      } else if (j < n_tiles) {
+        last(j, pa);
+      }
+    } else {
+      float sa[kBK2 / 8][4], sb[kBK2 / 8][4];
+      auto body = [&](int j, float(&cur)[kBK2 / 8][4]) {
+        reg_fence(cur);
+        finish_tile(j, cur);
+        release(j);
+      };
+      // Nothing is in flight at a loop edge: each half starts the next tile's S, runs this tile
+      // (whose S is complete) and waits for the next S before the buffers swap roles.
+      auto half = [&](int j, float(&cur)[kBK2 / 8][4], float(&nxt)[kBK2 / 8][4]) {
+        wait_full(j + 1);
+        start_s(nxt, j + 1);
+        body(j, cur);
+        wgmma_wait<0>();
+      };
+      if (n_tiles > 0) {
+        wait_full(0);
+        start_s(sa, 0);
+        wgmma_wait<0>();
+      }
+      int j = 0;
+      for (; j + 2 < n_tiles; j += 2) {
+        half(j, sa, sb);
+        half(j + 1, sb, sa);
+      }
+      if (j + 1 < n_tiles) {
+        half(j, sa, sb);
+        body(j + 1, sb);
+      } else if (j < n_tiles) {
+        body(j, sa);
+      }
     }
   }
   // Every copy into this CTA has landed (each warp waited on every tile); the cluster barrier
@@ -906,10 +1027,11 @@ struct NamedPrefillKernel {
   PrefillKernel kernel;
   const char* name;
 };
-constexpr NamedPrefillKernel kPrefillKernels[] = {{PrefillKernel::cp_async, "cpasync"},
-                                                  {PrefillKernel::tma, "tma"},
-                                                  {PrefillKernel::tma_pipe, "tma_pipe"},
-                                                  {PrefillKernel::tma_solo, "tma_solo"}};
+constexpr NamedPrefillKernel kPrefillKernels[] = {
+    {PrefillKernel::cp_async, "cpasync"},     {PrefillKernel::tma, "tma"},
+    {PrefillKernel::tma_pipe, "tma_pipe"},    {PrefillKernel::tma_solo, "tma_solo"},
+    {PrefillKernel::tma_fa3, "tma_fa3"},      {PrefillKernel::tma_fa3_n64, "tma_fa3_n64"},
+    {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"}};
 
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
@@ -959,8 +1081,12 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   // A driver without cuTensorMapEncodeTiled runs the cp.async kernel (the same bits).
   const EncodeTiled encode = kernel == PrefillKernel::cp_async ? nullptr : encode_tiled();
   const bool tma = encode != nullptr;
-  auto* const tma_fn =
-      kernel == PrefillKernel::tma_pipe ? attn_prefill_tma<true> : attn_prefill_tma<false>;
+  auto* const tma_fn = kernel == PrefillKernel::tma_pipe      ? attn_prefill_tma<true>
+                       : kernel == PrefillKernel::tma_fa3     ? attn_prefill_tma<true, kPvWgmma128>
+                       : kernel == PrefillKernel::tma_fa3_n64 ? attn_prefill_tma<true, kPvWgmma64>
+                       : kernel == PrefillKernel::tma_fa3_pp
+                           ? attn_prefill_tma<true, kPvWgmma128, true>
+                           : attn_prefill_tma<false>;
   if (tma) {
     if (Status a = rt::allow_dynamic_smem(tma_fn, int(kAttnSmem3)); !a.ok()) return a;
   } else if (Status a = rt::allow_dynamic_smem(attn_prefill<kWgmmaS>, int(kAttnSmem2)); !a.ok()) {

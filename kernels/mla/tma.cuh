@@ -85,4 +85,14 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
          (uint64_t(1) << 62);
 }
 
+// Descriptor of an MN-major operand (imm-trans-b = 1: V of O = P·V) in the same 128-byte swizzle:
+// rows of 128 bytes along K (a key each) hold 64 N-values; `lead` is the byte offset between such
+// 64-wide N blocks and `stride` the offset between 8-row K groups (one 1024-byte atom when the rows
+// are contiguous). The start address is a whole atom, so the base-offset field stays 0.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t addr, uint32_t lead,
+                                                        uint32_t stride) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead >> 4) << 16) |
+         (uint64_t(stride >> 4) << 32) | (uint64_t(1) << 62);
+}
+
 }  // namespace strata::kernels::mla
