@@ -339,7 +339,8 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
     for (const mla::PrefillKernel k :
          {mla::PrefillKernel::tma_pipe, mla::PrefillKernel::cp_async, mla::PrefillKernel::tma,
           mla::PrefillKernel::tma_solo, mla::PrefillKernel::tma_fa3,
-          mla::PrefillKernel::tma_fa3_n64, mla::PrefillKernel::tma_fa3_pp}) {
+          mla::PrefillKernel::tma_fa3_n64, mla::PrefillKernel::tma_fa3_pp,
+          mla::PrefillKernel::tma_fa3_qr, mla::PrefillKernel::tma_fa3_pp_qr}) {
       auto run = [&] {
         ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), S, kvb.as<uint16_t>(),
                         out.as<uint16_t>(), T, ws.p, wsb, nullptr, k),

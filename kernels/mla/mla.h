@@ -77,10 +77,21 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // per 16 keys), issued with the next tile's S so that the softmax runs under both; wgmma and
 // mma.sync may round the fp32 sum of P·V differently, so their bits are checked against the CPU
 // reference, not against the others. tma_fa3_pp is tma_fa3 with the two warpgroups issuing their
-// products in turns (ping-pong), so one's softmax runs under the other's products.
+// products in turns (ping-pong), so one's softmax runs under the other's products; the _qr forms
+// keep Q in registers (S's products then read only K from shared memory).
 // The process default is read once from the environment: STRATA_MLA_PREFILL=cpasync, tma,
-// tma_solo, tma_fa3, tma_fa3_n64 or tma_fa3_pp selects those, anything else (or unset) tma_pipe.
-enum class PrefillKernel { cp_async, tma, tma_pipe, tma_solo, tma_fa3, tma_fa3_n64, tma_fa3_pp };
+// tma_solo or one of the tma_fa3 names selects those, anything else (or unset) tma_pipe.
+enum class PrefillKernel {
+  cp_async,
+  tma,
+  tma_pipe,
+  tma_solo,
+  tma_fa3,
+  tma_fa3_n64,
+  tma_fa3_pp,
+  tma_fa3_qr,
+  tma_fa3_pp_qr
+};
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,

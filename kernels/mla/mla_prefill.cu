@@ -576,12 +576,15 @@ __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-template <bool kPipe, int kPv = kPvMma, bool kPingPong = false>
+// kQRegs (with kPipe): Q stays wgmma's A operand from registers, as in tma (48 registers more,
+// half the shared-memory reads of S's products: only K's).
+template <bool kPipe, int kPv = kPvMma, bool kPingPong = false, bool kQRegs = false>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
                      const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
                      int64_t T, uint16_t* out, float qscale, int head_group, CacheTile ct,
                      bool share) {
+  constexpr bool kQSmem = kPipe && !kQRegs;  // Q read by wgmma from shared memory
   // Grid: clusters of cl CTAs ordered as attn_prefill's blocks, by groups of cl query tiles.
   const unsigned rank = detail::cluster_ctarank(), cl = detail::cluster_nctarank();
   const int n_q = int((T + kBQ2 - 1) / kBQ2), n_p = (n_q + int(cl) - 1) / int(cl);
@@ -619,9 +622,9 @@ __global__ void __launch_bounds__(kThreads2, 1)
       const bool ok = tt < T;
       // kPipe: Q is wgmma's A operand from shared memory, each warpgroup's 64 rows in the
       // no-swizzle core-matrix layout (chunk cc of row r at cc·1024 + (r/8)·128 + (r%8)·16).
-      const uint32_t dst = kPipe ? smem_addr(Qs) + uint32_t((rr / 64) * kQWg + cc * 1024 +
-                                                            (rr % 64 / 8) * 128 + (rr % 8) * 16)
-                                 : smem_addr(Qs + rr * kKst + cc * 8);
+      const uint32_t dst = kQSmem ? smem_addr(Qs) + uint32_t((rr / 64) * kQWg + cc * 1024 +
+                                                             (rr % 64 / 8) * 128 + (rr % 8) * 16)
+                                  : smem_addr(Qs + rr * kKst + cc * 8);
       cp_async16(dst, q + ((ok ? tt : 0) * H + h) * kQDim + cc * 8, ok);
     }
   }
@@ -655,8 +658,8 @@ __global__ void __launch_bounds__(kThreads2, 1)
   __syncthreads();
 
   const uint32_t q_addr = smem_addr(Qs + (warp * 16 + lane % 16) * kKst + (lane / 16) * 8);
-  uint32_t qa[kPipe ? 1 : kQDim / 16][4];
-  if constexpr (!kPipe) {
+  uint32_t qa[kQSmem ? 1 : kQDim / 16][4];
+  if constexpr (!kQSmem) {
 #pragma unroll
     for (int ks = 0; ks < kQDim / 16; ks++)
       ldsm_x4(q_addr + ks * 32, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
@@ -740,8 +743,12 @@ __global__ void __launch_bounds__(kThreads2, 1)
       zero_for_wgmma(d);
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kQDim / 16; ks++)
-        wgmma_m64n64k16_ss(d, wgmma_desc(q_wg + uint32_t(ks * 2048), 1024, 128), desc(ks));
+      for (int ks = 0; ks < kQDim / 16; ks++) {
+        if constexpr (kQSmem)
+          wgmma_m64n64k16_ss(d, wgmma_desc(q_wg + uint32_t(ks * 2048), 1024, 128), desc(ks));
+        else
+          wgmma_m64n64k16(d, qa[ks], desc(ks));
+      }
       wgmma_commit();
     };
     // Every warpgroup runs every tile of the pair (no branch while a wgmma is in flight, which
@@ -857,6 +864,27 @@ __global__ void __launch_bounds__(kThreads2, 1)
   detail::cluster_wait();
   if (pad) return;
   finish_rows(ct, H, h, T, t, t_lo, t_hi, o, m_lo, m_hi, l_lo, l_hi, touched, out);
+}
+
+// The instance of attn_prefill_tma that runs a TMA kernel (tma and tma_solo share one).
+using TmaKernelFn = decltype(&attn_prefill_tma<false>);
+TmaKernelFn tma_kernel(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::tma_pipe:
+      return attn_prefill_tma<true>;
+    case PrefillKernel::tma_fa3:
+      return attn_prefill_tma<true, kPvWgmma128>;
+    case PrefillKernel::tma_fa3_n64:
+      return attn_prefill_tma<true, kPvWgmma64>;
+    case PrefillKernel::tma_fa3_pp:
+      return attn_prefill_tma<true, kPvWgmma128, true>;
+    case PrefillKernel::tma_fa3_qr:
+      return attn_prefill_tma<true, kPvWgmma128, false, true>;
+    case PrefillKernel::tma_fa3_pp_qr:
+      return attn_prefill_tma<true, kPvWgmma128, true, true>;
+    default:
+      return attn_prefill_tma<false>;
+  }
 }
 
 struct Lt {
@@ -1027,11 +1055,15 @@ struct NamedPrefillKernel {
   PrefillKernel kernel;
   const char* name;
 };
-constexpr NamedPrefillKernel kPrefillKernels[] = {
-    {PrefillKernel::cp_async, "cpasync"},     {PrefillKernel::tma, "tma"},
-    {PrefillKernel::tma_pipe, "tma_pipe"},    {PrefillKernel::tma_solo, "tma_solo"},
-    {PrefillKernel::tma_fa3, "tma_fa3"},      {PrefillKernel::tma_fa3_n64, "tma_fa3_n64"},
-    {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"}};
+constexpr NamedPrefillKernel kPrefillKernels[] = {{PrefillKernel::cp_async, "cpasync"},
+                                                  {PrefillKernel::tma, "tma"},
+                                                  {PrefillKernel::tma_pipe, "tma_pipe"},
+                                                  {PrefillKernel::tma_solo, "tma_solo"},
+                                                  {PrefillKernel::tma_fa3, "tma_fa3"},
+                                                  {PrefillKernel::tma_fa3_n64, "tma_fa3_n64"},
+                                                  {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"},
+                                                  {PrefillKernel::tma_fa3_qr, "tma_fa3_qr"},
+                                                  {PrefillKernel::tma_fa3_pp_qr, "tma_fa3_pp_qr"}};
 
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
@@ -1081,12 +1113,7 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
   // A driver without cuTensorMapEncodeTiled runs the cp.async kernel (the same bits).
   const EncodeTiled encode = kernel == PrefillKernel::cp_async ? nullptr : encode_tiled();
   const bool tma = encode != nullptr;
-  auto* const tma_fn = kernel == PrefillKernel::tma_pipe      ? attn_prefill_tma<true>
-                       : kernel == PrefillKernel::tma_fa3     ? attn_prefill_tma<true, kPvWgmma128>
-                       : kernel == PrefillKernel::tma_fa3_n64 ? attn_prefill_tma<true, kPvWgmma64>
-                       : kernel == PrefillKernel::tma_fa3_pp
-                           ? attn_prefill_tma<true, kPvWgmma128, true>
-                           : attn_prefill_tma<false>;
+  auto* const tma_fn = tma_kernel(kernel);
   if (tma) {
     if (Status a = rt::allow_dynamic_smem(tma_fn, int(kAttnSmem3)); !a.ok()) return a;
   } else if (Status a = rt::allow_dynamic_smem(attn_prefill<kWgmmaS>, int(kAttnSmem2)); !a.ok()) {

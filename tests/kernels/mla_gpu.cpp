@@ -108,8 +108,9 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
     std::vector<float> out;
   };
   std::vector<Fa3> fa3;
-  for (km::PrefillKernel k : {km::PrefillKernel::tma_fa3, km::PrefillKernel::tma_fa3_n64,
-                              km::PrefillKernel::tma_fa3_pp}) {
+  for (km::PrefillKernel k :
+       {km::PrefillKernel::tma_fa3, km::PrefillKernel::tma_fa3_n64, km::PrefillKernel::tma_fa3_pp,
+        km::PrefillKernel::tma_fa3_qr, km::PrefillKernel::tma_fa3_pp_qr}) {
     const std::vector<uint16_t> b = run(k, wsb);
     if (b != bits) WARN(km::prefill_kernel_name(k) << ": not the bits of the mma.sync P·V kernels");
     fa3.push_back({k, widen(b)});
