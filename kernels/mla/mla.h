@@ -78,7 +78,8 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // mma.sync may round the fp32 sum of P·V differently, so their bits are checked against the CPU
 // reference, not against the others. tma_fa3_pp is tma_fa3 with the two warpgroups issuing their
 // products in turns (ping-pong), so one's softmax runs under the other's products; the _qr forms
-// keep Q in registers (S's products then read only K from shared memory).
+// keep Q in registers (S's products then read only K from shared memory); the _late forms apply
+// O's rescale after the next S is issued.
 // The process default is read once from the environment: STRATA_MLA_PREFILL=cpasync, tma,
 // tma_solo or one of the tma_fa3 names selects those, anything else (or unset) tma_pipe.
 enum class PrefillKernel {
@@ -90,7 +91,9 @@ enum class PrefillKernel {
   tma_fa3_n64,
   tma_fa3_pp,
   tma_fa3_qr,
-  tma_fa3_pp_qr
+  tma_fa3_pp_qr,
+  tma_fa3_qr_late,
+  tma_fa3_pp_qr_late
 };
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);

@@ -578,7 +578,11 @@ __device__ __forceinline__ void named_arrive(int id) {
 
 // kQRegs (with kPipe): Q stays wgmma's A operand from registers, as in tma (48 registers more,
 // half the shared-memory reads of S's products: only K's).
-template <bool kPipe, int kPv = kPvMma, bool kPingPong = false, bool kQRegs = false>
+// kLate (P·V on wgmma): O's rescale for tile j + 1 waits until S(j + 2) has been issued, so the
+// tensor cores are not idle while the 64 multiplies run (a second wgmma.fence then orders them
+// before P(j + 1)·V(j + 1)).
+template <bool kPipe, int kPv = kPvMma, bool kPingPong = false, bool kQRegs = false,
+          bool kLate = false>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
                      const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
@@ -787,6 +791,10 @@ __global__ void __launch_bounds__(kThreads2, 1)
         wait_full(j + 1);
         turn();
         start_s(sc, j + 1);
+        if constexpr (kLate) {
+          scale_o(o, a_lo, a_hi);
+          wgmma_fence();
+        }
         pv_wgmma<kPv>(o, cur, v_base(j));
         hand_over(false);
         wgmma_wait<1>();
@@ -794,10 +802,11 @@ __global__ void __launch_bounds__(kThreads2, 1)
         wgmma_wait<0>();
         reg_fence(o);
         release(j);
-        scale_o(o, a_lo, a_hi);
+        if constexpr (!kLate) scale_o(o, a_lo, a_hi);
       };
       auto last = [&](int j, uint32_t(&cur)[kBK2 / 16][4]) {
         turn();
+        if constexpr (kLate) scale_o(o, a_lo, a_hi);
         wgmma_fence();
         pv_wgmma<kPv>(o, cur, v_base(j));
         hand_over(true);
@@ -812,7 +821,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
         hand_over(false);
         wgmma_wait<0>();
         soft(0, pa);
-        scale_o(o, a_lo, a_hi);
+        if constexpr (!kLate) scale_o(o, a_lo, a_hi);
       }
       int j = 0;
       for (; j + 2 < n_tiles; j += 2) {
@@ -882,6 +891,10 @@ TmaKernelFn tma_kernel(PrefillKernel k) {
       return attn_prefill_tma<true, kPvWgmma128, false, true>;
     case PrefillKernel::tma_fa3_pp_qr:
       return attn_prefill_tma<true, kPvWgmma128, true, true>;
+    case PrefillKernel::tma_fa3_qr_late:
+      return attn_prefill_tma<true, kPvWgmma128, false, true, true>;
+    case PrefillKernel::tma_fa3_pp_qr_late:
+      return attn_prefill_tma<true, kPvWgmma128, true, true, true>;
     default:
       return attn_prefill_tma<false>;
   }
@@ -1055,15 +1068,18 @@ struct NamedPrefillKernel {
   PrefillKernel kernel;
   const char* name;
 };
-constexpr NamedPrefillKernel kPrefillKernels[] = {{PrefillKernel::cp_async, "cpasync"},
-                                                  {PrefillKernel::tma, "tma"},
-                                                  {PrefillKernel::tma_pipe, "tma_pipe"},
-                                                  {PrefillKernel::tma_solo, "tma_solo"},
-                                                  {PrefillKernel::tma_fa3, "tma_fa3"},
-                                                  {PrefillKernel::tma_fa3_n64, "tma_fa3_n64"},
-                                                  {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"},
-                                                  {PrefillKernel::tma_fa3_qr, "tma_fa3_qr"},
-                                                  {PrefillKernel::tma_fa3_pp_qr, "tma_fa3_pp_qr"}};
+constexpr NamedPrefillKernel kPrefillKernels[] = {
+    {PrefillKernel::cp_async, "cpasync"},
+    {PrefillKernel::tma, "tma"},
+    {PrefillKernel::tma_pipe, "tma_pipe"},
+    {PrefillKernel::tma_solo, "tma_solo"},
+    {PrefillKernel::tma_fa3, "tma_fa3"},
+    {PrefillKernel::tma_fa3_n64, "tma_fa3_n64"},
+    {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"},
+    {PrefillKernel::tma_fa3_qr, "tma_fa3_qr"},
+    {PrefillKernel::tma_fa3_pp_qr, "tma_fa3_pp_qr"},
+    {PrefillKernel::tma_fa3_qr_late, "tma_fa3_qr_late"},
+    {PrefillKernel::tma_fa3_pp_qr_late, "tma_fa3_pp_qr_late"}};
 
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
