@@ -341,7 +341,8 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
           mla::PrefillKernel::tma_solo, mla::PrefillKernel::tma_fa3,
           mla::PrefillKernel::tma_fa3_n64, mla::PrefillKernel::tma_fa3_pp,
           mla::PrefillKernel::tma_fa3_qr, mla::PrefillKernel::tma_fa3_pp_qr,
-          mla::PrefillKernel::tma_fa3_qr_late, mla::PrefillKernel::tma_fa3_pp_qr_late}) {
+          mla::PrefillKernel::tma_fa3_qr_late, mla::PrefillKernel::tma_fa3_pp_qr_late,
+          mla::PrefillKernel::tma_fa3_qr_skip, mla::PrefillKernel::tma_fa3_qr_late_skip}) {
       auto run = [&] {
         ok(mla::prefill(H, q.as<uint16_t>(), cache.as<uint16_t>(), S, kvb.as<uint16_t>(),
                         out.as<uint16_t>(), T, ws.p, wsb, nullptr, k),

@@ -79,7 +79,7 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // reference, not against the others. tma_fa3_pp is tma_fa3 with the two warpgroups issuing their
 // products in turns (ping-pong), so one's softmax runs under the other's products; the _qr forms
 // keep Q in registers (S's products then read only K from shared memory); the _late forms apply
-// O's rescale after the next S is issued.
+// O's rescale after the next S is issued; the _skip forms skip it when no row's max moved.
 // The process default is read once from the environment: STRATA_MLA_PREFILL=cpasync, tma,
 // tma_solo or one of the tma_fa3 names selects those, anything else (or unset) tma_pipe.
 enum class PrefillKernel {
@@ -93,7 +93,9 @@ enum class PrefillKernel {
   tma_fa3_qr,
   tma_fa3_pp_qr,
   tma_fa3_qr_late,
-  tma_fa3_pp_qr_late
+  tma_fa3_pp_qr_late,
+  tma_fa3_qr_skip,
+  tma_fa3_qr_late_skip
 };
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);

@@ -581,13 +581,17 @@ __device__ __forceinline__ void named_arrive(int id) {
 // kLate (P·V on wgmma): O's rescale for tile j + 1 waits until S(j + 2) has been issued, so the
 // tensor cores are not idle while the 64 multiplies run (a second wgmma.fence then orders them
 // before P(j + 1)·V(j + 1)).
-template <bool kPipe, int kPv = kPvMma, bool kPingPong = false, bool kQRegs = false,
-          bool kLate = false>
+// kSkip (P·V on wgmma): O's rescale is skipped when the factors of every row of the warp are 1
+// (no row's running max moved: the multiplies would not change a bit).
+enum : int { kOptPingPong = 1, kOptQRegs = 2, kOptLate = 4, kOptSkip = 8 };
+template <bool kPipe, int kPv = kPvMma, int kOpt = 0>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
                      const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
                      int64_t T, uint16_t* out, float qscale, int head_group, CacheTile ct,
                      bool share) {
+  constexpr bool kPingPong = kOpt & kOptPingPong, kQRegs = kOpt & kOptQRegs,
+                 kLate = kOpt & kOptLate, kSkip = kOpt & kOptSkip;
   constexpr bool kQSmem = kPipe && !kQRegs;  // Q read by wgmma from shared memory
   // Grid: clusters of cl CTAs ordered as attn_prefill's blocks, by groups of cl query tiles.
   const unsigned rank = detail::cluster_ctarank(), cl = detail::cluster_nctarank();
@@ -787,12 +791,15 @@ __global__ void __launch_bounds__(kThreads2, 1)
           if (!(fin && wg == 1)) named_arrive(2 - wg);
       };
       if (kPingPong && wg == 1 && n_tiles > 0) named_arrive(1);
+      auto rescale = [&] {
+        if (!kSkip || __any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_o(o, a_lo, a_hi);
+      };
       auto step = [&](int j, uint32_t(&cur)[kBK2 / 16][4], uint32_t(&nxt)[kBK2 / 16][4]) {
         wait_full(j + 1);
         turn();
         start_s(sc, j + 1);
         if constexpr (kLate) {
-          scale_o(o, a_lo, a_hi);
+          rescale();
           wgmma_fence();
         }
         pv_wgmma<kPv>(o, cur, v_base(j));
@@ -802,11 +809,11 @@ __global__ void __launch_bounds__(kThreads2, 1)
         wgmma_wait<0>();
         reg_fence(o);
         release(j);
-        if constexpr (!kLate) scale_o(o, a_lo, a_hi);
+        if constexpr (!kLate) rescale();
       };
       auto last = [&](int j, uint32_t(&cur)[kBK2 / 16][4]) {
         turn();
-        if constexpr (kLate) scale_o(o, a_lo, a_hi);
+        if constexpr (kLate) rescale();
         wgmma_fence();
         pv_wgmma<kPv>(o, cur, v_base(j));
         hand_over(true);
@@ -821,7 +828,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
         hand_over(false);
         wgmma_wait<0>();
         soft(0, pa);
-        if constexpr (!kLate) scale_o(o, a_lo, a_hi);
+        if constexpr (!kLate) rescale();
       }
       int j = 0;
       for (; j + 2 < n_tiles; j += 2) {
@@ -886,15 +893,19 @@ TmaKernelFn tma_kernel(PrefillKernel k) {
     case PrefillKernel::tma_fa3_n64:
       return attn_prefill_tma<true, kPvWgmma64>;
     case PrefillKernel::tma_fa3_pp:
-      return attn_prefill_tma<true, kPvWgmma128, true>;
+      return attn_prefill_tma<true, kPvWgmma128, kOptPingPong>;
     case PrefillKernel::tma_fa3_qr:
-      return attn_prefill_tma<true, kPvWgmma128, false, true>;
+      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs>;
     case PrefillKernel::tma_fa3_pp_qr:
-      return attn_prefill_tma<true, kPvWgmma128, true, true>;
+      return attn_prefill_tma<true, kPvWgmma128, kOptPingPong | kOptQRegs>;
     case PrefillKernel::tma_fa3_qr_late:
-      return attn_prefill_tma<true, kPvWgmma128, false, true, true>;
+      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs | kOptLate>;
     case PrefillKernel::tma_fa3_pp_qr_late:
-      return attn_prefill_tma<true, kPvWgmma128, true, true, true>;
+      return attn_prefill_tma<true, kPvWgmma128, kOptPingPong | kOptQRegs | kOptLate>;
+    case PrefillKernel::tma_fa3_qr_skip:
+      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs | kOptSkip>;
+    case PrefillKernel::tma_fa3_qr_late_skip:
+      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs | kOptLate | kOptSkip>;
     default:
       return attn_prefill_tma<false>;
   }
@@ -1079,7 +1090,9 @@ constexpr NamedPrefillKernel kPrefillKernels[] = {
     {PrefillKernel::tma_fa3_qr, "tma_fa3_qr"},
     {PrefillKernel::tma_fa3_pp_qr, "tma_fa3_pp_qr"},
     {PrefillKernel::tma_fa3_qr_late, "tma_fa3_qr_late"},
-    {PrefillKernel::tma_fa3_pp_qr_late, "tma_fa3_pp_qr_late"}};
+    {PrefillKernel::tma_fa3_pp_qr_late, "tma_fa3_pp_qr_late"},
+    {PrefillKernel::tma_fa3_qr_skip, "tma_fa3_qr_skip"},
+    {PrefillKernel::tma_fa3_qr_late_skip, "tma_fa3_qr_late_skip"}};
 
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
