@@ -67,36 +67,19 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // the workspace; the result equals the one-pass form up to fp32 summation order.
 // q, cache and workspace must be 16-byte aligned.
 //
-// The attention kernels give the same bits (asserted by the op-checks): tma_pipe (the default:
+// The attention kernels give the same bits (asserted by the op-checks): tma_fa3 (the default:
 // the two query blocks of a thread-block cluster share each key tile, loaded once by TMA and
-// multicast to both; Q read by wgmma from shared memory and the next tile's S issued before this
-// tile's softmax), tma (the same without that overlap), tma_solo (tma with each block loading its
-// own tiles: what the sharing gains) and cpasync (each block loads its own tiles by cp.async; also
-// what runs when the driver lacks cuTensorMapEncodeTiled). Measured in docs/performance.md, MLA.
-// tma_fa3 and tma_fa3_n64 are tma_pipe with P·V on wgmma as well (one m64n128 or two m64n64
-// per 16 keys), issued with the next tile's S so that the softmax runs under both; wgmma and
-// mma.sync may round the fp32 sum of P·V differently, so their bits are checked against the CPU
-// reference, not against the others. tma_fa3_pp is tma_fa3 with the two warpgroups issuing their
-// products in turns (ping-pong), so one's softmax runs under the other's products; the _qr forms
-// keep Q in registers (S's products then read only K from shared memory); the _late forms apply
-// O's rescale after the next S is issued; the _skip forms skip it when no row's max moved.
-// The process default is read once from the environment: STRATA_MLA_PREFILL=cpasync, tma,
-// tma_solo or one of the tma_fa3 names selects those, anything else (or unset) tma_pipe.
-enum class PrefillKernel {
-  cp_async,
-  tma,
-  tma_pipe,
-  tma_solo,
-  tma_fa3,
-  tma_fa3_n64,
-  tma_fa3_pp,
-  tma_fa3_qr,
-  tma_fa3_pp_qr,
-  tma_fa3_qr_late,
-  tma_fa3_pp_qr_late,
-  tma_fa3_qr_skip,
-  tma_fa3_qr_late_skip
-};
+// multicast to both; S = QKᵀ and P·V on wgmma, Q and P from registers, and the next tile's S
+// issued with this tile's P·V so that the softmax runs under both, FlashAttention-3's intra-
+// warpgroup overlap), tma_fa3_pp (the same with the two warpgroups issuing their products in turns,
+// ping-pong), tma_pipe (P·V on mma.sync, Q read by wgmma from shared memory, the next tile's S
+// issued before this tile's softmax; the default until tma_fa3), tma (no overlap), tma_solo (tma
+// with each block loading its own tiles: what the sharing gains) and cpasync (each block loads its
+// own tiles by cp.async; also what runs when the driver lacks cuTensorMapEncodeTiled). Measured in
+// docs/performance.md, MLA. The process default is read once from the environment:
+// STRATA_MLA_PREFILL=cpasync, tma, tma_pipe, tma_solo or tma_fa3_pp selects those, anything else
+// (or unset) tma_fa3.
+enum class PrefillKernel { cp_async, tma, tma_pipe, tma_solo, tma_fa3, tma_fa3_pp };
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,

@@ -541,29 +541,15 @@ __device__ __forceinline__ void pv_mma_sw128(float (&o)[kV / 8][4],
   }
 }
 
-// P·V forms of attn_prefill_tma: mma.sync with ldmatrix.trans fragments (the tma, tma_pipe and
-// tma_solo kernels), or wgmma with P from registers and V read by the tensor cores from its two
-// swizzled boxes as an MN-major operand — one m64n128 per 16 keys (the boxes 8192 bytes apart are
-// its two 64-wide N blocks) or two m64n64 (one per box).
-enum PvForm : int { kPvMma = 0, kPvWgmma128 = 1, kPvWgmma64 = 2 };
-
-// O += P·V of one 64-key tile by wgmma (kPv ≠ kPvMma), issued and committed, not waited for: V's
-// 16-key steps are 2048 bytes apart (two 1024-byte atoms of 8 keys).
-template <int kPv>
+// O += P·V of one 64-key tile by wgmma (the tma_fa3 kernels), issued and committed, not waited
+// for: P from registers, V read by the tensor cores from its two swizzled boxes as an MN-major
+// operand, one m64n128 per 16 keys (the boxes, 8192 bytes apart, are its two 64-wide N blocks;
+// the 16-key steps are 2048 bytes apart: two 1024-byte atoms of 8 keys).
 __device__ __forceinline__ void pv_wgmma(float (&o)[kV / 8][4], const uint32_t (&pa)[kBK2 / 16][4],
                                          uint32_t v_base) {
 #pragma unroll
-  for (int kk = 0; kk < kBK2 / 16; kk++) {
-    const uint32_t v = v_base + uint32_t(kk * 2048);
-    if constexpr (kPv == kPvWgmma128) {
-      wgmma_m64n128k16_tb(o, pa[kk], wgmma_desc_sw128_mn(v, kBox, 1024));
-    } else {
-      wgmma_m64n64k16<1>(*reinterpret_cast<float(*)[8][4]>(&o[0][0]), pa[kk],
-                         wgmma_desc_sw128_mn(v, 1024, 1024));
-      wgmma_m64n64k16<1>(*reinterpret_cast<float(*)[8][4]>(&o[8][0]), pa[kk],
-                         wgmma_desc_sw128_mn(v + kBox, 1024, 1024));
-    }
-  }
+  for (int kk = 0; kk < kBK2 / 16; kk++)
+    wgmma_m64n128k16_tb(o, pa[kk], wgmma_desc_sw128_mn(v_base + uint32_t(kk * 2048), kBox, 1024));
   wgmma_commit();
 }
 
@@ -576,23 +562,16 @@ __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-// kQRegs (with kPipe): Q stays wgmma's A operand from registers, as in tma (48 registers more,
-// half the shared-memory reads of S's products: only K's).
-// kLate (P·V on wgmma): O's rescale for tile j + 1 waits until S(j + 2) has been issued, so the
-// tensor cores are not idle while the 64 multiplies run (a second wgmma.fence then orders them
-// before P(j + 1)·V(j + 1)).
-// kSkip (P·V on wgmma): O's rescale is skipped when the factors of every row of the warp are 1
-// (no row's running max moved: the multiplies would not change a bit).
-enum : int { kOptPingPong = 1, kOptQRegs = 2, kOptLate = 4, kOptSkip = 8 };
-template <bool kPipe, int kPv = kPvMma, int kOpt = 0>
+// kPvWgmma (with kPipe: the tma_fa3 kernels): P·V on wgmma too, and Q stays wgmma's A operand
+// from registers as in tma (S's products then read only K from shared memory); kPingPong (with
+// kPvWgmma): the two warpgroups issue their products in turns.
+template <bool kPipe, bool kPvWgmma = false, bool kPingPong = false>
 __global__ void __launch_bounds__(kThreads2, 1)
     attn_prefill_tma(const __grid_constant__ CUtensorMap tm_kv,
                      const __grid_constant__ CUtensorMap tm_pe, int H, const uint16_t* q, int64_t S,
                      int64_t T, uint16_t* out, float qscale, int head_group, CacheTile ct,
                      bool share) {
-  constexpr bool kPingPong = kOpt & kOptPingPong, kQRegs = kOpt & kOptQRegs,
-                 kLate = kOpt & kOptLate, kSkip = kOpt & kOptSkip;
-  constexpr bool kQSmem = kPipe && !kQRegs;  // Q read by wgmma from shared memory
+  constexpr bool kQSmem = kPipe && !kPvWgmma;  // Q read by wgmma from shared memory
   // Grid: clusters of cl CTAs ordered as attn_prefill's blocks, by groups of cl query tiles.
   const unsigned rank = detail::cluster_ctarank(), cl = detail::cluster_nctarank();
   const int n_q = int((T + kBQ2 - 1) / kBQ2), n_p = (n_q + int(cl) - 1) / int(cl);
@@ -763,7 +742,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
     // would make ptxas serialise them): tiles above its rows are masked whole (p = 0, the state
     // unchanged bit for bit), a padding CTA's rows are never written.
     touched = !pad;
-    if constexpr (kPv != kPvMma) {
+    if constexpr (kPvWgmma) {
       // P·V on wgmma too (tma_fa3): step j issues S(j + 1) and then P(j)·V(j), runs the softmax of
       // tile j + 1 while both are on the tensor cores (it writes the other P and leaves O alone),
       // then waits for P·V, releases tile j and applies tile j + 1's rescale to O. P alternates
@@ -791,31 +770,23 @@ __global__ void __launch_bounds__(kThreads2, 1)
           if (!(fin && wg == 1)) named_arrive(2 - wg);
       };
       if (kPingPong && wg == 1 && n_tiles > 0) named_arrive(1);
-      auto rescale = [&] {
-        if (!kSkip || __any_sync(0xffffffffu, a_lo != 1.f || a_hi != 1.f)) scale_o(o, a_lo, a_hi);
-      };
       auto step = [&](int j, uint32_t(&cur)[kBK2 / 16][4], uint32_t(&nxt)[kBK2 / 16][4]) {
         wait_full(j + 1);
         turn();
         start_s(sc, j + 1);
-        if constexpr (kLate) {
-          rescale();
-          wgmma_fence();
-        }
-        pv_wgmma<kPv>(o, cur, v_base(j));
+        pv_wgmma(o, cur, v_base(j));
         hand_over(false);
         wgmma_wait<1>();
         soft(j + 1, nxt);
         wgmma_wait<0>();
         reg_fence(o);
         release(j);
-        if constexpr (!kLate) rescale();
+        scale_o(o, a_lo, a_hi);
       };
       auto last = [&](int j, uint32_t(&cur)[kBK2 / 16][4]) {
         turn();
-        if constexpr (kLate) rescale();
         wgmma_fence();
-        pv_wgmma<kPv>(o, cur, v_base(j));
+        pv_wgmma(o, cur, v_base(j));
         hand_over(true);
         wgmma_wait<0>();
         reg_fence(o);
@@ -828,7 +799,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
         hand_over(false);
         wgmma_wait<0>();
         soft(0, pa);
-        if constexpr (!kLate) rescale();
+        scale_o(o, a_lo, a_hi);
       }
       int j = 0;
       for (; j + 2 < n_tiles; j += 2) {
@@ -889,23 +860,9 @@ TmaKernelFn tma_kernel(PrefillKernel k) {
     case PrefillKernel::tma_pipe:
       return attn_prefill_tma<true>;
     case PrefillKernel::tma_fa3:
-      return attn_prefill_tma<true, kPvWgmma128>;
-    case PrefillKernel::tma_fa3_n64:
-      return attn_prefill_tma<true, kPvWgmma64>;
+      return attn_prefill_tma<true, true>;
     case PrefillKernel::tma_fa3_pp:
-      return attn_prefill_tma<true, kPvWgmma128, kOptPingPong>;
-    case PrefillKernel::tma_fa3_qr:
-      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs>;
-    case PrefillKernel::tma_fa3_pp_qr:
-      return attn_prefill_tma<true, kPvWgmma128, kOptPingPong | kOptQRegs>;
-    case PrefillKernel::tma_fa3_qr_late:
-      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs | kOptLate>;
-    case PrefillKernel::tma_fa3_pp_qr_late:
-      return attn_prefill_tma<true, kPvWgmma128, kOptPingPong | kOptQRegs | kOptLate>;
-    case PrefillKernel::tma_fa3_qr_skip:
-      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs | kOptSkip>;
-    case PrefillKernel::tma_fa3_qr_late_skip:
-      return attn_prefill_tma<true, kPvWgmma128, kOptQRegs | kOptLate | kOptSkip>;
+      return attn_prefill_tma<true, true, true>;
     default:
       return attn_prefill_tma<false>;
   }
@@ -1080,26 +1037,16 @@ struct NamedPrefillKernel {
   const char* name;
 };
 constexpr NamedPrefillKernel kPrefillKernels[] = {
-    {PrefillKernel::cp_async, "cpasync"},
-    {PrefillKernel::tma, "tma"},
-    {PrefillKernel::tma_pipe, "tma_pipe"},
-    {PrefillKernel::tma_solo, "tma_solo"},
-    {PrefillKernel::tma_fa3, "tma_fa3"},
-    {PrefillKernel::tma_fa3_n64, "tma_fa3_n64"},
-    {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"},
-    {PrefillKernel::tma_fa3_qr, "tma_fa3_qr"},
-    {PrefillKernel::tma_fa3_pp_qr, "tma_fa3_pp_qr"},
-    {PrefillKernel::tma_fa3_qr_late, "tma_fa3_qr_late"},
-    {PrefillKernel::tma_fa3_pp_qr_late, "tma_fa3_pp_qr_late"},
-    {PrefillKernel::tma_fa3_qr_skip, "tma_fa3_qr_skip"},
-    {PrefillKernel::tma_fa3_qr_late_skip, "tma_fa3_qr_late_skip"}};
+    {PrefillKernel::cp_async, "cpasync"},  {PrefillKernel::tma, "tma"},
+    {PrefillKernel::tma_pipe, "tma_pipe"}, {PrefillKernel::tma_solo, "tma_solo"},
+    {PrefillKernel::tma_fa3, "tma_fa3"},   {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"}};
 
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
     for (const NamedPrefillKernel& n : kPrefillKernels)
       if (e && std::strcmp(e, n.name) == 0) return n.kernel;
-    return PrefillKernel::tma_pipe;
+    return PrefillKernel::tma_fa3;
   }();
   return k;
 }

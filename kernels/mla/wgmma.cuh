@@ -78,24 +78,22 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
 }
 
 // D[64×64] += A[64×16] · B[16×64]: A from registers (each warp of the warpgroup holds its 16 rows
-// in the mma.m16n8k16 A layout), B from shared memory (K-major descriptor; kTransB = 1: MN-major);
-// D in the m16n8 C layout per 8-column block: d[n][0..3] (rows 16·warp + lane/4 and + 8, columns
-// 8n + 2·(lane%4)).
-template <int kTransB = 0>
+// in the mma.m16n8k16 A layout), B from shared memory (K-major descriptor); D in the m16n8 C
+// layout per 8-column block: d[n][0..3] (rows 16·warp + lane/4 and + 8, columns 8n + 2·(lane%4)).
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t* a,
                                                 uint64_t desc_b) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-      "{%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n"
+      "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
         "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(kTransB));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
 // The same with A from shared memory too (K-major descriptor of 64 rows).

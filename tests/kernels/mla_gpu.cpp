@@ -98,10 +98,7 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
   const std::vector<uint16_t> bits = run(km::PrefillKernel::tma, wsb);
   for (km::PrefillKernel k :
        {km::PrefillKernel::tma_pipe, km::PrefillKernel::tma_solo, km::PrefillKernel::cp_async,
-        km::PrefillKernel::tma_fa3, km::PrefillKernel::tma_fa3_n64, km::PrefillKernel::tma_fa3_pp,
-        km::PrefillKernel::tma_fa3_qr, km::PrefillKernel::tma_fa3_pp_qr,
-        km::PrefillKernel::tma_fa3_qr_late, km::PrefillKernel::tma_fa3_pp_qr_late,
-        km::PrefillKernel::tma_fa3_qr_skip, km::PrefillKernel::tma_fa3_qr_late_skip}) {
+        km::PrefillKernel::tma_fa3, km::PrefillKernel::tma_fa3_pp}) {
     INFO(km::prefill_kernel_name(k) << " against tma");
     CHECK(bits == run(k, wsb));
   }
