@@ -7,7 +7,7 @@
 # then `bench kernels --filter mla/prefill` (the fresh-prompt lines of every kernel, the long-cache
 # lines of the default) and the long-cache lines again with STRATA_MLA_PREFILL set to each of
 # $KERNELS (default cpasync). NCU=1 adds
-# ncu (speed of light, memory, warp state, scheduler; unlocked clocks) of tma_fa3 and of cp.async
+# ncu (speed of light, memory, warp state, scheduler; unlocked clocks) of tma_fa3_pp and of cp.async
 # at T = 2048.
 DEVICE_OUT_DEFAULT=/tmp/mla-prefill
 source scripts/device-lib.sh
@@ -30,8 +30,8 @@ done
 if [ -n "${NCU:-}" ]; then
   N=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   # The first launch of each kernel in the bench's fresh-prompt lines.
-  for k in tma_fa3 cpasync; do
-    r="attn_prefill_tma<true, true, false>"; [ $k = cpasync ] && r="attn_prefill<"
+  for k in tma_fa3_pp cpasync; do
+    r="attn_prefill_tma<true, true, true>"; [ $k = cpasync ] && r="attn_prefill<"
     timeout 120 $N --clock-control none --kernel-name-base demangled \
       -k regex:"$r" -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy \

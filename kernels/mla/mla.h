@@ -67,18 +67,18 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // the workspace; the result equals the one-pass form up to fp32 summation order.
 // q, cache and workspace must be 16-byte aligned.
 //
-// The attention kernels give the same bits (asserted by the op-checks): tma_fa3 (the default:
-// the two query blocks of a thread-block cluster share each key tile, loaded once by TMA and
-// multicast to both; S = QKᵀ and P·V on wgmma, Q and P from registers, and the next tile's S
-// issued with this tile's P·V so that the softmax runs under both, FlashAttention-3's intra-
-// warpgroup overlap), tma_fa3_pp (the same with the two warpgroups issuing their products in turns,
-// ping-pong), tma_pipe (P·V on mma.sync, Q read by wgmma from shared memory, the next tile's S
-// issued before this tile's softmax; the default until tma_fa3), tma (no overlap), tma_solo (tma
-// with each block loading its own tiles: what the sharing gains) and cpasync (each block loads its
-// own tiles by cp.async; also what runs when the driver lacks cuTensorMapEncodeTiled). Measured in
+// The attention kernels give the same bits (asserted by the op-checks). tma_fa3_pp (the default)
+// and tma_fa3: the two query blocks of a thread-block cluster share each key tile, loaded once by
+// TMA and multicast to both; S = QKᵀ and P·V on wgmma with Q and P from registers, the next tile's
+// S issued with this tile's P·V so that the softmax runs under both (FlashAttention-3's intra-
+// warpgroup overlap); tma_fa3_pp also has the two warpgroups issue their products in turns
+// (ping-pong). tma_pipe: P·V on mma.sync, Q read by wgmma from shared memory, the next tile's S
+// issued before this tile's softmax (the default until tma_fa3_pp). tma: no overlap. tma_solo: tma
+// with each block loading its own tiles (what the sharing gains). cpasync: each block loads its
+// own tiles by cp.async; also what runs when the driver lacks cuTensorMapEncodeTiled. Measured in
 // docs/performance.md, MLA. The process default is read once from the environment:
-// STRATA_MLA_PREFILL=cpasync, tma, tma_pipe, tma_solo or tma_fa3_pp selects those, anything else
-// (or unset) tma_fa3.
+// STRATA_MLA_PREFILL=cpasync, tma, tma_pipe, tma_solo or tma_fa3 selects those, anything else (or
+// unset) tma_fa3_pp.
 enum class PrefillKernel { cp_async, tma, tma_pipe, tma_solo, tma_fa3, tma_fa3_pp };
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);

@@ -1046,7 +1046,7 @@ PrefillKernel default_prefill_kernel() {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
     for (const NamedPrefillKernel& n : kPrefillKernels)
       if (e && std::strcmp(e, n.name) == 0) return n.kernel;
-    return PrefillKernel::tma_fa3;
+    return PrefillKernel::tma_fa3_pp;
   }();
   return k;
 }
