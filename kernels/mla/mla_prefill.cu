@@ -508,10 +508,11 @@ __global__ void __launch_bounds__(kThreads2, 1)
 // and released without compute (kPipe: computed, and masked whole). Rows past the cache tile (kv)
 // or the cache (k_pe) are zero-filled by the TMA; rows in [end, S) of k_pe are real keys whose
 // scores are masked, as in attn_prefill.
-// kPipe (tma_pipe, the default): Q is wgmma's A operand from shared memory (48 registers freed)
-// and the S of tile j + 1 is issued before tile j's softmax, so the tensor cores work on it during
-// the softmax and P·V. Nothing is in flight at a loop edge or inside a branch that skips a tile:
-// otherwise ptxas serialises every wgmma of the kernel (C7514, C7518).
+// kPipe (tma_pipe and the tma_fa3 kernels): the S of tile j + 1 is issued before tile j's softmax,
+// so the tensor cores work on it during the softmax and P·V; tma_pipe reads Q by wgmma from
+// shared memory (48 registers freed for its mma.sync P·V). Nothing is in flight at a loop edge or
+// inside a branch that skips a tile: otherwise ptxas serialises every wgmma of the kernel (C7514,
+// C7518).
 constexpr int kStages3 = 4, kBox = kBK2 * 128, kStage3 = 5 * kBox;
 constexpr int kBoxKpe = 2, kBoxV = 3;  // box index of k_pe and of the first v box in a stage
 constexpr int kQWg = 64 * kQDim * 2;   // bytes of one warpgroup's Q (kPipe layout)
