@@ -608,8 +608,9 @@ __global__ void __launch_bounds__(kThreads2, 1)
       const int idx = tid + i * kThreads2, rr = idx / (kQDim / 8), cc = idx % (kQDim / 8);
       const int64_t tt = t0 + rr;
       const bool ok = tt < T;
-      // kPipe: Q is wgmma's A operand from shared memory, each warpgroup's 64 rows in the
-      // no-swizzle core-matrix layout (chunk cc of row r at cc·1024 + (r/8)·128 + (r%8)·16).
+      // kQSmem (tma_pipe): Q is wgmma's A operand from shared memory, each warpgroup's 64 rows in
+      // the no-swizzle core-matrix layout (chunk cc of row r at cc·1024 + (r/8)·128 + (r%8)·16);
+      // otherwise padded rows for the ldmatrix into registers.
       const uint32_t dst = kQSmem ? smem_addr(Qs) + uint32_t((rr / 64) * kQWg + cc * 1024 +
                                                              (rr % 64 / 8) * 128 + (rr % 8) * 16)
                                   : smem_addr(Qs + rr * kKst + cc * 8);
