@@ -3,7 +3,7 @@
 #   bash scripts/device-mla-prefill.sh              (logs under $OUT, default /tmp/mla-prefill)
 #   STRATA=path/to/strata TESTS=path/to/test_kernels bash scripts/device-mla-prefill.sh
 #                                                   (binaries built elsewhere; no build here)
-# The prefill op-checks (every kernel against the CPU reference and bitwise against cp.async),
+# The prefill op-checks (every kernel against the CPU reference and bitwise equal to the others),
 # then `bench kernels --filter mla/prefill` (the fresh-prompt lines of every kernel, the long-cache
 # lines of the default) and the long-cache lines again with STRATA_MLA_PREFILL set to each of
 # $KERNELS (default cpasync). NCU=1 adds
