@@ -554,6 +554,25 @@ __device__ __forceinline__ void pv_wgmma(float (&o)[kV / 8][4], const uint32_t (
   wgmma_commit();
 }
 
+// Tiles 0 .. n − 1 with two register sets that swap roles from tile to tile (the loop unrolled by
+// two, so each set keeps its registers): step(j, cur, nxt) for every tile but the last, then
+// last(j, cur) for the last one.
+template <class Set, class Step, class Last>
+__device__ __forceinline__ void alternate_tiles(int n, Set& a, Set& b, const Step& step,
+                                                const Last& last) {
+  int j = 0;
+  for (; j + 2 < n; j += 2) {
+    step(j, a, b);
+    step(j + 1, b, a);
+  }
+  if (j + 1 < n) {
+    step(j, a, b);
+    last(j + 1, b);
+  } else if (j < n) {
+    last(j, a);
+  }
+}
+
 // Named barriers of the ping-pong schedule (kPingPong): warpgroup w waits on barrier 1 + w for its
 // turn to issue, and arrives on the other's once it has issued (256 = the two warpgroups).
 __device__ __forceinline__ void named_sync(int id) {
@@ -803,17 +822,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
         soft(0, pa);
         scale_o(o, a_lo, a_hi);
       }
-      int j = 0;
-      for (; j + 2 < n_tiles; j += 2) {
-        step(j, pa, pb);
-        step(j + 1, pb, pa);
-      }
-      if (j + 1 < n_tiles) {
-        step(j, pa, pb);
-        last(j + 1, pb);
-      } else if (j < n_tiles) {
-        last(j, pa);
-      }
+      alternate_tiles(n_tiles, pa, pb, step, last);
     } else {
       float sa[kBK2 / 8][4], sb[kBK2 / 8][4];
       auto body = [&](int j, float(&cur)[kBK2 / 8][4]) {
@@ -834,17 +843,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
         start_s(sa, 0);
         wgmma_wait<0>();
       }
-      int j = 0;
-      for (; j + 2 < n_tiles; j += 2) {
-        half(j, sa, sb);
-        half(j + 1, sb, sa);
-      }
-      if (j + 1 < n_tiles) {
-        half(j, sa, sb);
-        body(j + 1, sb);
-      } else if (j < n_tiles) {
-        body(j, sa);
-      }
+      alternate_tiles(n_tiles, sa, sb, half, body);
     }
   }
   // Every copy into this CTA has landed (each warp waited on every tile); the cluster barrier
