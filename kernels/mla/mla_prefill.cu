@@ -637,7 +637,9 @@ __global__ void __launch_bounds__(kThreads2, 1)
     }
   }
   cp_async_commit();
-  detail::cluster_arrive();  // both CTAs' barriers initialised before any copy or remote arrival
+  // Both CTAs' barriers initialised (published by the fence above) before any copy or remote
+  // arrival; relaxed, so the arrival does not wait for the Q copies just issued.
+  detail::cluster_arrive_relaxed();
   detail::cluster_wait();
   // Tile jj into its stage: this CTA's part (64/cl rows) of each box, multicast to the cluster
   // (share), or every part into this CTA only (the tma_solo measurement form).
