@@ -138,11 +138,11 @@ struct CostAssumptions {
   double gpu_trunk_gemm_efficiency = 0.90;
   // Kernel rates as shares of the bf16 GEMM peak measured in the same run (docs/performance.md
   // "KDA", "MLA"): KDA prefill 3.29 M token-layers/s = 57.0 TFLOP/s on an H100 (7.2 % of 794;
-  // chunk_prep_tc2, 2026-12-06), MLA prefill 371 TFLOP/s (47 % of 784 on an H100, tma_fa3_pp,
+  // chunk_prep_tc2, 2026-12-06), MLA prefill 533 TFLOP/s (66 % of 803 on an H100, tma_fa3_pp,
   // 2026-12-07), MLA decode 174–221 TFLOP/s (26 %); KDA decode streams its state at 40–50 % of HBM
   // copy at batch 1 (90 % at 64).
   double gpu_kda_prefill_gemm_share = 0.072;
-  double gpu_mla_prefill_gemm_share = 0.47;
+  double gpu_mla_prefill_gemm_share = 0.66;
   double gpu_mla_decode_gemm_share = 0.26;
   double gpu_kda_decode_hbm_efficiency = 0.5;
   // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
