@@ -53,7 +53,10 @@
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mma.cuh"
+#include "kernels/mla/softmax_tile.cuh"
+#include "kernels/mla/tma.cuh"
 #include "kernels/mla/wgmma.cuh"
+#include "kernels/ops/row_cluster.cuh"
 
 namespace strata::kernels::mla {
 namespace {
@@ -656,6 +659,282 @@ __global__ void __launch_bounds__(kWThreads, 1)
     }
 }
 
+// Value columns col0 .. col0 + 255 of a split's unnormalised O (two m64n128 accumulators) for rows
+// r_lo and r_hi of the head group.
+__device__ __forceinline__ void store_o_half(const Ws& ws, int64_t row0, int r_lo, int r_hi,
+                                             bool lo_ok, bool hi_ok, int col0, int t,
+                                             const float (&oa)[16][4], const float (&ob)[16][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+      const float* o = h ? ob[nt] : oa[nt];
+      const int col = col0 + h * 128 + nt * 8 + 2 * t;
+      if (lo_ok)
+        *reinterpret_cast<float2*>(ws.part + (row0 + r_lo) * kLatent + col) =
+            make_float2(o[0], o[1]);
+      if (hi_ok)
+        *reinterpret_cast<float2*>(ws.part + (row0 + r_hi) * kLatent + col) =
+            make_float2(o[2], o[3]);
+    }
+}
+
+// ---- attn_tma: TMA cache tiles, S on wgmma from shared memory, one warpgroup's softmax ----
+// Grid: head group × split × sequence; a head group is G ≤ 64 heads (96 heads: two of 48), one
+// wgmma M tile whose rows past G are zero. Two head groups of a split form a cluster when their
+// count is even: each CTA loads half of every cache tile's rows and multicasts them to both, as
+// the prefill kernels do. 256 threads: warpgroup 0 computes S = Q·Kᵀ for the 64-key tile (36
+// m64n64k16 with q_lat and the tile both read from shared memory, in the 128-byte swizzle the TMA
+// writes), runs the online softmax (softmax_tile.cuh), keeps O's value columns 0 .. 255 and issues
+// P·V for them (P from registers, V read MN-major from the tile's first four boxes), then issues
+// the next tile's S; warpgroup 1 keeps columns 256 .. 511 and issues their P·V with the P fragments
+// and rescale factors that warpgroup 0 hands over through shared memory (thread i of one to thread
+// i of the other: the two hold the same rows in the same layout). Warpgroup 1's first thread issues
+// each tile's nine boxes by TMA into a 2-stage ring once every consumer warp of the cluster is done
+// with the stage (a ninth, producer warp would cap every thread at 168 registers: one SM
+// sub-partition would hold three warps). Rows of a tile at or past the split's end (real cache
+// rows, possibly NaN) are zeroed in shared memory before use: their P is 0, and 0·NaN would still
+// poison P·V. Shared memory: q_lat (9 boxes of 64 rows × 128 B), two 72 KB stages, the hand-over (P
+// 8 KB, factors 1 KB), the mbarriers.
+constexpr int kTThreads = 256;
+constexpr uint32_t kTBox = 64 * 128;                    // one box: 64 rows × 64 bf16 columns
+constexpr int kTBoxes = kCacheDim / 64;                 // 9 boxes per row block
+constexpr uint32_t kTTile = uint32_t(kTBoxes) * kTBox;  // 73728 B
+constexpr uint32_t kTOffX = 3 * kTTile;                 // after q_lat and the two stages
+constexpr uint32_t kTOffBar = kTOffX + 128 * (64 + 8);
+constexpr size_t kTSmem = 1024 + kTOffBar + 64;
+static_assert(kTSmem <= 227 * 1024, "attn_tma shared memory");
+static_assert(BK == kKeyTile, "attn_tma's tiles are softmax_tile's");
+
+__global__ void __launch_bounds__(kTThreads, 1)
+    attn_tma(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
+             const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws) {
+  const unsigned rank = cluster_ctarank(), cl = cluster_nctarank();
+  const int hb = blockIdx.x * G, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
+  const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
+  const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
+  const int n = se > sb ? int((se - sb + BK - 1) / BK) : 0;
+  extern __shared__ uint8_t tsmem[];
+  const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
+  uint8_t* const gbase = tsmem + (base - raw);
+  const uint32_t q_s = base, stage0 = base + kTTile;
+  const uint32_t full = base + kTOffBar, empty = full + 16, pfull = full + 32, pempty = full + 40;
+  auto stage = [&](int j) { return stage0 + uint32_t(j & 1) * kTTile; };
+  if (tid == 0) {
+    for (int i = 0; i < 2; i++) {
+      mbar_init(full + 8 * i, 1);
+      mbar_init(empty + 8 * i, 8 * cl);
+    }
+    mbar_init(pfull, 4);
+    mbar_init(pempty, 4);
+    fence_mbarrier_init();
+  }
+  // q_lat rows hb .. hb + G − 1 (zero past G or H), chunk c of row r at box c / 8, swizzled.
+  if (tid < 256)
+    for (int i = tid; i < 64 * kRowChunks; i += 256) {
+      const int r = i / kRowChunks, c = i % kRowChunks;
+      const bool ok = r < G && hb + r < H;
+      const uint32_t dst =
+          q_s + uint32_t(c / 8) * kTBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
+      cp_async16_at(dst, ws.qlat + (int64_t(b) * H + (ok ? hb + r : 0)) * kCacheDim + c * 8,
+                    ok ? 16u : 0u);
+    }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  if (cl > 1) {  // the peer's barriers initialised before any multicast or remote arrival
+    cluster_arrive_relaxed();
+    cluster_wait();
+  }
+  // Warp lane 0 of every consumer warp: this warp is done with tile j's stage, in every CTA.
+  auto release = [&](int j) {
+    __syncwarp();
+    if (lane == 0)
+      for (unsigned rr = 0; rr < cl; rr++) {
+        if (rr == rank)
+          mbar_arrive_local(empty + 8 * (j & 1));
+        else
+          mbar_arrive_cluster(empty + 8 * (j & 1), rr);
+      }
+  };
+  auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j & 1), unsigned(j >> 1) & 1u); };
+  uint4* const xp = reinterpret_cast<uint4*>(gbase + kTOffX);                   // [4][128] P words
+  float2* const xa = reinterpret_cast<float2*>(gbase + kTOffX + 4 * 128 * 16);  // [128] factors
+  const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
+
+  // Tile j into its stage (thread 128, warpgroup 1's first thread, is the producer: tiles 0 and
+  // 1 up front, tile j + 2 once every consumer warp of the cluster is done with tile j).
+  auto issue = [&](int j) {
+    const int rows = BK / int(cl);
+    const uint32_t bar = full + 8 * (j & 1);
+    mbar_arrive_expect_tx(bar, kTTile);
+    const int y = int(sb) + j * BK + int(rank) * rows;
+    const uint32_t dst = stage(j) + rank * uint32_t(rows) * 128;
+    for (int x = 0; x < kTBoxes; x++) {
+      if (cl > 1)
+        tma_load_mc(dst + x * kTBox, &tm, x * 64, y, b, bar, uint16_t((1u << cl) - 1));
+      else
+        tma_load(dst + x * kTBox, &tm, x * 64, y, b, bar);
+    }
+  };
+  if (tid == 128) {
+    if (n > 0) issue(0);
+    if (n > 1) issue(1);
+  }
+  if (warp < 4) {
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+    float oa[16][4], ob[16][4], sc[8][4];
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++)
+      for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
+    const int64_t far = INT64_MAX / 4;  // no causal mask: only the split's end masks keys
+    // Tile j's bytes landed; its rows at and past se zeroed (only a split's last tile has any).
+    auto prep = [&](int j) {
+      wait_full(j);
+      const int64_t s0 = sb + int64_t(j) * BK;
+      if (se - s0 < BK) {
+        const int r0 = int(se - s0);
+        uint8_t* st = gbase + (stage(j) - base);
+        for (int i = tid; i < (BK - r0) * kRowChunks; i += 128) {
+          const int r = r0 + i / kRowChunks, c = i % kRowChunks;
+          *reinterpret_cast<uint4*>(st + (c / 8) * kTBox + r * 128 + (c % 8) * 16) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async();
+        named_bar(3, 128);
+      }
+    };
+    auto issue_s = [&](int j) {
+      const uint32_t st = stage(j);
+      zero_for_wgmma(sc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ks++) {
+        const uint32_t off = uint32_t(ks / 4) * kTBox + uint32_t(ks % 4) * 32;
+        wgmma_m64n64k16_ss(sc, wgmma_desc_sw128(q_s + off), wgmma_desc_sw128(st + off));
+      }
+      wgmma_commit();
+    };
+    auto pv = [&](int j) {
+      const uint32_t v = stage(j);
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kTBox, 1024));
+        wgmma_m64n128k16_tb(ob, pa[kk],
+                            wgmma_desc_sw128_mn(v + 2 * kTBox + kk * 2048, kTBox, 1024));
+      }
+      wgmma_commit();
+    };
+    // Softmax of tile j (S complete, P·V of j − 1 complete), O rescaled, P and the factors handed
+    // to warpgroup 1 once it has taken the previous ones.
+    auto soft = [&](int j) {
+      reg_fence(sc);
+      reg_fence(oa);
+      reg_fence(ob);
+      float a_lo, a_hi;
+      softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, sb + int64_t(j) * BK, far, far, far,
+                   se, t, qscale);
+      scale_o(oa, a_lo, a_hi);
+      scale_o(ob, a_lo, a_hi);
+      if (j > 0) mbar_wait<false>(pempty, unsigned(j - 1) & 1u);
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++)
+        xp[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+      xa[tid] = make_float2(a_lo, a_hi);
+      __syncwarp();
+      if (lane == 0) mbar_arrive_local(pfull);
+    };
+    if (n > 0) {
+      prep(0);
+      issue_s(0);
+      wgmma_wait<0>();
+    }
+    // Nothing is in flight at a loop edge (ptxas would serialise every wgmma otherwise).
+    for (int j = 0; j + 1 < n; j++) {
+      soft(j);
+      prep(j + 1);
+      wgmma_fence();
+      pv(j);
+      issue_s(j + 1);
+      wgmma_wait<0>();
+      release(j);
+    }
+    if (n > 0) {
+      soft(n - 1);
+      wgmma_fence();
+      pv(n - 1);
+      wgmma_wait<0>();
+      reg_fence(oa);
+      reg_fence(ob);
+    }
+    // The state of this split (an empty one: m = −inf, l = 0, O = 0), value columns 0 .. 255.
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+    }
+    const int r_lo = warp * 16 + lane / 4, r_hi = r_lo + 8;
+    const bool lo_ok = r_lo < G && hb + r_lo < H, hi_ok = r_hi < G && hb + r_hi < H;
+    if (t == 0) {
+      if (lo_ok) *reinterpret_cast<float2*>(ws.ml + (row0 + r_lo) * 2) = make_float2(m_lo, l_lo);
+      if (hi_ok) *reinterpret_cast<float2*>(ws.ml + (row0 + r_hi) * 2) = make_float2(m_hi, l_hi);
+    }
+    store_o_half(ws, row0, r_lo, r_hi, lo_ok, hi_ok, 0, t, oa, ob);
+  } else {
+    const int u = tid - 128, w = warp - 4;
+    float oa[16][4], ob[16][4];
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++)
+      for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
+    for (int j = 0; j < n; j++) {
+      mbar_wait<false>(pfull, unsigned(j) & 1u);
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        const uint4 x = xp[kk * 128 + u];
+        pa[kk][0] = x.x, pa[kk][1] = x.y, pa[kk][2] = x.z, pa[kk][3] = x.w;
+      }
+      const float2 a = xa[u];
+      __syncwarp();
+      if (lane == 0) mbar_arrive_local(pempty);
+      reg_fence(oa);
+      reg_fence(ob);
+      scale_o(oa, a.x, a.y);
+      scale_o(ob, a.x, a.y);
+      wait_full(j);  // seen complete by warpgroup 0 already; orders the TMA's bytes for this one
+      wgmma_fence();
+      const uint32_t v = stage(j) + 4 * kTBox;
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) {
+        wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kTBox, 1024));
+        wgmma_m64n128k16_tb(ob, pa[kk],
+                            wgmma_desc_sw128_mn(v + 2 * kTBox + kk * 2048, kTBox, 1024));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      if (j + 1 < n) release(j);
+      if (tid == 128 && j + 2 < n) {
+        mbar_wait<true>(empty + 8 * (j & 1), unsigned(j >> 1) & 1u);
+        issue(j + 2);
+      }
+    }
+    reg_fence(oa);
+    reg_fence(ob);
+    const int r_lo = w * 16 + lane / 4, r_hi = r_lo + 8;
+    const bool lo_ok = r_lo < G && hb + r_lo < H, hi_ok = r_hi < G && hb + r_hi < H;
+    store_o_half(ws, row0, r_lo, r_hi, lo_ok, hi_ok, 256, t, oa, ob);
+  }
+  // Every copy into this CTA has landed (warpgroup 0 waited on every tile); the cluster barrier
+  // orders the peer's last arrivals on this CTA's barriers before either CTA exits.
+  if (cl > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
 // Block (h, b, quarter), 128 threads: thread (grp = tid / 32, c = tid % 32) sums splits ≡ grp mod 4
 // for columns quarter·128 + 4c .. +3; the four groups are added in a fixed order.
 __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
@@ -752,24 +1031,81 @@ __global__ void __launch_bounds__(256)
 DecodeKernel default_decode_kernel() {
   static const DecodeKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_DECODE");
-    return e && std::strcmp(e, "wgmma") == 0 ? DecodeKernel::wgmma : DecodeKernel::mma;
+    if (e && std::strcmp(e, "wgmma") == 0) return DecodeKernel::wgmma;
+    if (e && std::strcmp(e, "tma") == 0) return DecodeKernel::tma;
+    return DecodeKernel::mma;
   }();
   return k;
 }
 
 const char* decode_kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::mma ? "mma" : "wgmma";
+  return k == DecodeKernel::mma ? "mma" : k == DecodeKernel::wgmma ? "wgmma" : "tma";
+}
+
+// attn_tma's heads per block: the fewest blocks of at most 64 heads, as even as they go (96: 2 ×
+// 48).
+static int tma_group(int H) {
+  const int groups = (H + 63) / 64;
+  return (H + groups - 1) / groups;
 }
 
 size_t decode_workspace_bytes(int H, int B, int64_t max_len) {
   // Either kernel's plan fits (the two block widths can give different split counts).
   max_len = std::max<int64_t>(max_len, 1);
   const int splits =
-      std::max(plan_splits(H, B, max_len, HC).splits, plan_splits(H, B, max_len, WH).splits);
+      std::max({plan_splits(H, B, max_len, HC).splits, plan_splits(H, B, max_len, WH).splits,
+                plan_splits(H, B, max_len, tma_group(H)).splits});
   return ws_bytes(H, B, splits);
 }
 
 namespace {
+
+// decode()'s launches with attn_tma as the attention (see launch_decode).
+Status launch_decode_tma(EncodeTiled encode, int H, const uint16_t* q, const uint16_t* cache,
+                         int64_t cache_stride, const Lens& lens, const int32_t* pos_dev, int B,
+                         int64_t max_len, const uint16_t* kv_b, uint16_t* out, void* workspace,
+                         size_t workspace_bytes, void* stream) {
+  const int G = tma_group(H), groups = (H + G - 1) / G;
+  const unsigned cl = groups % 2 == 0 ? 2 : 1;  // pairs of head groups share each tile's loads
+  const Plan plan = plan_splits(H, B, max_len, G);
+  if (plan.splits > kMaxSplits)
+    return invalid("mla decode: more than 128 splits (internal plan error)");
+  if (workspace_bytes < ws_bytes(H, B, plan.splits))
+    return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const Ws ws = carve(workspace, H, B, plan.splits);
+  if (Status a = rt::allow_dynamic_smem(attn_tma, int(kTSmem)); !a.ok()) return a;
+  // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
+  const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
+  const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
+                                cuuint64_t(B > 1 ? cache_stride : max_len * kCacheDim) * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(BK / int(cl)), 1};
+  CUtensorMap tm{};
+  if (Status st = encode_map(encode, &tm, 3, cache, dim, stride, box,
+                             "mla decode: cuTensorMapEncodeTiled failed");
+      !st.ok())
+    return st;
+  absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
+  const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(groups), unsigned(plan.splits), unsigned(B));
+  cfg.blockDim = dim3(kTThreads);
+  cfg.dynamicSmemBytes = kTSmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cl;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (Status st = status_of(cudaLaunchKernelEx(&cfg, attn_tma, tm, H, G, lens, pos_dev,
+                                               int(max_len), plan.chunk, plan.splits, qscale, ws));
+      !st.ok())
+    return st;
+  merge_ctx<<<dim3(H, B, kLatent / 128), 128, 0, s>>>(H, plan.splits, ws);
+  out_uv<<<dim3(H, kV / 32), 256, 0, s>>>(H, B, kv_b, ws.ctx, out);
+  return launch_status();
+}
 
 // The launches of decode() and decode_device(): lengths from `lens` (host) or pos_dev (device),
 // the plan and grids for max_len positions.
@@ -777,6 +1113,16 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
                      const Lens& lens, const int32_t* pos_dev, int B, int64_t max_len,
                      const uint16_t* kv_b, uint16_t* out, void* workspace, size_t workspace_bytes,
                      void* stream, DecodeKernel kernel) {
+  // attn_tma reads whole 64-row tiles of each sequence up to max_len through one tensor map: it
+  // needs cuTensorMapEncodeTiled, a 16-byte aligned cache and (B > 1) sequences of at least
+  // max_len rows; otherwise the mma kernel runs (the same math).
+  const EncodeTiled encode = kernel == DecodeKernel::tma ? encode_tiled() : nullptr;
+  if (kernel == DecodeKernel::tma && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
+                                      (B > 1 && cache_stride / kCacheDim < max_len)))
+    kernel = DecodeKernel::mma;
+  if (kernel == DecodeKernel::tma)
+    return launch_decode_tma(encode, H, q, cache, cache_stride, lens, pos_dev, B, max_len, kv_b,
+                             out, workspace, workspace_bytes, stream);
   const bool wg = kernel == DecodeKernel::wgmma;
   const Plan plan = plan_splits(H, B, max_len, wg ? WH : HC);
   if (plan.splits > kMaxSplits)

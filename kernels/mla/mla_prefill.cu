@@ -32,6 +32,7 @@
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mma.cuh"
+#include "kernels/mla/softmax_tile.cuh"
 #include "kernels/mla/tma.cuh"
 #include "kernels/mla/wgmma.cuh"
 #include "kernels/ops/row_cluster.cuh"
@@ -81,7 +82,7 @@ __global__ void latent_rows(const uint16_t* ckv, const float* w, float eps, uint
 // ldmatrix fragments (v2); O += P·V by mma.sync with ldmatrix.trans V fragments (v2, v3) or by
 // wgmma (v4). The causal mask is applied only on the tiles that cross a warp's diagonal, and a warp
 // (wgmma: a warpgroup) skips the tiles that lie wholly above its rows.
-constexpr int kBQ2 = 128, kBK2 = 64, kWarps2 = 8, kThreads2 = 32 * kWarps2, kStages2 = 3;
+constexpr int kBQ2 = 128, kBK2 = kKeyTile, kWarps2 = 8, kThreads2 = 32 * kWarps2, kStages2 = 3;
 constexpr int kKst = kQDim + 8;  // bf16 row stride of Q and K tiles: rows 400 B apart, so the 8
                                  // row addresses of an ldmatrix hit distinct bank groups
 constexpr int kVst = kV + 8;     // bf16 row stride of V tiles (272 B)
@@ -186,69 +187,6 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const uint16_t* kv_
                ok);
 }
 
-// One 64-key tile of the online softmax for this thread's two rows (pos_lo, pos_hi): masks the
-// scores on the diagonal tile (or at and past `end`, the end of the cache tile), updates the
-// running max m (scaled, log2 domain) and the per-thread partial sums l, rescales O, and returns P
-// as bf16 A fragments.
-// softmax_tile leaves O alone and returns the factors a_lo, a_hi that rescale it (scale_o), so a
-// kernel whose P·V of the previous tile is still in flight can apply them once it has landed.
-__device__ __forceinline__ void softmax_tile(float (&sc)[kBK2 / 8][4], uint32_t (&pa)[kBK2 / 16][4],
-                                             float& m_lo, float& m_hi, float& l_lo, float& l_hi,
-                                             float& a_lo, float& a_hi, int64_t s0, int64_t wpos0,
-                                             int64_t pos_lo, int64_t pos_hi, int64_t end, int t,
-                                             float qscale) {
-  if (s0 + kBK2 - 1 > wpos0 || s0 + kBK2 > end) {  // the diagonal (or the end of the tile)
-#pragma unroll
-    for (int nt = 0; nt < kBK2 / 8; nt++) {
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int64_t sp = s0 + nt * 8 + 2 * t + e;
-        if (sp > pos_lo || sp >= end) sc[nt][e] = -INFINITY;
-        if (sp > pos_hi || sp >= end) sc[nt][2 + e] = -INFINITY;
-      }
-    }
-  }
-  float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-  for (int nt = 0; nt < kBK2 / 8; nt++) {
-    mx_lo = fmaxf(mx_lo, fmaxf(sc[nt][0], sc[nt][1]));
-    mx_hi = fmaxf(mx_hi, fmaxf(sc[nt][2], sc[nt][3]));
-  }
-#pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-  }
-  // New running max in the scaled domain (qscale > 0 commutes with max). A row with no valid key
-  // so far keeps -inf; subtracting 0 then gives p = 0 and a = 0 instead of NaN.
-  const float mn_lo = fmaxf(m_lo, mx_lo * qscale), mn_hi = fmaxf(m_hi, mx_hi * qscale);
-  const float sub_lo = mn_lo == -INFINITY ? 0.f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-  a_lo = fast_exp2(m_lo - sub_lo), a_hi = fast_exp2(m_hi - sub_hi);
-  m_lo = mn_lo, m_hi = mn_hi;
-  float ps_lo = 0.f, ps_hi = 0.f;
-#pragma unroll
-  for (int nt = 0; nt < kBK2 / 8; nt++) {
-    const float p0 = fast_exp2(fmaf(sc[nt][0], qscale, -sub_lo));
-    const float p1 = fast_exp2(fmaf(sc[nt][1], qscale, -sub_lo));
-    const float p2 = fast_exp2(fmaf(sc[nt][2], qscale, -sub_hi));
-    const float p3 = fast_exp2(fmaf(sc[nt][3], qscale, -sub_hi));
-    ps_lo += p0 + p1;
-    ps_hi += p2 + p3;
-    pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf2(p0, p1);
-    pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf2(p2, p3);
-  }
-  l_lo = l_lo * a_lo + ps_lo;  // per-thread partial row sums, reduced over the quad at the end
-  l_hi = l_hi * a_hi + ps_hi;
-}
-__device__ __forceinline__ void scale_o(float (&o)[kV / 8][4], float a_lo, float a_hi) {
-#pragma unroll
-  for (int nt = 0; nt < kV / 8; nt++) {
-    o[nt][0] *= a_lo;
-    o[nt][1] *= a_lo;
-    o[nt][2] *= a_hi;
-    o[nt][3] *= a_hi;
-  }
-}
 __device__ __forceinline__ void online_softmax(float (&sc)[kBK2 / 8][4],
                                                uint32_t (&pa)[kBK2 / 16][4], float (&o)[kV / 8][4],
                                                float& m_lo, float& m_hi, float& l_lo, float& l_hi,
@@ -973,12 +911,8 @@ size_t state_bytes(int H, int64_t T) {
   return state_o_bytes(H, T) + align256(size_t(T) * size_t(H) * 2 * sizeof(float));
 }
 
-// cuTensorMapEncodeTiled from the driver, found once through the runtime (no link to libcuda);
-// null when the driver lacks it.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+}  // namespace
+
 EncodeTiled encode_tiled() {
   static const EncodeTiled f = [] {
     void* p = nullptr;
@@ -992,10 +926,9 @@ EncodeTiled encode_tiled() {
   return f;
 }
 
-// A bf16 tensor map of `rank` dims (dim[0] contiguous; stride[i] in bytes for dim i + 1) read in
-// boxes of `box` with the 128-byte swizzle; out-of-range elements read as zero.
 Status encode_map(EncodeTiled encode, CUtensorMap* map, unsigned rank, const void* base,
-                  const cuuint64_t* dim, const cuuint64_t* stride, const cuuint32_t* box) {
+                  const cuuint64_t* dim, const cuuint64_t* stride, const cuuint32_t* box,
+                  const char* what) {
   const cuuint32_t unit[3] = {1, 1, 1};
   const CUresult r =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dim, stride, box,
@@ -1004,13 +937,11 @@ Status encode_map(EncodeTiled encode, CUtensorMap* map, unsigned rank, const voi
   if (r != CUDA_SUCCESS) {
     Status st;
     st.code = 2000 + int(r);
-    st.message = "mla prefill: cuTensorMapEncodeTiled failed";
+    st.message = what;
     return st;
   }
   return Status{};
 }
-
-}  // namespace
 
 size_t prefill_workspace_bytes(int H, int64_t S) {
   return kv_bytes(H, S) + kGemmScratch;
@@ -1063,6 +994,7 @@ const char* prefill_kernel_name(PrefillKernel k) {
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,
                uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream,
                PrefillKernel kernel) {
+  static constexpr const char* kEncodeFailed = "mla prefill: cuTensorMapEncodeTiled failed";
   if (!q || !cache || !kv_b || !out || !workspace) return invalid("mla prefill: null pointer");
   if ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(cache) |
        reinterpret_cast<uintptr_t>(workspace)) %
@@ -1109,7 +1041,8 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
     const cuuint64_t dim[2] = {cuuint64_t(kCacheDim), cuuint64_t(S)};
     const cuuint64_t stride[1] = {cuuint64_t(kCacheDim) * 2};
     const cuuint32_t box[2] = {64, kBK2 / cl};
-    if (Status st = encode_map(encode, &tm_pe, 2, cache, dim, stride, box); !st.ok()) return st;
+    if (Status st = encode_map(encode, &tm_pe, 2, cache, dim, stride, box, kEncodeFailed); !st.ok())
+      return st;
   }
   for (int64_t c0 = 0; c0 < S; c0 += tile) {
     const int64_t n = std::min(tile, S - c0);
@@ -1130,7 +1063,8 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
       const cuuint64_t stride[2] = {cuuint64_t(kKv) * 2, cuuint64_t(H) * kKv * 2};
       const cuuint32_t box[3] = {64, 1, kBK2 / cl};
       CUtensorMap tm_kv{};
-      if (Status st = encode_map(encode, &tm_kv, 3, kv, dim, stride, box); !st.ok()) return st;
+      if (Status st = encode_map(encode, &tm_kv, 3, kv, dim, stride, box, kEncodeFailed); !st.ok())
+        return st;
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(blocks));
       cfg.blockDim = dim3(kThreads2);

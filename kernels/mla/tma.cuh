@@ -9,7 +9,23 @@
 
 #include <cstdint>
 
+#include "kernels/mla/mla.h"
+
 namespace strata::kernels::mla {
+
+// Host side (kernels/mla/mla_prefill.cu): cuTensorMapEncodeTiled from the driver, found once
+// through the runtime (no link to libcuda); null when the driver lacks it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled();
+// A bf16 tensor map of `rank` dims (dim[0] contiguous; stride[i] in bytes for dim i + 1) read in
+// boxes of `box` with the 128-byte swizzle; out-of-range elements read as zero. `what`: the
+// message of the Status when the driver refuses it.
+Status encode_map(EncodeTiled encode, CUtensorMap* map, unsigned rank, const void* base,
+                  const cuuint64_t* dim, const cuuint64_t* stride, const cuuint32_t* box,
+                  const char* what);
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -70,6 +86,15 @@ __device__ __forceinline__ void tma_load_mc(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
       "cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar), "h"(mask)
+      : "memory");
+}
+// The same box into this CTA only (no cluster needed).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int x, int y, int z,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
       : "memory");
 }
 __device__ __forceinline__ void tma_load_mc(uint32_t dst, const CUtensorMap* map, int x, int y,

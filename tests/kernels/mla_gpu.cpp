@@ -136,8 +136,8 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
 
 // cap > 0: decode_device, the positions (lens − 1, or `pos` when given) in device memory and the
 // plan for cap positions; with cap equal to the longest length the result must also be bitwise
-// the host-length decode's (the same plan). Every case runs both attention kernels (wgmma, the
-// default, and mma): each against the reference, and the two against each other.
+// the host-length decode's (the same plan). Every case runs the three attention kernels (mma, the
+// default, wgmma and tma): each against the reference, and wgmma and tma against mma.
 void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int64_t cap = 0,
                      std::vector<int32_t> pos = {}) {
   skip_without_gpu();
@@ -193,6 +193,7 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
   };
   const std::vector<float> got_wgmma = run(km::DecodeKernel::wgmma);
   const std::vector<float> got_mma = run(km::DecodeKernel::mma);
+  const std::vector<float> got_tma = run(km::DecodeKernel::tma);
   const auto d = dims(H);
   std::vector<float> out_ref(int64_t(B) * H * km::kV);
   const auto kv_view = ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent);
@@ -202,14 +203,17 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
                                 ref::Precision::bf16);
   check_out(got_wgmma, out_ref, "decode out, wgmma kernel");
   check_out(got_mma, out_ref, "decode out, mma kernel");
+  check_out(got_tma, out_ref, "decode out, tma kernel");
   // The kernels differ in the fp32 summation order of the scores and ctx and in exp2 (ex2.approx
   // against exp2f), which flips a rare bf16 P or output ulp (2^-8 relative): rel L2 ≤ 2e-3 holds
   // even if every output flipped one ulp; a layout or masking mistake gives O(1).
-  const Diff ab = compare(got_wgmma, got_mma);
-  INFO("wgmma against mma: " << ab.str());
-  CHECK(ab.nonfinite_mismatch == 0);
-  CHECK(ab.rel_l2 <= 2e-3);
-  CHECK(ab.cosine >= 0.99999);
+  for (const auto& [name, got] : {std::pair{"wgmma", &got_wgmma}, std::pair{"tma", &got_tma}}) {
+    const Diff ab = compare(*got, got_mma);
+    INFO(name << " against mma: " << ab.str());
+    CHECK(ab.nonfinite_mismatch == 0);
+    CHECK(ab.rel_l2 <= 2e-3);
+    CHECK(ab.cosine >= 0.99999);
+  }
 }
 
 }  // namespace
