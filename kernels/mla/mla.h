@@ -86,14 +86,15 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
                uint16_t* out, int64_t T, void* workspace, size_t workspace_bytes, void* stream,
                PrefillKernel kernel = default_prefill_kernel());
 
-// The split-attention kernel of decode() and decode_device(): mma (48 heads per block on
-// mma.sync), wgmma (64 heads per block on wgmma, cp.async tiles; correct, slower than mma) or tma
-// (head groups of ≤ 64 heads as one wgmma M tile, cache tiles by TMA shared by the two head groups
-// of a cluster, S and P·V on wgmma; it needs cuTensorMapEncodeTiled, a 16-byte aligned cache and,
-// for B > 1, cache_stride ≥ max_len rows — otherwise mma runs). All give the same result up to
-// fp32 summation order and the bf16 rounding flips it causes; each is deterministic for a given
-// (H, B, max_len) and lengths. The process default is read once from the environment:
-// STRATA_MLA_DECODE=wgmma or tma selects that kernel, anything else (or unset) mma.
+// The split-attention kernel of decode() and decode_device(): tma (the default: head groups of
+// ≤ 64 heads as one wgmma M tile, cache tiles by TMA multicast to the two head groups of a
+// cluster, S and P·V on wgmma; it needs cuTensorMapEncodeTiled, a 16-byte aligned cache and, for
+// B > 1, cache_stride ≥ max_len rows — otherwise mma runs), mma (48 heads per block on mma.sync)
+// or wgmma (64 heads per block on wgmma with cp.async tiles; correct, slower than both). All give
+// the same result up to fp32 summation order and the bf16 rounding flips it causes; each is
+// deterministic for a given (H, B, max_len) and lengths. The process default is read once from
+// the environment: STRATA_MLA_DECODE=mma or wgmma selects that kernel, anything else (or unset)
+// tma.
 enum class DecodeKernel { wgmma, mma, tma };
 DecodeKernel default_decode_kernel();
 const char* decode_kernel_name(DecodeKernel k);

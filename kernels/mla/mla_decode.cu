@@ -697,32 +697,47 @@ __device__ __forceinline__ void store_o_half(const Ws& ws, int64_t row0, int r_l
 // poison P·V. Shared memory: q_lat (9 boxes of 64 rows × 128 B), two 72 KB stages, the hand-over (P
 // 8 KB, factors 1 KB), the mbarriers.
 constexpr int kTThreads = 256;
-constexpr uint32_t kTBox = 64 * 128;                    // one box: 64 rows × 64 bf16 columns
-constexpr int kTBoxes = kCacheDim / 64;                 // 9 boxes per row block
-constexpr uint32_t kTTile = uint32_t(kTBoxes) * kTBox;  // 73728 B
-constexpr uint32_t kTOffX = 3 * kTTile;                 // after q_lat and the two stages
+constexpr int kTBoxes = kCacheDim / 64;  // boxes of 64 bf16 columns per cache row
+constexpr uint32_t kTQBox = 64 * 128;    // a box of q_lat: 64 rows × 128 B
+constexpr uint32_t kTRing = 2 * uint32_t(kTBoxes) * 64 * 128;  // 147456 B: 2 × 64 or 4 × 32 rows
+constexpr uint32_t kTOffX = uint32_t(kTBoxes) * kTQBox + kTRing;  // after q_lat and the ring
 constexpr uint32_t kTOffBar = kTOffX + 128 * (64 + 8);
-constexpr size_t kTSmem = 1024 + kTOffBar + 64;
+constexpr size_t kTSmem = 1024 + kTOffBar + 128;
 static_assert(kTSmem <= 227 * 1024, "attn_tma shared memory");
-static_assert(BK == kKeyTile, "attn_tma's tiles are softmax_tile's");
 
+// S[64 × kKeys] += Q·Kᵀ for one k-step, both operands from shared memory.
+template <int kKeys>
+__device__ __forceinline__ void s_step(float (&d)[kKeys / 8][4], uint64_t da, uint64_t db) {
+  if constexpr (kKeys == 64)
+    wgmma_m64n64k16_ss(d, da, db);
+  else
+    wgmma_m64n32k16_ss(d, da, db);
+}
+
+// kKeys: cache rows per tile, 64 (a ring of two stages) or 32 (four stages of half the size).
+template <int kKeys>
 __global__ void __launch_bounds__(kTThreads, 1)
     attn_tma(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
-             const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws) {
+             const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws,
+             int pf) {
   const unsigned rank = cluster_ctarank(), cl = cluster_nctarank();
   const int hb = blockIdx.x * G, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
-  const int n = se > sb ? int((se - sb + BK - 1) / BK) : 0;
+  constexpr int kStages = 128 / kKeys;
+  constexpr uint32_t kBox = kKeys * 128, kTile = uint32_t(kTBoxes) * kBox;
+  const int n = se > sb ? int((se - sb + kKeys - 1) / kKeys) : 0;
   extern __shared__ uint8_t tsmem[];
   const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = tsmem + (base - raw);
-  const uint32_t q_s = base, stage0 = base + kTTile;
-  const uint32_t full = base + kTOffBar, empty = full + 16, pfull = full + 32, pempty = full + 40;
-  auto stage = [&](int j) { return stage0 + uint32_t(j & 1) * kTTile; };
+  const uint32_t q_s = base, stage0 = base + uint32_t(kTBoxes) * kTQBox;
+  const uint32_t full = base + kTOffBar, empty = full + 8 * kStages, pfull = empty + 8 * kStages,
+                 pempty = pfull + 8;
+  auto stage = [&](int j) { return stage0 + uint32_t(j % kStages) * kTile; };
+  auto phase = [&](int j) { return unsigned(j / kStages) & 1u; };
   if (tid == 0) {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < kStages; i++) {
       mbar_init(full + 8 * i, 1);
       mbar_init(empty + 8 * i, 8 * cl);
     }
@@ -736,7 +751,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
       const int r = i / kRowChunks, c = i % kRowChunks;
       const bool ok = r < G && hb + r < H;
       const uint32_t dst =
-          q_s + uint32_t(c / 8) * kTBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
+          q_s + uint32_t(c / 8) * kTQBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
       cp_async16_at(dst, ws.qlat + (int64_t(b) * H + (ok ? hb + r : 0)) * kCacheDim + c * 8,
                     ok ? 16u : 0u);
     }
@@ -754,12 +769,12 @@ __global__ void __launch_bounds__(kTThreads, 1)
     if (lane == 0)
       for (unsigned rr = 0; rr < cl; rr++) {
         if (rr == rank)
-          mbar_arrive_local(empty + 8 * (j & 1));
+          mbar_arrive_local(empty + 8 * (j % kStages));
         else
-          mbar_arrive_cluster(empty + 8 * (j & 1), rr);
+          mbar_arrive_cluster(empty + 8 * (j % kStages), rr);
       }
   };
-  auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j & 1), unsigned(j >> 1) & 1u); };
+  auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j % kStages), phase(j)); };
   uint4* const xp = reinterpret_cast<uint4*>(gbase + kTOffX);                   // [4][128] P words
   float2* const xa = reinterpret_cast<float2*>(gbase + kTOffX + 4 * 128 * 16);  // [128] factors
   const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
@@ -767,26 +782,36 @@ __global__ void __launch_bounds__(kTThreads, 1)
   // Tile j into its stage (thread 128, warpgroup 1's first thread, is the producer: tiles 0 and
   // 1 up front, tile j + 2 once every consumer warp of the cluster is done with tile j).
   auto issue = [&](int j) {
-    const int rows = BK / int(cl);
-    const uint32_t bar = full + 8 * (j & 1);
-    mbar_arrive_expect_tx(bar, kTTile);
-    const int y = int(sb) + j * BK + int(rank) * rows;
+    const int rows = kKeys / int(cl);
+    const uint32_t bar = full + 8 * (j % kStages);
+    mbar_arrive_expect_tx(bar, kTile);
+    const int y = int(sb) + j * kKeys + int(rank) * rows;
     const uint32_t dst = stage(j) + rank * uint32_t(rows) * 128;
     for (int x = 0; x < kTBoxes; x++) {
       if (cl > 1)
-        tma_load_mc(dst + x * kTBox, &tm, x * 64, y, b, bar, uint16_t((1u << cl) - 1));
+        tma_load_mc(dst + x * kBox, &tm, x * 64, y, b, bar, uint16_t((1u << cl) - 1));
       else
-        tma_load(dst + x * kTBox, &tm, x * 64, y, b, bar);
+        tma_load(dst + x * kBox, &tm, x * 64, y, b, bar);
     }
   };
+  // This CTA's part of tile j into L2 only (pf tiles ahead of the ring).
+  auto prefetch = [&](int j) {
+    const int rows = kKeys / int(cl);
+    const int y = int(sb) + j * kKeys + int(rank) * rows;
+    for (int x = 0; x < kTBoxes; x++) tma_prefetch_l2(&tm, x * 64, y, b);
+  };
+  auto issue_ahead = [&](int j) {
+    issue(j);
+    if (pf > 0 && j + pf < n) prefetch(j + pf);
+  };
   if (tid == 128) {
-    if (n > 0) issue(0);
-    if (n > 1) issue(1);
+    for (int j = 0; j < min(kStages, n); j++) issue_ahead(j);
+    for (int j = kStages; j < min(pf, n); j++) prefetch(j);
   }
   if (warp < 4) {
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-    float oa[16][4], ob[16][4], sc[8][4];
-    uint32_t pa[4][4];
+    float oa[16][4], ob[16][4], sc[kKeys / 8][4];
+    uint32_t pa[kKeys / 16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; nt++)
       for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
@@ -794,13 +819,13 @@ __global__ void __launch_bounds__(kTThreads, 1)
     // Tile j's bytes landed; its rows at and past se zeroed (only a split's last tile has any).
     auto prep = [&](int j) {
       wait_full(j);
-      const int64_t s0 = sb + int64_t(j) * BK;
-      if (se - s0 < BK) {
+      const int64_t s0 = sb + int64_t(j) * kKeys;
+      if (se - s0 < kKeys) {
         const int r0 = int(se - s0);
         uint8_t* st = gbase + (stage(j) - base);
-        for (int i = tid; i < (BK - r0) * kRowChunks; i += 128) {
+        for (int i = tid; i < (kKeys - r0) * kRowChunks; i += 128) {
           const int r = r0 + i / kRowChunks, c = i % kRowChunks;
-          *reinterpret_cast<uint4*>(st + (c / 8) * kTBox + r * 128 + (c % 8) * 16) =
+          *reinterpret_cast<uint4*>(st + (c / 8) * kBox + r * 128 + (c % 8) * 16) =
               make_uint4(0u, 0u, 0u, 0u);
         }
         fence_proxy_async();
@@ -813,18 +838,18 @@ __global__ void __launch_bounds__(kTThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ks++) {
-        const uint32_t off = uint32_t(ks / 4) * kTBox + uint32_t(ks % 4) * 32;
-        wgmma_m64n64k16_ss(sc, wgmma_desc_sw128(q_s + off), wgmma_desc_sw128(st + off));
+        const uint32_t col = uint32_t(ks % 4) * 32;
+        s_step<kKeys>(sc, wgmma_desc_sw128(q_s + uint32_t(ks / 4) * kTQBox + col),
+                      wgmma_desc_sw128(st + uint32_t(ks / 4) * kBox + col));
       }
       wgmma_commit();
     };
     auto pv = [&](int j) {
       const uint32_t v = stage(j);
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
-        wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kTBox, 1024));
-        wgmma_m64n128k16_tb(ob, pa[kk],
-                            wgmma_desc_sw128_mn(v + 2 * kTBox + kk * 2048, kTBox, 1024));
+      for (int kk = 0; kk < kKeys / 16; kk++) {
+        wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kBox, 1024));
+        wgmma_m64n128k16_tb(ob, pa[kk], wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
       }
       wgmma_commit();
     };
@@ -835,13 +860,13 @@ __global__ void __launch_bounds__(kTThreads, 1)
       reg_fence(oa);
       reg_fence(ob);
       float a_lo, a_hi;
-      softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, sb + int64_t(j) * BK, far, far, far,
-                   se, t, qscale);
+      softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, sb + int64_t(j) * kKeys, far, far,
+                   far, se, t, qscale);
       scale_o(oa, a_lo, a_hi);
       scale_o(ob, a_lo, a_hi);
       if (j > 0) mbar_wait<false>(pempty, unsigned(j - 1) & 1u);
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++)
+      for (int kk = 0; kk < kKeys / 16; kk++)
         xp[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
       xa[tid] = make_float2(a_lo, a_hi);
       __syncwarp();
@@ -886,14 +911,14 @@ __global__ void __launch_bounds__(kTThreads, 1)
   } else {
     const int u = tid - 128, w = warp - 4;
     float oa[16][4], ob[16][4];
-    uint32_t pa[4][4];
+    uint32_t pa[kKeys / 16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; nt++)
       for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
     for (int j = 0; j < n; j++) {
       mbar_wait<false>(pfull, unsigned(j) & 1u);
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
+      for (int kk = 0; kk < kKeys / 16; kk++) {
         const uint4 x = xp[kk * 128 + u];
         pa[kk][0] = x.x, pa[kk][1] = x.y, pa[kk][2] = x.z, pa[kk][3] = x.w;
       }
@@ -906,19 +931,18 @@ __global__ void __launch_bounds__(kTThreads, 1)
       scale_o(ob, a.x, a.y);
       wait_full(j);  // seen complete by warpgroup 0 already; orders the TMA's bytes for this one
       wgmma_fence();
-      const uint32_t v = stage(j) + 4 * kTBox;
+      const uint32_t v = stage(j) + 4 * kBox;
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
-        wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kTBox, 1024));
-        wgmma_m64n128k16_tb(ob, pa[kk],
-                            wgmma_desc_sw128_mn(v + 2 * kTBox + kk * 2048, kTBox, 1024));
+      for (int kk = 0; kk < kKeys / 16; kk++) {
+        wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kBox, 1024));
+        wgmma_m64n128k16_tb(ob, pa[kk], wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
       }
       wgmma_commit();
       wgmma_wait<0>();
       if (j + 1 < n) release(j);
-      if (tid == 128 && j + 2 < n) {
-        mbar_wait<true>(empty + 8 * (j & 1), unsigned(j >> 1) & 1u);
-        issue(j + 2);
+      if (tid == 128 && j + kStages < n) {
+        mbar_wait<true>(empty + 8 * (j % kStages), phase(j));
+        issue_ahead(j + kStages);
       }
     }
     reg_fence(oa);
@@ -1032,8 +1056,8 @@ DecodeKernel default_decode_kernel() {
   static const DecodeKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_DECODE");
     if (e && std::strcmp(e, "wgmma") == 0) return DecodeKernel::wgmma;
-    if (e && std::strcmp(e, "tma") == 0) return DecodeKernel::tma;
-    return DecodeKernel::mma;
+    if (e && std::strcmp(e, "mma") == 0) return DecodeKernel::mma;
+    return DecodeKernel::tma;
   }();
   return k;
 }
@@ -1066,7 +1090,11 @@ Status launch_decode_tma(EncodeTiled encode, int H, const uint16_t* q, const uin
                          int64_t max_len, const uint16_t* kv_b, uint16_t* out, void* workspace,
                          size_t workspace_bytes, void* stream) {
   const int G = tma_group(H), groups = (H + G - 1) / G;
-  const unsigned cl = groups % 2 == 0 ? 2 : 1;  // pairs of head groups share each tile's loads
+  // Pairs of head groups share each tile's loads (multicast); every CTA prefetches its part of the
+  // tile two ahead of its ring into L2. Measured on an H100 (docs/performance.md): each CTA loading
+  // its own tiles, prefetch distances 0 and 4, and 32-key tiles in a ring of four were slower.
+  const unsigned cl = groups % 2 == 0 ? 2 : 1;
+  constexpr int kPrefetch = 2, keys = 64;
   const Plan plan = plan_splits(H, B, max_len, G);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
@@ -1074,12 +1102,13 @@ Status launch_decode_tma(EncodeTiled encode, int H, const uint16_t* q, const uin
     return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Ws ws = carve(workspace, H, B, plan.splits);
-  if (Status a = rt::allow_dynamic_smem(attn_tma, int(kTSmem)); !a.ok()) return a;
+  auto* const fn = attn_tma<keys>;
+  if (Status a = rt::allow_dynamic_smem(fn, int(kTSmem)); !a.ok()) return a;
   // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
   const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
   const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
                                 cuuint64_t(B > 1 ? cache_stride : max_len * kCacheDim) * 2};
-  const cuuint32_t box[3] = {64, cuuint32_t(BK / int(cl)), 1};
+  const cuuint32_t box[3] = {64, cuuint32_t(keys / int(cl)), 1};
   CUtensorMap tm{};
   if (Status st = encode_map(encode, &tm, 3, cache, dim, stride, box,
                              "mla decode: cuTensorMapEncodeTiled failed");
@@ -1098,8 +1127,8 @@ Status launch_decode_tma(EncodeTiled encode, int H, const uint16_t* q, const uin
   attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  if (Status st = status_of(cudaLaunchKernelEx(&cfg, attn_tma, tm, H, G, lens, pos_dev,
-                                               int(max_len), plan.chunk, plan.splits, qscale, ws));
+  if (Status st = status_of(cudaLaunchKernelEx(&cfg, fn, tm, H, G, lens, pos_dev, int(max_len),
+                                               plan.chunk, plan.splits, qscale, ws, kPrefetch));
       !st.ok())
     return st;
   merge_ctx<<<dim3(H, B, kLatent / 128), 128, 0, s>>>(H, plan.splits, ws);

@@ -136,8 +136,8 @@ void run_prefill_case(int H, int64_t S_prev, int64_t T, uint32_t seed, int64_t t
 
 // cap > 0: decode_device, the positions (lens − 1, or `pos` when given) in device memory and the
 // plan for cap positions; with cap equal to the longest length the result must also be bitwise
-// the host-length decode's (the same plan). Every case runs the three attention kernels (mma, the
-// default, wgmma and tma): each against the reference, and wgmma and tma against mma.
+// the host-length decode's (the same plan). Every case runs the three attention kernels (tma, the
+// default, mma and wgmma): each against the reference, and wgmma and tma against mma.
 void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int64_t cap = 0,
                      std::vector<int32_t> pos = {}) {
   skip_without_gpu();
