@@ -878,14 +878,17 @@ __global__ void __launch_bounds__(kTThreads, 1)
       wgmma_wait<0>();
     }
     // Nothing is in flight at a loop edge (ptxas would serialise every wgmma otherwise).
+    // P·V of tile j is issued before the wait for tile j + 1 and the stage released as soon as it
+    // is done, ahead of S(j + 1): the load of tile j + 2 into that stage starts one S earlier.
     for (int j = 0; j + 1 < n; j++) {
       soft(j);
-      prep(j + 1);
       wgmma_fence();
       pv(j);
+      prep(j + 1);
       issue_s(j + 1);
-      wgmma_wait<0>();
+      wgmma_wait<1>();
       release(j);
+      wgmma_wait<0>();
     }
     if (n > 0) {
       soft(n - 1);
