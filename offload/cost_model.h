@@ -139,12 +139,12 @@ struct CostAssumptions {
   // Kernel rates as shares of the bf16 GEMM peak measured in the same run (docs/performance.md
   // "KDA", "MLA"): KDA prefill 3.29 M token-layers/s = 57.0 TFLOP/s on an H100 (7.2 % of 794;
   // chunk_prep_tc2, 2026-12-06), MLA prefill 533 TFLOP/s (66 % of 803 on an H100, tma_fa3_pp,
-  // 2026-12-07), MLA decode 320 TFLOP/s at B = 16 (40 % of 803 on an H100, attn_tma, 2026-12-07;
+  // 2026-12-07), MLA decode 335 TFLOP/s at B = 16 (42 % of 803 on an H100, attn_tma, 2026-12-07;
   // bound by the cache's bytes); KDA decode streams its state at 40–50 % of HBM copy at batch 1
   // (90 % at 64).
   double gpu_kda_prefill_gemm_share = 0.072;
   double gpu_mla_prefill_gemm_share = 0.66;
-  double gpu_mla_decode_gemm_share = 0.40;
+  double gpu_mla_decode_gemm_share = 0.42;
   double gpu_kda_decode_hbm_efficiency = 0.5;
   // Host↔GPU copies when not measured: PCIe Gen5 x16 ≈ 55 GB/s effective (spec §2.1).
   double pcie_default_gbps = 55;
