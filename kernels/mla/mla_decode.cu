@@ -1087,58 +1087,6 @@ size_t decode_workspace_bytes(int H, int B, int64_t max_len) {
 
 namespace {
 
-// decode()'s launches with attn_tma as the attention (see launch_decode).
-Status launch_decode_tma(EncodeTiled encode, int H, const uint16_t* q, const uint16_t* cache,
-                         int64_t cache_stride, const Lens& lens, const int32_t* pos_dev, int B,
-                         int64_t max_len, const uint16_t* kv_b, uint16_t* out, void* workspace,
-                         size_t workspace_bytes, void* stream) {
-  const int G = tma_group(H), groups = (H + G - 1) / G;
-  // Pairs of head groups share each tile's loads (multicast); every CTA prefetches its part of the
-  // tile two ahead of its ring into L2. Measured on an H100 (docs/performance.md): each CTA loading
-  // its own tiles, prefetch distances 0 and 4, and 32-key tiles in a ring of four were slower.
-  const unsigned cl = groups % 2 == 0 ? 2 : 1;
-  constexpr int kPrefetch = 2, keys = 64;
-  const Plan plan = plan_splits(H, B, max_len, G);
-  if (plan.splits > kMaxSplits)
-    return invalid("mla decode: more than 128 splits (internal plan error)");
-  if (workspace_bytes < ws_bytes(H, B, plan.splits))
-    return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Ws ws = carve(workspace, H, B, plan.splits);
-  auto* const fn = attn_tma<keys>;
-  if (Status a = rt::allow_dynamic_smem(fn, int(kTSmem)); !a.ok()) return a;
-  // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
-  const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
-  const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
-                                cuuint64_t(B > 1 ? cache_stride : max_len * kCacheDim) * 2};
-  const cuuint32_t box[3] = {64, cuuint32_t(keys / int(cl)), 1};
-  CUtensorMap tm{};
-  if (Status st = encode_map(encode, &tm, 3, cache, dim, stride, box,
-                             "mla decode: cuTensorMapEncodeTiled failed");
-      !st.ok())
-    return st;
-  absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
-  const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(groups), unsigned(plan.splits), unsigned(B));
-  cfg.blockDim = dim3(kTThreads);
-  cfg.dynamicSmemBytes = kTSmem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cl;
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  if (Status st = status_of(cudaLaunchKernelEx(&cfg, fn, tm, H, G, lens, pos_dev, int(max_len),
-                                               plan.chunk, plan.splits, qscale, ws, kPrefetch));
-      !st.ok())
-    return st;
-  merge_ctx<<<dim3(H, B, kLatent / 128), 128, 0, s>>>(H, plan.splits, ws);
-  out_uv<<<dim3(H, kV / 32), 256, 0, s>>>(H, B, kv_b, ws.ctx, out);
-  return launch_status();
-}
-
 // The launches of decode() and decode_device(): lengths from `lens` (host) or pos_dev (device),
 // the plan and grids for max_len positions.
 Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t cache_stride,
@@ -1152,31 +1100,55 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   if (kernel == DecodeKernel::tma && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
                                       (B > 1 && cache_stride / kCacheDim < max_len)))
     kernel = DecodeKernel::mma;
-  if (kernel == DecodeKernel::tma)
-    return launch_decode_tma(encode, H, q, cache, cache_stride, lens, pos_dev, B, max_len, kv_b,
-                             out, workspace, workspace_bytes, stream);
-  const bool wg = kernel == DecodeKernel::wgmma;
-  const Plan plan = plan_splits(H, B, max_len, wg ? WH : HC);
+  const int heads = kernel == DecodeKernel::tma     ? tma_group(H)
+                    : kernel == DecodeKernel::wgmma ? WH
+                                                    : HC;  // per attention block
+  const Plan plan = plan_splits(H, B, max_len, heads);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
   if (workspace_bytes < ws_bytes(H, B, plan.splits))
     return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Ws ws = carve(workspace, H, B, plan.splits);
-  if (wg) {
+  const unsigned groups = unsigned((H + heads - 1) / heads);
+  // attn_tma: pairs of head groups share each tile's loads (multicast); every CTA prefetches its
+  // part of the tile two ahead of its ring into L2. Measured on an H100 (docs/performance.md): each
+  // CTA loading its own tiles, prefetch distances 0 and 4, and 32-key tiles in a ring of four were
+  // slower.
+  constexpr int kPrefetch = 2, kKeys = 64;
+  const unsigned cl = groups % 2 == 0 ? 2 : 1;
+  CUtensorMap tm{};
+  if (kernel == DecodeKernel::tma) {
+    if (Status a = rt::allow_dynamic_smem(attn_tma<kKeys>, int(kTSmem)); !a.ok()) return a;
+    // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
+    const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
+    const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
+                                  cuuint64_t(B > 1 ? cache_stride : max_len * kCacheDim) * 2};
+    const cuuint32_t box[3] = {64, cuuint32_t(kKeys / int(cl)), 1};
+    if (Status st = encode_map(encode, &tm, 3, cache, dim, stride, box,
+                               "mla decode: cuTensorMapEncodeTiled failed");
+        !st.ok())
+      return st;
+  } else if (kernel == DecodeKernel::wgmma) {
     if (Status a = rt::allow_dynamic_smem(attn_wgmma, int(kWSmem)); !a.ok()) return a;
-  } else {
-    if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) return a;
+  } else if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) {
+    return a;
   }
   absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  if (wg) {
-    // The head groups of a split innermost: they read the same cache rows close together in time,
-    // so the second read mostly hits L2.
-    attn_wgmma<<<dim3((H + WH - 1) / WH, plan.splits, B), kWThreads, kWSmem, s>>>(
+  // The head groups of a split innermost (attn_tma, attn_wgmma): they read the same cache rows
+  // close together in time, so the second read mostly hits L2 (or shares the loads).
+  if (kernel == DecodeKernel::tma) {
+    if (Status st = launch_clustered_smem(
+            attn_tma<kKeys>, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl, s, tm, H,
+            heads, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws, kPrefetch);
+        !st.ok())
+      return st;
+  } else if (kernel == DecodeKernel::wgmma) {
+    attn_wgmma<<<dim3(groups, plan.splits, B), kWThreads, kWSmem, s>>>(
         H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);
   } else {
-    attn_split<<<dim3(plan.splits, (H + HC - 1) / HC, B), kThreads, kSplitSmem, s>>>(
+    attn_split<<<dim3(plan.splits, groups, B), kThreads, kSplitSmem, s>>>(
         H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);
   }
   merge_ctx<<<dim3(H, B, kLatent / 128), 128, 0, s>>>(H, plan.splits, ws);

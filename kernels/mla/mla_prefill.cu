@@ -1065,20 +1065,10 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
       CUtensorMap tm_kv{};
       if (Status st = encode_map(encode, &tm_kv, 3, kv, dim, stride, box, kEncodeFailed); !st.ok())
         return st;
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(blocks));
-      cfg.blockDim = dim3(kThreads2);
-      cfg.dynamicSmemBytes = kAttnSmem3;
-      cfg.stream = s;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = cl;
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
       const bool share = kernel != PrefillKernel::tma_solo;
-      if (Status st = status_of(cudaLaunchKernelEx(&cfg, tma_fn, tm_kv, tm_pe, H, q, S, T, out,
-                                                   qscale, head_group, ct, share));
+      if (Status st = launch_clustered_smem(tma_fn, dim3(unsigned(blocks)), dim3(kThreads2),
+                                            kAttnSmem3, cl, s, tm_kv, tm_pe, H, q, S, T, out,
+                                            qscale, head_group, ct, share);
           !st.ok())
         return st;
     } else {

@@ -50,14 +50,15 @@ Status launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream
   return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...) in clusters of `cluster` CTAs along x (sm_90;
+// kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs along x (sm_90;
 // grid.x a multiple of cluster, cluster ≤ 8, the portable limit).
 template <typename... Params, typename... Args>
-Status launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster,
-                        void* stream, Args&&... args) {
+Status launch_clustered_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             unsigned cluster, void* stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = as_stream(stream);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -67,6 +68,13 @@ Status launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsign
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+// The same without dynamic shared memory.
+template <typename... Params, typename... Args>
+Status launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster,
+                        void* stream, Args&&... args) {
+  return launch_clustered_smem(kernel, grid, block, 0, cluster, stream,
+                               std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
