@@ -89,13 +89,12 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
 // The split-attention kernel of decode() and decode_device(): tma (the default: head groups of
 // ≤ 64 heads as one wgmma M tile, cache tiles by TMA multicast to the two head groups of a
 // cluster, S and P·V on wgmma; it needs cuTensorMapEncodeTiled, a 16-byte aligned cache and, for
-// B > 1, cache_stride ≥ max_len rows — otherwise mma runs), mma (48 heads per block on mma.sync)
-// or wgmma (64 heads per block on wgmma with cp.async tiles; correct, slower than both). All give
-// the same result up to fp32 summation order and the bf16 rounding flips it causes; each is
-// deterministic for a given (H, B, max_len) and lengths. The process default is read once from
-// the environment: STRATA_MLA_DECODE=mma or wgmma selects that kernel, anything else (or unset)
+// B > 1, cache_stride ≥ max_len rows — otherwise mma runs) or mma (48 heads per block on
+// mma.sync). Both give the same result up to fp32 summation order and the bf16 rounding flips it
+// causes; each is deterministic for a given (H, B, max_len) and lengths. The process default is
+// read once from the environment: STRATA_MLA_DECODE=mma selects mma, anything else (or unset)
 // tma.
-enum class DecodeKernel { wgmma, mma, tma };
+enum class DecodeKernel { mma, tma };
 DecodeKernel default_decode_kernel();
 const char* decode_kernel_name(DecodeKernel k);
 

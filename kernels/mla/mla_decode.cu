@@ -4,47 +4,31 @@
 //             copied beside it, so q_lat rows are the 576-wide bf16 queries of the cache rows.
 //   attention over the splits of each sequence's cache, writing (m, l, unnormalised ctx) per
 //             split, fp32 online softmax in the exp2 domain, P rounded to bf16 for P·Ĉ — one of:
-//     attn_wgmma (STRATA_MLA_DECODE=wgmma; slower than attn_split on the H200 so far; grid: group
-//     of 64 heads × split × sequence, 256 threads) — the 64
-//             heads are one wgmma M tile, so each 64-row cache tile is read from shared memory
-//             once per 64 heads (the cache tile is the B operand of both products). Two
-//             warpgroups; warpgroup w computes S = Q·Kᵀ [64 heads × 64 keys] over its half of the
-//             576 dims (18 m64n64k16 with q_lat and the tile both read from shared memory), the
-//             two fp32 halves are added through shared memory so that w owns keys 32w .. +31,
-//             the row maxima are exchanged (both warpgroups then hold the same running max), w
-//             computes P for its keys, the P fragments are exchanged, and w accumulates
-//             O[64 × 256] for value columns 256w .. +255 (8 m64n128k16, P from registers, V read
-//             MN-major from the same tile): 128 fp32 accumulators per thread. The next tile's S
-//             is issued right behind the P·V wgmmas. Cache tiles: a 2-stage ring of 64 rows in
-//             the no-swizzle core-matrix layout (wgmma.cuh), filled by cp.async (rows past the
-//             split's end zero-filled); each warpgroup refills the chunks only its own P·V reads
-//             (and half of the k_pe chunks, which double as the exchange buffers) as soon as its
-//             P·V on the stage is done, one tile ahead of use. No producer warp: with a 9th warp
-//             one SM sub-partition holds three warps and ptxas caps every thread at 168 registers
-//             (the O accumulators alone are 128); as is, 254 registers, no spills.
-//     attn_split (the default; grid: split × group of 48 heads × sequence)
-//             — one block streams its slice of the sequence's latent cache through shared memory
-//             once (cp.async, 2 stages of 64 rows) for 48 heads. 12 warps: warp (m, q) owns heads
-//             16m .. 16m+15 and, for QKᵀ, the 144-wide k-slice q of [ĉ | k_pe] (its q_lat
-//             fragments live in registers), for P·Ĉ the 128 value columns 128q .. 128q+127
-//             (bf16 mma.sync m16n8k16, fp32 accumulate). The four k-slice partial scores of a
-//             head group are summed through shared memory.
-//     Either way the head groups of one split read the same cache rows; the second read mostly
-//     hits L2, so the cache is read from DRAM about once.
+//     attn_tma (the default; grid: head group × split × sequence, clusters of the two head
+//             groups of a split) — see its section below: TMA cache tiles shared by the cluster,
+//             S = Q·Kᵀ and P·V on wgmma, the 64-row head group one wgmma M tile.
+//     attn_split (STRATA_MLA_DECODE=mma, and where attn_tma cannot run; grid: split × group of
+//             48 heads × sequence) — one block streams its slice of the sequence's latent cache
+//             through shared memory once (cp.async, 2 stages of 64 rows) for 48 heads. 12 warps:
+//             warp (m, q) owns heads 16m .. 16m+15 and, for QKᵀ, the 144-wide k-slice q of
+//             [ĉ | k_pe] (its q_lat fragments live in registers), for P·Ĉ the 128 value columns
+//             128q .. 128q+127 (bf16 mma.sync m16n8k16, fp32 accumulate). The four k-slice
+//             partial scores of a head group are summed through shared memory.
+//     Either way the head groups of one split read the same cache rows close together; the
+//     second read hits L2 (attn_split) or shares the loads (attn_tma), so the cache is read from
+//     DRAM about once.
 //   merge_ctx (grid: head × sequence × 128-column quarter) — merges the splits' softmax states into
 //   ctx (fp32). out_uv    (grid: head × 32-row quarter of W_UV_h) — o = bf16(W_UV·ctx), weights in
 //   registers.
-// Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP; the DRAM floor is 35 µs, 60 % of
-// copy is 59 µs. attn_split: every 16-head group re-reads each cache tile from shared memory
-// through ldmatrix (6 × (576 + 512) × 2 B per row = 1.7 GB at 128 B/clk/SM ≈ 51 µs on 132 SMs),
-// measured 26-29 % of copy, shared-memory bound. attn_wgmma, per 64-row tile and 64-head block:
-// 144 KB of shared reads for S (q_lat and the tile), 64 KB for P·V, ≈ 24 KB of exchanges, against
-// 2.36 M + 2.10 M multiply-adds = 2176 clk at 2048 bf16 MAC/clk/SM: tensor-bound, and the
-// shared-memory traffic per tile for 96 heads drops from 1.24 MB to ≈ 0.46 MB. 96 heads are a
-// 64-head block and a half-empty one (25 % of the tensor work is padding): 2 × 2176 clk per
-// tile, 2048 tiles on 132 SMs ≈ 39 µs at 1.75 GHz, so 60 % of copy needs ≈ 65 % of that
-// tensor-core floor. Not overlapped yet: the exchanges and the softmax between S and P·V (the
-// tensor cores idle then), the cache loads only one tile ahead.
+// Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP; the DRAM floor is 35 µs on an
+// H200 (50 µs on an H100), 60 % of copy 59 µs (84 µs). attn_split: every 16-head group re-reads
+// each cache tile from shared memory through ldmatrix (6 × (576 + 512) × 2 B per row = 1.7 GB at
+// 128 B/clk/SM ≈ 51 µs on 132 SMs), measured 26-29 % of copy, shared-memory bound. attn_tma, per
+// 64-row tile and 64-head block: 2.36 M + 2.10 M multiply-adds = 2176 clk at 2048 bf16 MAC/clk/SM
+// (96 heads: two blocks of 48, 25 % of the tensor work padding), ≈ 39 µs of tensor floor at
+// 128K; it is bound by the cache bytes and the latency of its 2-stage ring (docs/performance.md).
+// (A third form, 64-head wgmma tiles by cp.async with the S halves exchanged between the
+// warpgroups, was slower than both and is gone: docs/performance.md, "Tried and dropped".)
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -108,7 +92,7 @@ int sm_count() {
 
 // Split count that minimises (waves of one-block-per-SM) × (tiles per split + a fixed cost of about
 // two tiles for the prologue, the q fragments and the partial-state write).
-// heads_per_block: HC (attn_split) or WH (attn_wgmma).
+// heads_per_block: HC (attn_split) or tma_group(H) (attn_tma).
 Plan plan_splits(int H, int B, int64_t max_len, int heads_per_block) {
   const int64_t tiles = (max_len + BK - 1) / BK;
   const int64_t per_split = int64_t(B) * ((H + heads_per_block - 1) / heads_per_block);
@@ -385,279 +369,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// ---- attn_wgmma: 64-head wgmma tiles (the sm_90a default; see the file's opening comment) ----
-constexpr int WH = 64;                     // heads per block: one wgmma M tile
-constexpr int kWThreads = 256;             // two warpgroups
 constexpr int kRowChunks = kCacheDim / 8;  // 72 16-byte chunks per cache row
-constexpr int kKSteps = kCacheDim / 16;    // 36 k-steps of S = Q·Kᵀ, 18 per warpgroup
-constexpr uint32_t kWTile = uint32_t(BK) * kCacheDim * 2;  // 73728 B: one 64-row cache tile
-constexpr uint32_t kWQ = uint32_t(WH) * kCacheDim * 2;     // 73728 B: q_lat of the 64 heads
-constexpr uint32_t kWRope = uint32_t(kLatent / 8) * 1024;  // offset of a tile's k_pe chunks (8 KB)
-constexpr uint32_t kWXchg = 8192;  // warpgroup 0's partial scores of keys 32 .. 63
-constexpr uint32_t kWOffStage = kWQ, kWOffXchg = kWQ + 2 * kWTile;
-constexpr uint32_t kWOffMax = kWOffXchg + kWXchg;  // [2][64] fp32 row maxima, then sums
-constexpr size_t kWSmem = kWOffMax + 2 * WH * 4;
-static_assert(kWSmem <= 227 * 1024, "attn_wgmma shared memory");
-static_assert(BK == 64 && WH == 64, "the core-matrix layout below is for 64-row operands");
-
-// Byte offset of chunk c8 of row r in a 64-row operand (Q or a cache tile), wgmma.cuh's layout:
-// descriptors K-major (lead 1024, stride 128) and MN-major (lead 128, stride 1024).
-__device__ __forceinline__ uint32_t core_off(int r, int c8) {
-  return uint32_t(c8) * 1024u + uint32_t(r >> 3) * 128u + uint32_t(r & 7) * 16u;
-}
-
-__global__ void __launch_bounds__(kWThreads, 1)
-    attn_wgmma(int H, const uint16_t* cache, int64_t cache_stride, const Lens lens,
-               const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale,
-               Ws ws) {
-  const int hb = blockIdx.x * WH, split = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  extern __shared__ __align__(1024) uint8_t wsmem[];
-  const uint32_t sbase = smem_addr(wsmem);
-  float* smax = reinterpret_cast<float*>(wsmem + kWOffMax);  // [2][64]
-  const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
-  const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
-  const int ntiles = se > sb ? int((se - sb + BK - 1) / BK) : 0;
-  const uint16_t* cb = cache + int64_t(b) * cache_stride;
-
-  // Warpgroup w (threads wt = 0 .. 127, warp ww of it) owns the value columns 256·w .. +255 of O,
-  // the k-steps 18·w .. +17 of S = Q·Kᵀ and the softmax of keys 32·w .. +31 of each tile; its
-  // thread holds rows (heads) r_lo = 16·ww + g and r_hi = r_lo + 8.
-  const int w = warp >> 2, wt = tid & 127, ww = wt >> 5;
-  const int r_lo = ww * 16 + g, r_hi = r_lo + 8;
-  // q_lat of the 64 heads (rows past H zero) in the core-matrix layout. Lane (lane % 8, lane / 8)
-  // copies chunk 4·cq + lane / 8 of row 8·rb + lane % 8: a quarter-warp writes 128 contiguous
-  // bytes (conflict-free), a warp reads 64 contiguous bytes of each of 8 rows.
-#pragma unroll 1
-  for (int i = tid; i < WH / 8 * (kRowChunks / 4) * 32; i += kWThreads) {
-    const int q = i >> 5, rb = q / (kRowChunks / 4), cq = q % (kRowChunks / 4);
-    const int r = rb * 8 + (lane & 7), c8 = cq * 4 + (lane >> 3);
-    const bool valid = hb + r < H;
-    cp_async16_at(sbase + core_off(r, c8),
-                  ws.qlat + (int64_t(b) * H + (valid ? hb + r : 0)) * kCacheDim + c8 * 8,
-                  valid ? 16u : 0u);
-  }
-  // Loads tile `it` into stage it % 2, the part this warpgroup refills: the value chunks only its
-  // own P·V reads (32·w .. +31) and half of the k_pe chunks (64 + 4·w .. +3), so a warpgroup can
-  // refill a stage as soon as its own P·V on it is done. Same lane map as above; rows at or past
-  // the split's end are zero-filled (their scores are masked, and 0·V keeps P·V finite).
-  auto load_tile = [&](int it) {
-    const int64_t s0 = sb + int64_t(it) * BK;
-    const uint32_t st = sbase + kWOffStage + uint32_t(it & 1) * kWTile;
-#pragma unroll
-    for (int i = 0; i < BK / 8 * 9 / 4; i++) {  // 8 row blocks × 9 chunk quads over 4 warps
-      const int item = i * 4 + ww, rb = item / 9, cq = item % 9;
-      const int j = rb * 8 + (lane & 7);
-      const int c8 = (cq < 8 ? 32 * w + 4 * cq : 64 + 4 * w) + (lane >> 3);
-      const bool valid = s0 + j < se;
-      cp_async16_at(st + core_off(j, c8), cb + (valid ? s0 + j : sb) * kCacheDim + c8 * 8,
-                    valid ? 16u : 0u);
-    }
-  };
-  if (ntiles > 0) load_tile(0);
-  cp_async_commit();  // Q and tile 0
-  if (ntiles > 1) load_tile(1);
-  cp_async_commit();  // tile 1 (possibly empty: the group count stays uniform)
-
-  float m_lo = -INFINITY, m_hi = -INFINITY;  // running maxima (scaled log2 domain), both WGs
-  float l_lo = 0.f, l_hi = 0.f;  // this thread's share of the row sums (its keys, its quad)
-  float o[2][16][4];             // O[64 heads, 256·w + 128·half + 8·nt + 2t ..]
-#pragma unroll
-  for (int h = 0; h < 2; h++)
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) o[h][nt][0] = o[h][nt][1] = o[h][nt][2] = o[h][nt][3] = 0.f;
-  float sc[8][4];  // partial S[64 heads, 64 keys] over this warpgroup's 288 dims
-
-  // Issues S = Q·Kᵀ over this warpgroup's dims for the tile in stage s (not waited for).
-  auto issue_qk = [&](int s) {
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-      for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-    }
-    wgmma_fence();
-    const uint32_t st = sbase + kWOffStage + uint32_t(s) * kWTile;
-#pragma unroll
-    for (int k = 0; k < kKSteps / 2; k++) {
-      const uint32_t off = uint32_t(w * (kKSteps / 2) + k) * 2048u;  // 2 K-direction cores
-      wgmma_m64n64k16_ss(sc, wgmma_desc(sbase + off, 1024, 128), wgmma_desc(st + off, 1024, 128));
-    }
-    wgmma_commit();
-  };
-
-  // A tile's copies are waited for by every thread, made visible to the async proxy by each
-  // (fence), then published to both warpgroups by a barrier before the first wgmma reads it.
-  cp_async_wait<1>();
-  fence_proxy_async();
-  named_bar(1, kWThreads);
-  if (ntiles > 0) {
-    issue_qk(0);
-    wgmma_wait<0>();
-  }
-  for (int it = 0; it < ntiles; it++) {
-    const int s = it & 1;
-    const int64_t s0 = sb + int64_t(it) * BK;
-    uint8_t* stage = wsmem + kWOffStage + uint32_t(s) * kWTile;
-    const uint32_t st = sbase + kWOffStage + uint32_t(s) * kWTile;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) reg_fence(sc[nt][e]);
-    // 1. Partial scores of the other warpgroup's keys go to it: warpgroup 0's (keys 32 .. 63) to
-    //    the exchange buffer, warpgroup 1's (keys 0 .. 31) to this tile's k_pe chunks, which only
-    //    warpgroup 1's wgmmas read (done). Thread wt of one warpgroup holds the same (row, key)
-    //    positions as thread wt of the other, so each reads back what its twin wrote.
-    float4* give = reinterpret_cast<float4*>(w == 0 ? wsmem + kWOffXchg : stage + kWRope);
-    const float4* take =
-        reinterpret_cast<const float4*>(w == 0 ? stage + kWRope : wsmem + kWOffXchg);
-    // (Register indices must be compile-time constants: w selects between two unrolled forms.)
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      give[q * 128 + wt] = w == 0
-                               ? make_float4(sc[4 + q][0], sc[4 + q][1], sc[4 + q][2], sc[4 + q][3])
-                               : make_float4(sc[q][0], sc[q][1], sc[q][2], sc[q][3]);
-    }
-    named_bar(1, kWThreads);
-    // 2. Scores of this warpgroup's 32 keys (32·w + 8q + 2t + {0, 1}), scaled and masked.
-    float x[4][4];
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const float4 v = take[q * 128 + wt];
-      float my[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) my[e] = w == 0 ? sc[q][e] : sc[4 + q][e];
-      const int64_t key = s0 + w * 32 + q * 8 + 2 * t;
-      const bool ok0 = key < se, ok1 = key + 1 < se;
-      x[q][0] = ok0 ? (my[0] + v.x) * qscale : -INFINITY;
-      x[q][1] = ok1 ? (my[1] + v.y) * qscale : -INFINITY;
-      x[q][2] = ok0 ? (my[2] + v.z) * qscale : -INFINITY;
-      x[q][3] = ok1 ? (my[3] + v.w) * qscale : -INFINITY;
-      mx_lo = fmaxf(mx_lo, fmaxf(x[q][0], x[q][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(x[q][2], x[q][3]));
-    }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-    }
-    if (t == 0) smax[w * WH + r_lo] = mx_lo, smax[w * WH + r_hi] = mx_hi;
-    named_bar(1, kWThreads);
-    // 3. The new running maxima, the same in both warpgroups (the tile's first key is valid, so
-    //    they are finite); P = bf16(2^(s − m)) as A fragments of k-steps 2w, 2w + 1.
-    const float mn_lo = fmaxf(m_lo, fmaxf(smax[r_lo], smax[WH + r_lo]));
-    const float mn_hi = fmaxf(m_hi, fmaxf(smax[r_hi], smax[WH + r_hi]));
-    const float a_lo = fast_exp2(m_lo - mn_lo), a_hi = fast_exp2(m_hi - mn_hi);
-    m_lo = mn_lo, m_hi = mn_hi;
-    uint32_t pm[2][4];  // P fragments of this warpgroup's 32 keys
-    float ps_lo = 0.f, ps_hi = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const uint32_t p01 = pack_bf2(fast_exp2(x[q][0] - mn_lo), fast_exp2(x[q][1] - mn_lo));
-      const uint32_t p23 = pack_bf2(fast_exp2(x[q][2] - mn_hi), fast_exp2(x[q][3] - mn_hi));
-      // the row sums add the rounded P that the P·V product uses
-      ps_lo += __uint_as_float(p01 << 16) + __uint_as_float(p01 & 0xffff0000u);
-      ps_hi += __uint_as_float(p23 << 16) + __uint_as_float(p23 & 0xffff0000u);
-      pm[q / 2][(q % 2) * 2 + 0] = p01;  // a0/a2: row g, keys 2t (+8)
-      pm[q / 2][(q % 2) * 2 + 1] = p23;  // a1/a3: row g + 8
-    }
-    l_lo = l_lo * a_lo + ps_lo;
-    l_hi = l_hi * a_hi + ps_hi;
-    // 4. Exchange P through this tile's k_pe chunks (the partial scores there are read: step 2
-    //    ends before the barrier above): warpgroup w's fragments at w·4096. Each warpgroup reads
-    //    back all four k-steps (its own too), so no register choice depends on w between the
-    //    wgmmas (a select there makes ptxas serialise them).
-    uint32_t pa[4][4];
-    {
-      uint4* mine = reinterpret_cast<uint4*>(stage + kWRope + w * 4096);
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-        mine[j * 128 + wt] = make_uint4(pm[j][0], pm[j][1], pm[j][2], pm[j][3]);
-    }
-    named_bar(1, kWThreads);
-    {
-      const uint4* all = reinterpret_cast<const uint4*>(stage + kWRope);
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++) {       // k-step kk = keys 16·kk ..: warpgroup kk / 2's, at
-        const uint4 v = all[kk * 128 + wt];  // (kk / 2)·4096 + (kk % 2)·2048
-        pa[kk][0] = v.x, pa[kk][1] = v.y, pa[kk][2] = v.z, pa[kk][3] = v.w;
-      }
-    }
-    // 5. O = O·α + P·V over this warpgroup's 256 value columns, V read from the tile (MN-major);
-    //    the next tile's S is issued behind it so the tensor cores do not drain in between.
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int nt = 0; nt < 16; nt++) {
-        o[h][nt][0] *= a_lo, o[h][nt][1] *= a_lo;
-        o[h][nt][2] *= a_hi, o[h][nt][3] *= a_hi;
-#pragma unroll
-        for (int e = 0; e < 4; e++) reg_fence(o[h][nt][e]);
-      }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-        wgmma_m64n128k16_tb(
-            o[h], pa[kk],
-            wgmma_desc(st + uint32_t(32 * w + 16 * h) * 1024u + uint32_t(kk) * 256u, 128, 1024));
-    }
-    wgmma_commit();
-    if (it + 1 < ntiles) {
-      cp_async_wait<0>();  // tile it + 1 (the only group in flight)
-      fence_proxy_async();
-      // Also orders every read of this tile's k_pe chunks (the exchanges above) before either
-      // warpgroup refills them below.
-      named_bar(1, kWThreads);
-      issue_qk(s ^ 1);
-      wgmma_wait<1>();  // this warpgroup's P·V is done: refill its part of the stage
-      if (it + 2 < ntiles) load_tile(it + 2);
-      cp_async_commit();
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int nt = 0; nt < 16; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) reg_fence(o[h][nt][e]);
-  }
-
-  // Partial state of this split (an empty split leaves m = −inf, l = 0, ctx = 0): l summed over
-  // the quad, then over the two warpgroups (the last step-3 reads of smax precede the last
-  // barrier, so it can hold the sums now).
-#pragma unroll
-  for (int o2 = 1; o2 < 4; o2 <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
-  }
-  if (t == 0) smax[w * WH + r_lo] = l_lo, smax[w * WH + r_hi] = l_hi;
-  named_bar(1, kWThreads);
-  const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
-  const bool lo_ok = hb + r_lo < H, hi_ok = hb + r_hi < H;
-  if (w == 0 && t == 0) {
-    if (lo_ok)
-      *reinterpret_cast<float2*>(ws.ml + (row0 + r_lo) * 2) =
-          make_float2(m_lo, smax[r_lo] + smax[WH + r_lo]);
-    if (hi_ok)
-      *reinterpret_cast<float2*>(ws.ml + (row0 + r_hi) * 2) =
-          make_float2(m_hi, smax[r_hi] + smax[WH + r_hi]);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; h++)
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-      const int col = w * 256 + h * 128 + nt * 8 + 2 * t;
-      if (lo_ok)
-        *reinterpret_cast<float2*>(ws.part + (row0 + r_lo) * kLatent + col) =
-            make_float2(o[h][nt][0], o[h][nt][1]);
-      if (hi_ok)
-        *reinterpret_cast<float2*>(ws.part + (row0 + r_hi) * kLatent + col) =
-            make_float2(o[h][nt][2], o[h][nt][3]);
-    }
-}
+constexpr int kKSteps = kCacheDim / 16;    // 36 k-steps of S = Q·Kᵀ
 
 // Value columns col0 .. col0 + 255 of a split's unnormalised O (two m64n128 accumulators) for rows
 // r_lo and r_hi of the head group.
@@ -1058,7 +771,6 @@ __global__ void __launch_bounds__(256)
 DecodeKernel default_decode_kernel() {
   static const DecodeKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_DECODE");
-    if (e && std::strcmp(e, "wgmma") == 0) return DecodeKernel::wgmma;
     if (e && std::strcmp(e, "mma") == 0) return DecodeKernel::mma;
     return DecodeKernel::tma;
   }();
@@ -1066,7 +778,7 @@ DecodeKernel default_decode_kernel() {
 }
 
 const char* decode_kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::mma ? "mma" : k == DecodeKernel::wgmma ? "wgmma" : "tma";
+  return k == DecodeKernel::mma ? "mma" : "tma";
 }
 
 // attn_tma's heads per block: the fewest blocks of at most 64 heads, as even as they go (96: 2 ×
@@ -1079,9 +791,8 @@ static int tma_group(int H) {
 size_t decode_workspace_bytes(int H, int B, int64_t max_len) {
   // Either kernel's plan fits (the two block widths can give different split counts).
   max_len = std::max<int64_t>(max_len, 1);
-  const int splits =
-      std::max({plan_splits(H, B, max_len, HC).splits, plan_splits(H, B, max_len, WH).splits,
-                plan_splits(H, B, max_len, tma_group(H)).splits});
+  const int splits = std::max(plan_splits(H, B, max_len, HC).splits,
+                              plan_splits(H, B, max_len, tma_group(H)).splits);
   return ws_bytes(H, B, splits);
 }
 
@@ -1100,9 +811,7 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   if (kernel == DecodeKernel::tma && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
                                       (B > 1 && cache_stride / kCacheDim < max_len)))
     kernel = DecodeKernel::mma;
-  const int heads = kernel == DecodeKernel::tma     ? tma_group(H)
-                    : kernel == DecodeKernel::wgmma ? WH
-                                                    : HC;  // per attention block
+  const int heads = kernel == DecodeKernel::tma ? tma_group(H) : HC;  // per attention block
   const Plan plan = plan_splits(H, B, max_len, heads);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
@@ -1129,24 +838,18 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
                                "mla decode: cuTensorMapEncodeTiled failed");
         !st.ok())
       return st;
-  } else if (kernel == DecodeKernel::wgmma) {
-    if (Status a = rt::allow_dynamic_smem(attn_wgmma, int(kWSmem)); !a.ok()) return a;
   } else if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) {
     return a;
   }
   absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
-  // The head groups of a split innermost (attn_tma, attn_wgmma): they read the same cache rows
-  // close together in time, so the second read mostly hits L2 (or shares the loads).
+  // attn_tma: the head groups of a split innermost, a cluster sharing each tile's loads.
   if (kernel == DecodeKernel::tma) {
     if (Status st = launch_clustered_smem(
             attn_tma<kKeys>, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl, s, tm, H,
             heads, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws, kPrefetch);
         !st.ok())
       return st;
-  } else if (kernel == DecodeKernel::wgmma) {
-    attn_wgmma<<<dim3(groups, plan.splits, B), kWThreads, kWSmem, s>>>(
-        H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);
   } else {
     attn_split<<<dim3(plan.splits, groups, B), kThreads, kSplitSmem, s>>>(
         H, cache, cache_stride, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws);
