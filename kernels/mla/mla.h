@@ -99,7 +99,7 @@ DecodeKernel default_decode_kernel();
 const char* decode_kernel_name(DecodeKernel k);
 
 // Workspace of decode() for B sequences whose longest cache holds max_len positions (either
-// kernel).
+// kernel's plan).
 size_t decode_workspace_bytes(int H, int B, int64_t max_len);
 
 // One decode token for each of B sequences, absorbed form (spec §5.3): q_lat = bf16(W_UKᵀ q_nope),

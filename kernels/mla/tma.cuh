@@ -1,9 +1,10 @@
 // Tensor-memory-accelerator loads and the mbarriers that hand them over (sm_90a), for the TMA
-// form of the MLA prefill kernel: a CTA of a two-CTA cluster issues half of a tile's boxes and
-// multicasts them into the same shared-memory offset of both CTAs, each of whose `full` mbarrier
-// counts the bytes of the whole tile. Addresses are shared-memory (shared::cta) addresses of the
-// executing CTA; a multicast writes, and completes bytes on the mbarrier, at the same offsets in
-// every CTA of the mask. Device-only; included by kernels/mla/mla_prefill.cu.
+// forms of the MLA prefill and decode kernels: a CTA of a two-CTA cluster issues half of a tile's
+// boxes and multicasts them into the same shared-memory offset of both CTAs, each of whose `full`
+// mbarrier counts the bytes of the whole tile. Addresses are shared-memory (shared::cta)
+// addresses of the executing CTA; a multicast writes, and completes bytes on the mbarrier, at the
+// same offsets in every CTA of the mask. Included by kernels/mla/mla_prefill.cu and
+// mla_decode.cu (the host declarations below are defined in mla_prefill.cu).
 #pragma once
 #include <cuda.h>
 
