@@ -20,6 +20,20 @@ device_build() {
   echo "build $(( $(date +%s) - t0 )) s"
 }
 
+# device_ops_checks PATTERN LIMIT: S (strata) and K (test_kernels) from STRATA= and TESTS= (built
+# elsewhere) or built here, then the op-checks matching PATTERN within LIMIT seconds (skips fail),
+# log $OUT/ops.log; prints the summary and any failure.
+device_ops_checks() {
+  if [ -n "${STRATA:-}" ]; then
+    S=$STRATA; K=${TESTS:?TESTS= the test_kernels binary}
+  else
+    device_build strata test_kernels; S=./build-gpu/strata; K=./build-gpu/test_kernels
+  fi
+  STRATA_REQUIRE_GPU=1 timeout "$2" $K "$1" > "$OUT/ops.log" 2>&1
+  echo "op-checks '$1' rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/ops.log"
+  grep -E -B3 -A25 "FAILED" "$OUT/ops.log" | head -60
+}
+
 # device_ctest_gpu LIMIT RERUN_LIMIT: ctest -L gpu on build-gpu with STRATA_REQUIRE_GPU=1 (skips
 # fail) and -j3 within LIMIT seconds, log $OUT/ctest_gpu.log; failures re-run alone within
 # RERUN_LIMIT, log $OUT/ctest_rerun.log. Prints the summaries and the time; returns ctest's status.

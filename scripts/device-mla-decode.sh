@@ -11,14 +11,7 @@
 # B = 1, 32K positions (the bench's --quick line).
 DEVICE_OUT_DEFAULT=/tmp/mla-decode
 source scripts/device-lib.sh
-if [ -n "${STRATA:-}" ]; then
-  S=$STRATA; K=${TESTS:?TESTS= the test_kernels binary}
-else
-  device_build strata test_kernels; S=./build-gpu/strata; K=./build-gpu/test_kernels
-fi
-STRATA_REQUIRE_GPU=1 timeout ${LIMIT:-200} $K "mla gpu decode*" > "$OUT/ops.log" 2>&1
-echo "decode op-checks rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/ops.log"
-grep -E -B3 -A25 "FAILED" "$OUT/ops.log" | head -60
+device_ops_checks "mla gpu decode*" ${LIMIT:-200}
 lines() { grep -E "^peak/copy|^mla/decode" "$1" | sed -E 's/ +H=96[^,]*, absorbed, / /' | cut -c1-130; }
 for r in 1 ${BASE:+2}; do
   for b in this ${BASE:+base}; do

@@ -11,14 +11,7 @@
 # at T = 2048.
 DEVICE_OUT_DEFAULT=/tmp/mla-prefill
 source scripts/device-lib.sh
-if [ -n "${STRATA:-}" ]; then
-  S=$STRATA; K=${TESTS:?TESTS= the test_kernels binary}
-else
-  device_build strata test_kernels; S=./build-gpu/strata; K=./build-gpu/test_kernels
-fi
-STRATA_REQUIRE_GPU=1 timeout ${LIMIT:-240} $K "mla gpu prefill*" > "$OUT/ops.log" 2>&1
-echo "prefill op-checks rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/ops.log"
-grep -E -B3 -A25 "FAILED" "$OUT/ops.log" | head -60
+device_ops_checks "mla gpu prefill*" ${LIMIT:-240}
 lines() { grep -E "^peak/bf16|^mla/prefill" "$1" | sed -E 's/ +H=96[^0-9]*kernel +/  /' | cut -c1-140; }
 timeout 120 $S bench kernels --filter mla/prefill --repeats 3 > "$OUT/bench.txt" 2>&1
 echo "bench rc=$? $(( $(date +%s) - t0 )) s"; lines "$OUT/bench.txt"
