@@ -298,8 +298,10 @@ TEST_CASE("mla gpu decode: 64 heads (one full wgmma block), one tile of 64 rows"
   run_decode_case(64, {40}, 48);
 }
 
-TEST_CASE("mla gpu decode: head count not a multiple of the head block (100 heads: 48 and 64)",
-          "[gpu][mla]") {
+TEST_CASE(
+    "mla gpu decode: head count not a multiple of the head block (100 heads: mma's blocks of "
+    "48, tma's two groups of 50)",
+    "[gpu][mla]") {
   run_decode_case(100, {3000, 17}, 36);
 }
 
