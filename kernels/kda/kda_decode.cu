@@ -17,6 +17,7 @@
 // state loads come after the barrier: holding them across the prep costs registers, hence
 // CTAs per SM, and other CTAs hide the prep there.
 #include "kernels/kda/kda_common.cuh"
+#include "kernels/ops/row_cluster.cuh"
 
 namespace strata::kernels::kda {
 namespace {
@@ -56,20 +57,6 @@ __device__ __forceinline__ float conv1(const uint16_t* s3, uint16_t xn, const fl
   return round_bf(siluf_(acc));
 }
 
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
 // Store to the shared memory of CTA `rank` of the cluster at the address of `p` in this CTA.
 __device__ __forceinline__ void st_cluster(float* p, uint32_t rank, float v) {
   const uint32_t local = uint32_t(__cvta_generic_to_shared(p));
@@ -90,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
   constexpr int kRows = rows_per_warp<kSplit>(), kCtaRows = D / kSplit;
   const int H = p.H, HK = H * D;
   const int h = blockIdx.x / kSplit, b = blockIdx.y;
-  const int rank = kSplit == 1 ? 0 : int(cluster_rank());
+  const int rank = kSplit == 1 ? 0 : int(cluster_ctarank());
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cta_row0 = rank * kCtaRows, row0 = cta_row0 + warp * kRows;  // first v of CTA, warp
   __shared__ __align__(16) float qn[D], kn[D], al[D];
@@ -212,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
   if constexpr (kSplit > 1) {
     cluster_wait();
     if (lane < kSplit) st_cluster(&ss_part[rank * kWarps + warp], uint32_t(lane), ss);
-    cluster_arrive_release();
+    cluster_arrive();
     cluster_wait();
   } else {
     if (lane == 0) ss_part[warp] = ss;

@@ -56,6 +56,7 @@ constexpr int kThreads = kWarps * 32;   // 384
 constexpr int BK = 64;                  // cache rows per tile
 constexpr int KSLICE = kCacheDim / QW;  // 144: QKᵀ k-slice of one warp (9 k-steps)
 constexpr int VSLICE = kLatent / QW;    // 128: P·Ĉ columns of one warp
+static_assert(VSLICE == kV, "attn_split rescales its ctx slice with scale_o");
 constexpr int KSTR = kCacheDim + 8;  // bf16 row stride (1168 B): ldmatrix rows hit distinct banks
 // fp32 partial-score row stride; element (row, col) lives at row·SPSTR + (col ^ (row & 4)), so
 // both the float2 fragment stores and the float4 row reads are free of bank conflicts.
@@ -317,13 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float a_lo = exp2f(m_lo - ml), a_hi = exp2f(m_hi - mh);
       m_lo = ml;
       m_hi = mh;
-#pragma unroll
-      for (int nt = 0; nt < VSLICE / 8; nt++) {
-        acc[nt][0] *= a_lo;
-        acc[nt][1] *= a_lo;
-        acc[nt][2] *= a_hi;
-        acc[nt][3] *= a_hi;
-      }
+      scale_o(acc, a_lo, a_hi);
     }
     named_bar(bar, QW * 32);
     {  // ctx[16 heads, 128·qw ..] += P · Ĉ
@@ -410,25 +405,15 @@ __device__ __forceinline__ void store_o_half(const Ws& ws, int64_t row0, int r_l
 // poison P·V. Shared memory: q_lat (9 boxes of 64 rows × 128 B), two 72 KB stages, the hand-over (P
 // 8 KB, factors 1 KB), the mbarriers.
 constexpr int kTThreads = 256;
-constexpr int kTBoxes = kCacheDim / 64;  // boxes of 64 bf16 columns per cache row
-constexpr uint32_t kTQBox = 64 * 128;    // a box of q_lat: 64 rows × 128 B
-constexpr uint32_t kTRing = 2 * uint32_t(kTBoxes) * 64 * 128;  // 147456 B: 2 × 64 or 4 × 32 rows
+constexpr int kTBoxes = kCacheDim / 64;   // boxes of 64 bf16 columns per cache row
+constexpr uint32_t kTQBox = 64 * 128;     // a box of q_lat: 64 rows × 128 B
+constexpr int kTKeys = 64, kTStages = 2;  // cache rows per tile, tiles in the ring
+constexpr uint32_t kTRing = kTStages * uint32_t(kTBoxes) * kTKeys * 128;  // 147456 B
 constexpr uint32_t kTOffX = uint32_t(kTBoxes) * kTQBox + kTRing;  // after q_lat and the ring
 constexpr uint32_t kTOffBar = kTOffX + 128 * (64 + 8);
 constexpr size_t kTSmem = 1024 + kTOffBar + 128;
 static_assert(kTSmem <= 227 * 1024, "attn_tma shared memory");
 
-// S[64 × kKeys] += Q·Kᵀ for one k-step, both operands from shared memory.
-template <int kKeys>
-__device__ __forceinline__ void s_step(float (&d)[kKeys / 8][4], uint64_t da, uint64_t db) {
-  if constexpr (kKeys == 64)
-    wgmma_m64n64k16_ss(d, da, db);
-  else
-    wgmma_m64n32k16_ss(d, da, db);
-}
-
-// kKeys: cache rows per tile, 64 (a ring of two stages) or 32 (four stages of half the size).
-template <int kKeys>
 __global__ void __launch_bounds__(kTThreads, 1)
     attn_tma(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
              const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws,
@@ -438,7 +423,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
-  constexpr int kStages = 128 / kKeys;
+  constexpr int kKeys = kTKeys, kStages = kTStages;
   constexpr uint32_t kBox = kKeys * 128, kTile = uint32_t(kTBoxes) * kBox;
   const int n = se > sb ? int((se - sb + kKeys - 1) / kKeys) : 0;
   extern __shared__ uint8_t tsmem[];
@@ -552,8 +537,8 @@ __global__ void __launch_bounds__(kTThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ks++) {
         const uint32_t col = uint32_t(ks % 4) * 32;
-        s_step<kKeys>(sc, wgmma_desc_sw128(q_s + uint32_t(ks / 4) * kTQBox + col),
-                      wgmma_desc_sw128(st + uint32_t(ks / 4) * kBox + col));
+        wgmma_m64n64k16_ss(sc, wgmma_desc_sw128(q_s + uint32_t(ks / 4) * kTQBox + col),
+                           wgmma_desc_sw128(st + uint32_t(ks / 4) * kBox + col));
       }
       wgmma_commit();
     };
@@ -824,16 +809,16 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   // part of the tile two ahead of its ring into L2. Measured on an H100 (docs/performance.md): each
   // CTA loading its own tiles, prefetch distances 0 and 4, and 32-key tiles in a ring of four were
   // slower.
-  constexpr int kPrefetch = 2, kKeys = 64;
+  constexpr int kPrefetch = 2;
   const unsigned cl = groups % 2 == 0 ? 2 : 1;
   CUtensorMap tm{};
   if (kernel == DecodeKernel::tma) {
-    if (Status a = rt::allow_dynamic_smem(attn_tma<kKeys>, int(kTSmem)); !a.ok()) return a;
+    if (Status a = rt::allow_dynamic_smem(attn_tma, int(kTSmem)); !a.ok()) return a;
     // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
     const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
     const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
                                   cuuint64_t(B > 1 ? cache_stride : max_len * kCacheDim) * 2};
-    const cuuint32_t box[3] = {64, cuuint32_t(kKeys / int(cl)), 1};
+    const cuuint32_t box[3] = {64, cuuint32_t(kTKeys / int(cl)), 1};
     if (Status st = encode_map(encode, &tm, 3, cache, dim, stride, box,
                                "mla decode: cuTensorMapEncodeTiled failed");
         !st.ok())
@@ -845,9 +830,9 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   // attn_tma: the head groups of a split innermost, a cluster sharing each tile's loads.
   if (kernel == DecodeKernel::tma) {
-    if (Status st = launch_clustered_smem(
-            attn_tma<kKeys>, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl, s, tm, H,
-            heads, lens, pos_dev, int(max_len), plan.chunk, plan.splits, qscale, ws, kPrefetch);
+    if (Status st = launch_clustered_smem(attn_tma, dim3(groups, plan.splits, B), dim3(kTThreads),
+                                          kTSmem, cl, s, tm, H, heads, lens, pos_dev, int(max_len),
+                                          plan.chunk, plan.splits, qscale, ws, kPrefetch);
         !st.ok())
       return st;
   } else {

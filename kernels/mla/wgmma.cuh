@@ -113,18 +113,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
       : "l"(desc_a), "l"(desc_b));
 }
 
-// The same with 32 columns (D in d[0..3]).
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a,
-                                                   uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(desc_a), "l"(desc_b));
-}
-
 // O[64×128] += P[64×16] · V[16×128]: P from registers (mma A layout per warp), V from shared
 // memory as an MN-major (transposed, imm-trans-b = 1) operand; O in the m16n8 C layout per 8-column
 // block.

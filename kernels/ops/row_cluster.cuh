@@ -86,8 +86,8 @@ __device__ __forceinline__ void block_sums(const float (&v)[N], int n, float (*p
   }
 }
 
-// Cluster primitives in PTX (sm_90; the same instructions as kernels/kda/kda_decode.cu, which
-// does not depend on the toolkit's cooperative-groups version).
+// Cluster primitives in PTX (sm_90; used by kernels/ops, kernels/kda/kda_decode.cu and the MLA TMA
+// kernels instead of the toolkit's cooperative groups).
 __device__ __forceinline__ unsigned cluster_ctarank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
