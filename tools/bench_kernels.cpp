@@ -339,9 +339,7 @@ void bench_mla_prefill(const KernelBenchContext& ctx, BenchReport& r) {
     // long-cache lines below run it), then the others.
     const mla::PrefillKernel def = mla::default_prefill_kernel();
     std::vector<mla::PrefillKernel> kinds{def};
-    for (const mla::PrefillKernel k :
-         {mla::PrefillKernel::tma_fa3_pp, mla::PrefillKernel::tma_fa3, mla::PrefillKernel::tma_pipe,
-          mla::PrefillKernel::cp_async, mla::PrefillKernel::tma, mla::PrefillKernel::tma_solo})
+    for (const mla::PrefillKernel k : mla::kPrefillKernels)
       if (k != def) kinds.push_back(k);
     for (const mla::PrefillKernel k : kinds) {
       auto run = [&] {

@@ -80,6 +80,11 @@ int64_t prefill_tile_positions(int H, int64_t S, int64_t T, size_t workspace_byt
 // STRATA_MLA_PREFILL=cpasync, tma, tma_pipe, tma_solo or tma_fa3 selects those, anything else (or
 // unset) tma_fa3_pp.
 enum class PrefillKernel { cp_async, tma, tma_pipe, tma_solo, tma_fa3, tma_fa3_pp };
+// Every prefill kernel, the default first (the op-checks and `strata bench kernels` walk this
+// list).
+inline constexpr PrefillKernel kPrefillKernels[] = {
+    PrefillKernel::tma_fa3_pp, PrefillKernel::tma_fa3, PrefillKernel::tma_pipe,
+    PrefillKernel::cp_async,   PrefillKernel::tma,     PrefillKernel::tma_solo};
 PrefillKernel default_prefill_kernel();
 const char* prefill_kernel_name(PrefillKernel k);
 Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const uint16_t* kv_b,

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 #include "kernels/kda/cuda_util.cuh"
@@ -970,15 +971,16 @@ struct NamedPrefillKernel {
   PrefillKernel kernel;
   const char* name;
 };
-constexpr NamedPrefillKernel kPrefillKernels[] = {
+constexpr NamedPrefillKernel kPrefillKernelNames[] = {
     {PrefillKernel::cp_async, "cpasync"},  {PrefillKernel::tma, "tma"},
     {PrefillKernel::tma_pipe, "tma_pipe"}, {PrefillKernel::tma_solo, "tma_solo"},
     {PrefillKernel::tma_fa3, "tma_fa3"},   {PrefillKernel::tma_fa3_pp, "tma_fa3_pp"}};
+static_assert(std::size(kPrefillKernelNames) == std::size(kPrefillKernels), "a name per kernel");
 
 PrefillKernel default_prefill_kernel() {
   static const PrefillKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
-    for (const NamedPrefillKernel& n : kPrefillKernels)
+    for (const NamedPrefillKernel& n : kPrefillKernelNames)
       if (e && std::strcmp(e, n.name) == 0) return n.kernel;
     return PrefillKernel::tma_fa3_pp;
   }();
@@ -986,7 +988,7 @@ PrefillKernel default_prefill_kernel() {
 }
 
 const char* prefill_kernel_name(PrefillKernel k) {
-  for (const NamedPrefillKernel& n : kPrefillKernels)
+  for (const NamedPrefillKernel& n : kPrefillKernelNames)
     if (n.kernel == k) return n.name;
   return "?";
 }
