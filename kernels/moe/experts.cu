@@ -38,8 +38,9 @@ QuantRows carve_rows(char* base, size_t& off, int rows, int K) {
 
 Planes carve_planes(char* base, size_t& off, int rows, int K) {
   Planes p;
-  p.hi = take<int8_t>(base, off, size_t(rows) * size_t(K));
-  p.lo = take<int8_t>(base, off, size_t(rows) * size_t(K));
+  const size_t stride = size_t(K + kPlaneRowAlign - 1) / kPlaneRowAlign * kPlaneRowAlign;
+  p.hi = take<int8_t>(base, off, size_t(rows) * stride);
+  p.lo = take<int8_t>(base, off, size_t(rows) * stride);
   p.meta = take<int32_t>(base, off, size_t(rows) * 8);
   return p;
 }

@@ -41,6 +41,8 @@
 // gemm_kernel's, so its outputs are the same bits.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/moe/contract_device.cuh"
@@ -1238,6 +1240,302 @@ __global__ void __launch_bounds__(WsTile<BN, SA, SB, PD, MINB>::kThreads, MINB)
   }
 }
 
+
+// ---- The register-A wgmma form of the same kernel (ExpertPath::wgmma; sm_90a) ----
+//
+// The shifted weights never pass through shared memory: each warp decodes its 16 rows' packed
+// nibbles straight into the A fragments of `wgmma.mma_async m64nNk32 s32.s8.s8` (A from registers,
+// B = the planes from shared memory), so one decode per weight and token tile feeds the Hopper
+// warpgroup MMA at its full rate, with no producer round trip. Two warpgroups of 64 rows (warp w:
+// rows 16w … 16w + 15, gemm_kernel's map, so the window scan, epilogue and strict fallback are
+// shared) take one token tile of up to BT tokens, N = the tile's count rounded up to a width of
+// the kernel's set, one wgmma per plane (hi, lo) and k-step.
+//   - The k order: the planes are written by planes_kernel<true> in the order of the A fragments,
+//     rs_column: per 256 columns (8 blocks) lane t of a row's quad owns blocks 2t and 2t + 1, and
+//     128-column stage u of them holds block 2t + u of each lane, step j (of 4) elements 8j … 8j + 7
+//     of it in slots 4t … 4t + 3 and 16 + 4t … (the mma k32 A layout). So a lane loads 32 packed
+//     bytes per row and 256 columns (a row's 4 lanes: one 128-byte line), decodes word j of its
+//     block for step j, and needs one table per row and block; rows are padded to a multiple of
+//     256 (zero planes past K, zero weights past nb).
+//   - The planes of the tile's tokens go through a ring of SB stages of 128 columns by cp.async
+//     (SB − 2 ahead; K-major, no swizzle, wgmma_kernel's B map); the packed weights from global
+//     memory into a register ring of D stages of 256 columns, PF further ones prefetched into L2.
+//   - Per stage: decode 4 steps' A fragments, one wgmma.fence, 8 wgmmas, commit, wait until the
+//     stage before is done (so its A registers and, at the next barrier, its plane slot are free).
+constexpr int kRsSuper = 256;  // columns per weight load (8 blocks)
+constexpr int kRsStage = 128;  // columns per plane stage (4 k-steps)
+
+__host__ __device__ constexpr int rs_stride(int K) {
+  return (K + kRsSuper - 1) / kRsSuper * kRsSuper;
+}
+static_assert(kRsSuper == kPlaneRowAlign, "paths.h sizes the planes for this stride");
+
+// The source column of position p of a plane row in the register-A form's order.
+__device__ __forceinline__ int rs_column(int p) {
+  const int m = p >> 8, u = (p >> 7) & 1, j = (p >> 5) & 3, k = p & 31;
+  return 32 * (8 * m + 2 * ((k >> 2) & 3) + u) + 8 * j + 4 * (k >> 4) + (k & 3);
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_rs(int* d, const uint32_t (&a)[4], uint64_t db);
+template <>
+__device__ __forceinline__ void wgmma_rs<8>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %9, "
+      "p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<16>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %12, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, "
+      "%9, %10, %11}, %13, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<24>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %16, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11}, {%12, %13, %14, %15}, %17, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<32>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %21, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<48>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %28, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, "
+      "%26, %27}, %29, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<96>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47}, {%48, %49, %50, %51}, %53, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(int* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+      "%61, %62, %63}, {%64, %65, %66, %67}, %69, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
+}
+
+template <int BT, int SB>
+struct RsTile {
+  static constexpr int kBStage = 2 * BT * kRsStage;                // hi then lo plane
+  static constexpr int kChunks = 2 * BT * (kRsStage / 16) / kThreads;  // copies per thread
+  static_assert(BT % 16 == 0 && kChunks * kThreads == 2 * BT * (kRsStage / 16), "copy map");
+  static_assert(SB >= 3, "plane slot kt − 2 is refilled at stage kt");
+  static size_t smem(int nb) { return size_t(SB) * kBStage + size_t(kBM) * nb; }
+};
+
+// The instruction widths of a BT-token tile: the tile's count rounded up to BT/4, BT/2, 3·BT/4 or
+// BT.
+template <int BT, int D, int SB, int PF, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
+  using Tl = RsTile<BT, SB>;
+  constexpr int kBStage = Tl::kBStage;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const sB = smem;                 // SB plane stages
+  uint8_t* const sS = sB + SB * kBStage;    // [kBM, nb] scale codes
+  __shared__ int32_t s_smin[kBM], s_rowok[kBM];
+  __shared__ int32_t s_tokrow[BT], s_tokemin[BT], s_tokst[BT], s_bad[BT];
+  __shared__ int32_t s_nbad;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int g = blockIdx.y, row0 = blockIdx.x * kBM;
+  const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
+  if (p1 <= p0 || row0 >= a.N) return;
+  if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
+  const Mxfp4ExpertView v = a.experts[g];
+  const int K = a.K, nb = K / c::kBlock, Kp = rs_stride(K), nkt = Kp / kRsStage, nm = nkt / 2;
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+  load_scale_codes(a, v, row0, nb, sS, tid, kThreads);
+  cp_commit();
+  bool windows_done = false;
+  // This lane's 32 bytes of rows r_lo and r_hi in the first 256 columns.
+  const uint8_t *w_lo0, *w_hi0;
+  {
+    const uint8_t* sc;
+    row_source(a, v, row0 + r_lo, w_lo0, sc);
+    row_source(a, v, row0 + r_hi, w_hi0, sc);
+    w_lo0 += 32 * tig, w_hi0 += 32 * tig;
+  }
+
+  for (int pt = p0; pt < p1; pt += BT) {
+    const int cnt = min(BT, p1 - pt);
+    if (tid < BT) {
+      int row = 0, em = 0, st = is::kTokenOk;
+      if (tid < cnt) {
+        const int p = pt + tid;
+        row = a.row_map ? __ldg(a.row_map + p) : p;
+        em = __ldg(a.planes.meta + 2 * size_t(row));
+        st = __ldg(a.planes.meta + 2 * size_t(row) + 1);
+      }
+      s_tokrow[tid] = row, s_tokemin[tid] = em, s_tokst[tid] = st;
+    }
+    if (tid == 0) s_nbad = 0;
+    __syncthreads();
+    if (tid < cnt && s_tokst[tid] == is::kTokenSpan) s_bad[atomicAdd(&s_nbad, 1)] = tid;
+    // Plane chunk i = tid + 256·q of a stage: column chunk i mod 8, plane (i / 8) mod 2, token
+    // i / 16 (at 1024·(t / 8) + 128·chunk + 16·(t mod 8) of its plane: wgmma_kernel's B map).
+    const int bch = tid & 7, bpl = (tid >> 3) & 1;
+    auto issue_b = [&](int kt) {
+      uint8_t* const d = sB + (kt % SB) * kBStage + bpl * BT * kRsStage + bch * kCoreBytes;
+      const int8_t* const src = (bpl ? a.planes.lo : a.planes.hi) + kt * kRsStage + bch * 16;
+#pragma unroll
+      for (int q = 0; q < Tl::kChunks; q++) {
+        const int t = (tid >> 4) + 16 * q;
+        if (t < cnt)
+          cp16(d + (t >> 3) * kCoreGroup + (t & 7) * 16, src + size_t(s_tokrow[t]) * size_t(Kp));
+      }
+    };
+    for (int s = 0; s < SB - 2; s++) {
+      if (s < nkt) issue_b(s);
+      cp_commit();
+    }
+
+    const auto consume = [&](auto n_tag) {
+      constexpr int N = decltype(n_tag)::value;
+      int acc_hi[N / 2], acc_lo[N / 2];
+#pragma unroll
+      for (int r = 0; r < N / 2; r++) acc_hi[r] = 0, acc_lo[r] = 0;
+      // The weight ring: slot d holds 256-column stage m (blocks 8m + 2·tig, + 1 of both rows).
+      const uint8_t *wsl = w_lo0, *wsh = w_hi0;
+      int next_m = 0;
+      uint4 wl[D][2], wh[D][2];
+      const auto load_w = [&](uint4(&l)[2], uint4(&h)[2]) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+          if (8 * next_m + 2 * tig + u < nb) {
+            l[u] = __ldg(reinterpret_cast<const uint4*>(wsl) + u);
+            h[u] = __ldg(reinterpret_cast<const uint4*>(wsh) + u);
+          } else {
+            l[u] = make_uint4(0u, 0u, 0u, 0u), h[u] = l[u];
+          }
+        }
+        wsl += kRsSuper / 2, wsh += kRsSuper / 2, next_m++;
+      };
+#pragma unroll
+      for (int d = 0; d < D; d++)
+        if (d < nm) load_w(wl[d], wh[d]);
+
+      // Plane stage kt = 2m + u from the weights ql / qh of the lane's block 8m + 2·tig + u.
+      const auto stage = [&](int kt, const uint4 ql, const uint4 qh) {
+        cp_wait<SB - 3>();    // this thread's planes of stage kt have landed
+        fence_proxy_async();  // visible to the wgmmas
+        __syncthreads();      // everyone's; and every wgmma of stage kt − 2 is done
+        if (!windows_done) {  // the codes (the first group) have landed too
+          windows_done = true;
+          scan_windows(sS, nb, warp * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
+        }
+        if (kt + SB - 2 < nkt) issue_b(kt + SB - 2);
+        cp_commit();
+        const int b = 8 * (kt >> 1) + 2 * tig + (kt & 1);
+        const is::ShiftedTables tl = shift_table(b < nb ? sS[r_lo * nb + b] : 0);
+        const is::ShiftedTables th = shift_table(b < nb ? sS[r_hi * nb + b] : 0);
+        const uint32_t cl[4] = {ql.x, ql.y, ql.z, ql.w}, ch[4] = {qh.x, qh.y, qh.z, qh.w};
+        const uint8_t* const B = sB + (kt % SB) * kBStage;
+        // One commit group per k-step: while it runs, the next step decodes; waiting for all but
+        // the newest frees the step before's A registers (two steps' live at a time).
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          uint32_t af[4];
+          decode8_shifted(cl[j], tl, af[0], af[2]);
+          decode8_shifted(ch[j], th, af[1], af[3]);
+#pragma unroll
+          for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
+          wgmma_fence();
+          wgmma_rs<N>(acc_hi, af, smem_desc(B + 2 * j * kCoreBytes, kCoreBytes, kCoreGroup));
+          wgmma_rs<N>(acc_lo, af,
+                      smem_desc(B + BT * kRsStage + 2 * j * kCoreBytes, kCoreBytes, kCoreGroup));
+          wgmma_commit();
+#pragma unroll
+          for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
+          wgmma_wait<1>();
+        }
+      };
+      for (int m = 0; m < nm; m += D) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+          if (m + d < nm) {
+            stage(2 * (m + d), wl[d][0], wh[d][0]);
+            stage(2 * (m + d) + 1, wl[d][1], wh[d][1]);
+            if (PF > 0 && tig == 0 && m + d + D + PF < nm) {
+              prefetch_l2(wsl + PF * (kRsSuper / 2));
+              prefetch_l2(wsh + PF * (kRsSuper / 2));
+            }
+            if (m + d + D < nm) load_w(wl[d], wh[d]);
+          }
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < N / 2; r++) pin(acc_hi[r]), pin(acc_lo[r]);
+      // Epilogue, as gemm_kernel's: accumulator 4·f + r is (row gid + 8·(r ≥ 2), token
+      // 8f + 2·tig + r%2) of the warp's 16 rows.
+#pragma unroll
+      for (int f = 0; f < N / 8; f++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+          store_output(a, row0, pt, cnt, r >= 2 ? r_hi : r_lo, f * 8 + 2 * tig + (r & 1),
+                       acc_hi[4 * f + r], acc_lo[4 * f + r], s_tokst, s_tokemin, s_rowok, s_smin);
+      }
+    };
+    // Warp-uniform (a shuffle from lane 0), so the wgmma widths are uniform branches.
+    const int nq = __shfl_sync(0xffffffffu, (cnt * 4 + BT - 1) / BT, 0);
+    if (nq == 1)
+      consume(std::integral_constant<int, BT / 4>{});
+    else if (nq == 2)
+      consume(std::integral_constant<int, BT / 2>{});
+    else if (nq == 3)
+      consume(std::integral_constant<int, 3 * BT / 4>{});
+    else
+      consume(std::integral_constant<int, BT>{});
+    cp_wait<0>();
+    strict_rows(a, v, warp, lane, row0, pt, cnt, s_rowok, s_tokst, s_tokrow, s_bad, s_nbad);
+    __syncthreads();  // the next tile rewrites the token tables and the plane stages
+  }
+}
+
 // Layout probe (wgmma_probe): one warpgroup multiplies a known 64 × 32 A with a known 32 × N B
 // (N = 16 and 24), both placed in shared memory by wgmma_kernel's maps and descriptors (block 0 of
 // an A stage, columns 0–31 of a B stage), and stores D by its epilogue map: D[row][col] for the
@@ -1279,11 +1577,47 @@ __device__ void probe_one(int32_t* out, uint8_t* sA, uint8_t* sB) {
       out[(r >= 2 ? r_hi : r_lo) * N + f * 8 + 2 * tig + (r & 1)] = acc[4 * f + r];
   __syncthreads();
 }
+// The register-A form's map: warp w's lane (gid, tig) holds A(16w + gid (+ 8), 4·tig + i (+ 16))
+// in byte i of a[0] (a[1]; a[2]; a[3]), as rs_kernel's decode writes them.
+__device__ void probe_rs(int32_t* out, uint8_t* sB) {
+  constexpr int N = 16;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  for (int i = tid; i < N * 32; i += 128) {
+    const int t = i / 32, k = i % 32;
+    sB[(t >> 3) * kCoreGroup + (k >> 4) * kCoreBytes + (t & 7) * 16 + (k & 15)] =
+        uint8_t(probe_b(k, t));
+  }
+  fence_proxy_async();
+  __syncthreads();
+  uint32_t af[4];
+#pragma unroll
+  for (int f = 0; f < 4; f++) {
+    const int r = warp * 16 + gid + 8 * (f & 1), k0 = 4 * tig + 16 * (f >> 1);
+    uint32_t w = 0;
+    for (int i = 0; i < 4; i++) w |= uint32_t(uint8_t(probe_a(r, k0 + i))) << (8 * i);
+    af[f] = w;
+  }
+  int acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) acc[i] = 0;
+  wgmma_fence();
+  wgmma_rs<N>(acc, af, smem_desc(sB, kCoreBytes, kCoreGroup));
+  wgmma_commit();
+  wgmma_wait<0>();
+  const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
+#pragma unroll
+  for (int f = 0; f < N / 8; f++)
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+      out[(r >= 2 ? r_hi : r_lo) * N + f * 8 + 2 * tig + (r & 1)] = acc[4 * f + r];
+  __syncthreads();
+}
 __global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
   __shared__ __align__(128) uint8_t sA[8 * kACoreGroup];
   __shared__ __align__(128) uint8_t sB[3 * kCoreGroup];
   probe_one<16>(out, sA, sB);
   probe_one<24>(out + 64 * 16, sA, sB);
+  probe_rs(out + 64 * (16 + 24), sB);
 }
 
 // Per input row: metadata (e_min, status) and, for rows inside the window, the two planes. One
@@ -1292,6 +1626,7 @@ __global__ void __launch_bounds__(128) wgmma_probe_kernel(int32_t* out) {
 // its block's exponent, so only nonzero elements are shifted (a zero block's exponent may lie
 // outside the window).
 constexpr int kPlaneThreads = 128;
+template <bool RS>
 __global__ void __launch_bounds__(kPlaneThreads) planes_kernel(QuantRows in, int K, Planes out) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const size_t row = blockIdx.x;
@@ -1320,6 +1655,27 @@ __global__ void __launch_bounds__(kPlaneThreads) planes_kernel(QuantRows in, int
   const is::TokenMeta m = is::token_meta_finish(s);
   if (tid == 0) out.meta[2 * row] = m.e_min, out.meta[2 * row + 1] = m.status;
   if (m.status != is::kTokenOk) return;  // planes unused: strict path or NaN
+  if constexpr (RS) {
+    // rs_kernel's order (rs_column), rows of rs_stride(K) with zeros past K; 4 bytes per item
+    // (4 consecutive columns of one block).
+    const int Kp = rs_stride(K);
+    for (int w = tid; w < Kp / 4; w += kPlaneThreads) {
+      const int col = rs_column(4 * w);
+      alignas(4) int8_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+      if (col < K) {
+        const int sx = e[col / c::kBlock] - m.e_min;
+        alignas(4) int8_t v[4];
+        *reinterpret_cast<uint32_t*>(v) = *reinterpret_cast<const uint32_t*>(q + col);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if (v[j] != 0) is::split_plane(v[j], sx, hi[j], lo[j]);
+      }
+      const size_t i = row * size_t(Kp) + size_t(4 * w);
+      *reinterpret_cast<uint32_t*>(out.hi + i) = *reinterpret_cast<const uint32_t*>(hi);
+      *reinterpret_cast<uint32_t*>(out.lo + i) = *reinterpret_cast<const uint32_t*>(lo);
+    }
+    return;
+  }
   for (int c16 = tid; c16 < K / 16; c16 += kPlaneThreads) {
     const size_t i = row * size_t(K) + size_t(c16) * 16;
     const int sx = e[c16 >> 1] - m.e_min;
@@ -1335,10 +1691,14 @@ __global__ void __launch_bounds__(kPlaneThreads) planes_kernel(QuantRows in, int
   }
 }
 
-Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, void* stream) {
+// rs: rs_kernel's order and row stride (rs_column, rs_stride), else the natural one.
+Status planes_rows(const QuantRows& in, int rows, int K, const Planes& out, bool rs, void* stream) {
   if (rows == 0) return {};
-  planes_kernel<<<unsigned(rows), kPlaneThreads, 0, kernels::detail::as_stream(stream)>>>(in, K,
-                                                                                          out);
+  const auto st = kernels::detail::as_stream(stream);
+  if (rs)
+    planes_kernel<true><<<unsigned(rows), kPlaneThreads, 0, st>>>(in, K, out);
+  else
+    planes_kernel<false><<<unsigned(rows), kPlaneThreads, 0, st>>>(in, K, out);
   return kernels::detail::launch_status();
 }
 
@@ -1400,6 +1760,41 @@ Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
   return launch_wgmma_tile<128, 3, 4, 3, 1>(a, G, stream);
 }
 
+template <int BT, int D, int SB, int PF, int MINB>
+Status launch_rs_tile(const GemmArgs& a, int G, void* stream) {
+  const size_t smem = RsTile<BT, SB>::smem(a.K / c::kBlock);
+  if (Status st = rt::allow_dynamic_smem(rs_kernel<BT, D, SB, PF, MINB>, int(smem)); !st.ok())
+    return st;
+  const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
+  rs_kernel<BT, D, SB, PF, MINB><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  return kernels::detail::launch_status();
+}
+
+// The register-A tiles by the mean tokens per expert: 32-token tiles (N = 8 … 32 per plane) at
+// two CTAs per SM, the weights two 256-column stages ahead in registers; from a mean of 32,
+// 128-token tiles (N = 32 … 128) at one CTA per SM.
+Status launch_rs(const GemmArgs& a, int G, int P, void* stream) {
+  static const int alt = [] {
+    const char* e = std::getenv("STRATA_MOE_RS");
+    return e ? std::atoi(e) : 0;
+  }();
+  if (P < 32 * G)
+    return alt == 1 ? launch_rs_tile<32, 2, 6, 2, 1>(a, G, stream)
+                    : launch_rs_tile<32, 1, 6, 2, 2>(a, G, stream);
+  return alt == 1 ? launch_rs_tile<128, 1, 5, 2, 1>(a, G, stream)
+                  : launch_rs_tile<128, 1, 4, 2, 1>(a, G, stream);
+}
+
+// STRATA_MOE_WGMMA=ss: the warp-specialized shared-memory form (wgmma_kernel) instead of the
+// register-A form (rs_kernel) on ExpertPath::wgmma.
+bool rs_form() {
+  static const bool rs = [] {
+    const char* e = std::getenv("STRATA_MOE_WGMMA");
+    return !(e && std::string(e) == "ss");
+  }();
+  return rs;
+}
+
 Status not_supported() {
   return {int(cudaErrorNotSupported), "grouped_experts: the GEMM path takes input widths <= 4096"};
 }
@@ -1417,30 +1812,30 @@ bool gemm_supports(int K) {
 
 Status gemm_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.H)) return not_supported();
-  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
+  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, false, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
   return launch(a, b.G, b.P, stream);
 }
 
 Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.I)) return not_supported();
-  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
+  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, false, stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
   return launch(a, b.G, b.P, stream);
 }
 
 Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.H)) return not_supported();
-  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, stream); !s.ok()) return s;
+  if (Status s = planes_rows(ws.x, b.T, b.H, ws.xp, rs_form(), stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, b.pair_token, ws.x, ws.xp, b.H, 2 * b.I, b.I, ws.gu};
-  return launch_wgmma(a, b.G, b.P, stream);
+  return rs_form() ? launch_rs(a, b.G, b.P, stream) : launch_wgmma(a, b.G, b.P, stream);
 }
 
 Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream) {
   if (!gemm_supports(b.I)) return not_supported();
-  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, stream); !s.ok()) return s;
+  if (Status s = planes_rows(ws.h_q, b.P, b.I, ws.hp, rs_form(), stream); !s.ok()) return s;
   GemmArgs a{b.experts, b.group_offsets, nullptr, ws.h_q, ws.hp, b.I, b.H, b.H, b.y};
-  return launch_wgmma(a, b.G, b.P, stream);
+  return rs_form() ? launch_rs(a, b.G, b.P, stream) : launch_wgmma(a, b.G, b.P, stream);
 }
 
 }  // namespace strata::kernels::moe::detail

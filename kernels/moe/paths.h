@@ -29,6 +29,10 @@ struct Planes {
   int32_t* meta = nullptr;
 };
 
+// Plane rows are allocated at a multiple of this many columns: the register-A wgmma form writes
+// them in its own order with zeros up to it (intgemm.cu, rs_stride).
+inline constexpr int kPlaneRowAlign = 256;
+
 struct Workspace {
   QuantRows x;          // [T, H]
   float* gu = nullptr;  // [P, 2, I] gate and up projections (fp32, contract §3 results)
@@ -67,10 +71,10 @@ Status gemm_down(const ExpertBatch& b, const Workspace& ws, void* stream);
 // The same path with wgmma (sm_90a warpgroup MMA) in the main loop; same planes, same bits.
 Status wgmma_gate_up(const ExpertBatch& b, const Workspace& ws, void* stream);
 Status wgmma_down(const ExpertBatch& b, const Workspace& ws, void* stream);
-// The wgmma form's operand and result layouts on known values (a test's diagnostic: a wrong map
-// shows as a pattern of wrong rows or columns): out [64·16 + 64·24] int32 = D of a 64 × 32 by
-// 32 × N product for N = 16, then N = 24 (row-major), A(r, k) = (7r + 3k) mod 11 − 5,
-// B(k, t) = (5t + k) mod 13 − 6.
+// The wgmma forms' operand and result layouts on known values (a test's diagnostic: a wrong map
+// shows as a pattern of wrong rows or columns): out [64·16 + 64·24 + 64·16] int32 = D of a 64 × 32
+// by 32 × N product for N = 16, then N = 24 (A from shared memory), then N = 16 with A from
+// registers (row-major), A(r, k) = (7r + 3k) mod 11 − 5, B(k, t) = (5t + k) mod 13 − 6.
 Status wgmma_probe(int32_t* out, void* stream);
 
 }  // namespace strata::kernels::moe::detail

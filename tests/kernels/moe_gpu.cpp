@@ -545,13 +545,13 @@ TEST_CASE("moe gpu: wgmma operand and result layouts on known values", "[gpu]") 
   // One m64nNk32 s8 wgmma (N = 16, 24) with A and B in shared memory and D stored by
   // the maps the wgmma path uses. If the op-checks of the path fail, this says which map: a wrong
   // A map shows as wrong rows (or all), a wrong B descriptor or D map as wrong columns.
-  DeviceBuffer d_out(size_t(64) * (16 + 24) * 4);
+  DeviceBuffer d_out(size_t(64) * (16 + 24 + 16) * 4);
   d_out.fill(0xFF);
   REQUIRE(moe::detail::wgmma_probe(d_out.as<int32_t>(), nullptr).ok());
   strata::kernels::device_sync("wgmma_probe");
-  const std::vector<int32_t> got = d_out.to_vector<int32_t>(size_t(64) * (16 + 24));
+  const std::vector<int32_t> got = d_out.to_vector<int32_t>(size_t(64) * (16 + 24 + 16));
   size_t off = 0, bad = 0;
-  for (const int N : {16, 24}) {
+  for (const int N : {16, 24, 16}) {  // the last: A from registers
     for (int r = 0; r < 64; r++)
       for (int t = 0; t < N; t++) {
         int32_t want = 0;
