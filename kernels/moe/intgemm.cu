@@ -1358,24 +1358,32 @@ __device__ __forceinline__ void wgmma_rs<128>(int* d, const uint32_t (&a)[4], ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
 }
 
-template <int BT, int SB>
+template <int BT, int SB, int DS>
 struct RsTile {
   static constexpr int kBStage = 2 * BT * kRsStage;                // hi then lo plane
   static constexpr int kChunks = 2 * BT * (kRsStage / 16) / kThreads;  // copies per thread
+  // DS > 0: the packed weights through a ring of DS 256-column stages in shared memory (rows of
+  // 128 bytes padded to 144: a quarter-warp's 16-byte loads of 2 rows × 4 lanes hit distinct banks)
+  static constexpr int kWRow = kRsSuper / 2 + 16, kWStage = kBM * kWRow;
+  static constexpr int kWChunks = kBM * (kRsSuper / 32) / kThreads;  // 4 copies per thread
   static_assert(BT % 16 == 0 && kChunks * kThreads == 2 * BT * (kRsStage / 16), "copy map");
   static_assert(SB >= 3, "plane slot kt − 2 is refilled at stage kt");
-  static size_t smem(int nb) { return size_t(SB) * kBStage + size_t(kBM) * nb; }
+  static_assert(DS == 0 || SB <= 2 * DS, "weight stage m lands by plane stage 2m");
+  static size_t smem(int nb) {
+    return size_t(SB) * kBStage + size_t(DS) * kWStage + size_t(kBM) * nb;
+  }
 };
 
 // The instruction widths of a BT-token tile: the tile's count rounded up to BT/4, BT/2, 3·BT/4 or
 // BT.
-template <int BT, int D, int SB, int PF, int MINB>
+template <int BT, int D, int SB, int PF, int MINB, int DS>
 __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
-  using Tl = RsTile<BT, SB>;
-  constexpr int kBStage = Tl::kBStage;
+  using Tl = RsTile<BT, SB, DS>;
+  constexpr int kBStage = Tl::kBStage, kWRow = Tl::kWRow, kWStage = Tl::kWStage;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* const sB = smem;                 // SB plane stages
-  uint8_t* const sS = sB + SB * kBStage;    // [kBM, nb] scale codes
+  uint8_t* const sB = smem;                  // SB plane stages
+  uint8_t* const sW = sB + SB * kBStage;     // DS weight stages
+  uint8_t* const sS = sW + DS * kWStage;     // [kBM, nb] scale codes
   __shared__ int32_t s_smin[kBM], s_rowok[kBM];
   __shared__ int32_t s_tokrow[BT], s_tokemin[BT], s_tokst[BT], s_bad[BT];
   __shared__ int32_t s_nbad;
@@ -1428,6 +1436,25 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
           cp16(d + (t >> 3) * kCoreGroup + (t & 7) * 16, src + size_t(s_tokrow[t]) * size_t(Kp));
       }
     };
+    // DS > 0: weight copy i = tid + 256·q of a 256-column stage: row i / 8, 16-byte chunk i mod 8
+    // (block 8m + i mod 8 of the row).
+    const int wch = tid & 7;
+    auto issue_w = [&](int m) {
+      uint8_t* const d = sW + (m % DS) * kWStage + wch * 16;
+      if (8 * m + wch >= nb) return;  // past the row's end: never decoded (zero weights)
+#pragma unroll
+      for (int q = 0; q < Tl::kWChunks; q++) {
+        const int r = (tid >> 3) + 32 * q;
+        const uint8_t *pk, *sc;
+        row_source(a, v, row0 + r, pk, sc);
+        cp16(d + r * kWRow, pk + size_t(m) * (kRsSuper / 2) + wch * 16);
+        if (PF > 0 && wch == 0 && m + PF < nm) prefetch_l2(pk + size_t(m + PF) * (kRsSuper / 2));
+      }
+    };
+    if constexpr (DS > 0) {
+      for (int m = 0; m < DS - 1; m++)
+        if (m < nm) issue_w(m);
+    }
     for (int s = 0; s < SB - 2; s++) {
       if (s < nkt) issue_b(s);
       cp_commit();
@@ -1454,12 +1481,14 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
         }
         wsl += kRsSuper / 2, wsh += kRsSuper / 2, next_m++;
       };
+      if constexpr (DS == 0) {
 #pragma unroll
-      for (int d = 0; d < D; d++)
-        if (d < nm) load_w(wl[d], wh[d]);
+        for (int d = 0; d < D; d++)
+          if (d < nm) load_w(wl[d], wh[d]);
+      }
 
       // Plane stage kt = 2m + u from the weights ql / qh of the lane's block 8m + 2·tig + u.
-      const auto stage = [&](int kt, const uint4 ql, const uint4 qh) {
+      const auto stage = [&](int kt, const uint4 ql_in, const uint4 qh_in) {
         cp_wait<SB - 3>();    // this thread's planes of stage kt have landed
         fence_proxy_async();  // visible to the wgmmas
         __syncthreads();      // everyone's; and every wgmma of stage kt − 2 is done
@@ -1468,8 +1497,20 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
           scan_windows(sS, nb, warp * 16 + (lane & 15), lane, row0, a.N, s_smin, s_rowok, true);
         }
         if (kt + SB - 2 < nkt) issue_b(kt + SB - 2);
+        // The weight slot of 256-column stage m − 1, last read at plane stage 2m − 1.
+        if (DS > 0 && (kt & 1) == 0 && (kt >> 1) + DS - 1 < nm) issue_w((kt >> 1) + DS - 1);
         cp_commit();
         const int b = 8 * (kt >> 1) + 2 * tig + (kt & 1);
+        uint4 ql = ql_in, qh = qh_in;
+        if constexpr (DS > 0) {
+          const uint8_t* const W = sW + ((kt >> 1) % DS) * kWStage + tig * 32 + (kt & 1) * 16;
+          if (b < nb) {
+            ql = *reinterpret_cast<const uint4*>(W + r_lo * kWRow);
+            qh = *reinterpret_cast<const uint4*>(W + r_hi * kWRow);
+          } else {
+            ql = make_uint4(0u, 0u, 0u, 0u), qh = ql;
+          }
+        }
         const is::ShiftedTables tl = shift_table(b < nb ? sS[r_lo * nb + b] : 0);
         const is::ShiftedTables th = shift_table(b < nb ? sS[r_hi * nb + b] : 0);
         const uint32_t cl[4] = {ql.x, ql.y, ql.z, ql.w}, ch[4] = {qh.x, qh.y, qh.z, qh.w};
@@ -1493,6 +1534,10 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
           wgmma_wait<1>();
         }
       };
+      if constexpr (DS > 0) {
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        for (int kt = 0; kt < nkt; kt++) stage(kt, z, z);
+      } else {
       for (int m = 0; m < nm; m += D) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
@@ -1506,6 +1551,7 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
             if (m + d + D < nm) load_w(wl[d], wh[d]);
           }
         }
+      }
       }
       wgmma_wait<0>();
 #pragma unroll
@@ -1760,13 +1806,14 @@ Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
   return launch_wgmma_tile<128, 3, 4, 3, 1>(a, G, stream);
 }
 
-template <int BT, int D, int SB, int PF, int MINB>
+template <int BT, int D, int SB, int PF, int MINB, int DS = 0>
 Status launch_rs_tile(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = RsTile<BT, SB>::smem(a.K / c::kBlock);
-  if (Status st = rt::allow_dynamic_smem(rs_kernel<BT, D, SB, PF, MINB>, int(smem)); !st.ok())
+  const size_t smem = RsTile<BT, SB, DS>::smem(a.K / c::kBlock);
+  if (Status st = rt::allow_dynamic_smem(rs_kernel<BT, D, SB, PF, MINB, DS>, int(smem)); !st.ok())
     return st;
   const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  rs_kernel<BT, D, SB, PF, MINB><<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  rs_kernel<BT, D, SB, PF, MINB, DS>
+      <<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
 
@@ -1778,11 +1825,14 @@ Status launch_rs(const GemmArgs& a, int G, int P, void* stream) {
     const char* e = std::getenv("STRATA_MOE_RS");
     return e ? std::atoi(e) : 0;
   }();
-  if (P < 32 * G)
-    return alt == 1 ? launch_rs_tile<32, 2, 6, 2, 1>(a, G, stream)
-                    : launch_rs_tile<32, 1, 6, 2, 2>(a, G, stream);
-  return alt == 1 ? launch_rs_tile<128, 1, 5, 2, 1>(a, G, stream)
-                  : launch_rs_tile<128, 1, 4, 2, 1>(a, G, stream);
+  if (P < 32 * G) {
+    if (alt == 1) return launch_rs_tile<32, 1, 6, 2, 2, 3>(a, G, stream);
+    if (alt == 2) return launch_rs_tile<32, 1, 6, 4, 2, 3>(a, G, stream);
+    if (alt == 3) return launch_rs_tile<32, 1, 8, 2, 1, 4>(a, G, stream);
+    return launch_rs_tile<32, 1, 6, 2, 2>(a, G, stream);
+  }
+  if (alt == 1) return launch_rs_tile<128, 1, 4, 2, 1, 3>(a, G, stream);
+  return launch_rs_tile<128, 1, 4, 2, 1>(a, G, stream);
 }
 
 // STRATA_MOE_WGMMA=ss: the warp-specialized shared-memory form (wgmma_kernel) instead of the

@@ -399,6 +399,15 @@ TEST_CASE("moe gpu: extreme block exponents (tiny and huge activations and scale
       c.group_tokens = {{2}, {0}, {1}};
       Prepared pd = prepare(c);
       check_gpu(pd, moe::ExpertPath::gemv);
+      // The GEMM path's forms (widths ≤ 4096; 65 blocks: a partial last stage) at the same
+      // extremes: the window shifts are relative, the epilogue's exponent reaches the ends of its
+      // range.
+      c.I = 2080;
+      c.group_slot = {2, 0};
+      c.group_tokens = {{0, 1, 2}, {1}};
+      Prepared pg = prepare(c);
+      check_gpu(pg, moe::ExpertPath::gemm);
+      check_gpu(pg, moe::ExpertPath::wgmma);
     }
   }
 }
@@ -582,7 +591,7 @@ TEST_CASE("moe gpu: GEMM paths with token tiles filled past half (the wgmma full
     int H = 320, I = 256;
   };
   const Layout layouts[] = {{"16-token tiles", {13, 1, 2, 0, 6}},
-                            {"32-token tiles", {27, 5, 11, 19}},
+                            {"32-token tiles", {27, 5, 11, 19, 40}},
                             {"64-token tiles", {45, 100, 13, 30}},
                             {"128-token tiles", {100, 45, 130, 20, 70}},
                             {"128-token tiles at K3 shape", {70, 130}, 3584, 3072}};
