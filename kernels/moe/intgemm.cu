@@ -190,28 +190,28 @@ __device__ __forceinline__ void row_source(const GemmArgs& a, const Mxfp4ExpertV
 // else plain loads), committed with the caller's first group.
 __device__ __forceinline__ void load_scale_codes(const GemmArgs& a, const Mxfp4ExpertView& v,
                                                  int row0, int nb, uint8_t* sS, int tid,
-                                                 int nthreads) {
+                                                 int nthreads, int rows = kBM) {
   const bool down = a.split == a.N;
   const auto aligned = [&](uintptr_t m) {
     const auto al = [m](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & m) == 0u; };
     return down ? al(v.w2_scale) : al(v.w1_scale) && al(v.w3_scale);
   };
   if (nb % 16 == 0 && aligned(15u)) {
-    for (int i = tid; i < kBM * (nb / 16); i += nthreads) {
+    for (int i = tid; i < rows * (nb / 16); i += nthreads) {
       const int r = i / (nb / 16), j = i - r * (nb / 16);
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
       cp16(sS + r * nb + 16 * j, sc + 16 * j);
     }
   } else if (nb % 4 == 0 && aligned(3u)) {
-    for (int i = tid; i < kBM * (nb / 4); i += nthreads) {
+    for (int i = tid; i < rows * (nb / 4); i += nthreads) {
       const int r = i / (nb / 4), j = i - r * (nb / 4);
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
       cp4(sS + r * nb + 4 * j, sc + 4 * j);
     }
   } else {
-    for (int i = tid; i < kBM * nb; i += nthreads) {
+    for (int i = tid; i < rows * nb; i += nthreads) {
       const int r = i / nb, j = i - r * nb;
       const uint8_t *pk, *sc;
       row_source(a, v, row0 + r, pk, sc);
@@ -1358,45 +1358,47 @@ __device__ __forceinline__ void wgmma_rs<128>(int* d, const uint32_t (&a)[4], ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(db));
 }
 
-template <int BT, int SB, int DS>
+template <int BT, int SB, int DS, int BM>
 struct RsTile {
+  static constexpr int kThreads = 2 * BM;  // a warpgroup per 64 rows
   static constexpr int kBStage = 2 * BT * kRsStage;                // hi then lo plane
   static constexpr int kChunks = 2 * BT * (kRsStage / 16) / kThreads;  // copies per thread
   // DS > 0: the packed weights through a ring of DS 256-column stages in shared memory (rows of
   // 128 bytes padded to 144: a quarter-warp's 16-byte loads of 2 rows × 4 lanes hit distinct banks)
-  static constexpr int kWRow = kRsSuper / 2 + 16, kWStage = kBM * kWRow;
-  static constexpr int kWChunks = kBM * (kRsSuper / 32) / kThreads;  // 4 copies per thread
+  static constexpr int kWRow = kRsSuper / 2 + 16, kWStage = BM * kWRow;
+  static constexpr int kWChunks = BM * (kRsSuper / 32) / kThreads;  // 4 copies per thread
   static_assert(BT % 16 == 0 && kChunks * kThreads == 2 * BT * (kRsStage / 16), "copy map");
   static_assert(SB >= 3, "plane slot kt − 2 is refilled at stage kt");
   static_assert(DS == 0 || SB <= 2 * DS, "weight stage m lands by plane stage 2m");
   static size_t smem(int nb) {
-    return size_t(SB) * kBStage + size_t(DS) * kWStage + size_t(kBM) * nb;
+    return size_t(SB) * kBStage + size_t(DS) * kWStage + size_t(BM) * nb;
   }
 };
 
 // The instruction widths of a BT-token tile: the tile's count rounded up to BT/4, BT/2, 3·BT/4 or
 // BT.
-template <int BT, int D, int SB, int PF, int MINB, int DS>
-__global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
-  using Tl = RsTile<BT, SB, DS>;
+template <int BT, int D, int SB, int PF, int MINB, int DS, int BM>
+__global__ void __launch_bounds__(2 * BM, MINB) rs_kernel(GemmArgs a) {
+  using Tl = RsTile<BT, SB, DS, BM>;
   constexpr int kBStage = Tl::kBStage, kWRow = Tl::kWRow, kWStage = Tl::kWStage;
+  constexpr int kThreads = Tl::kThreads;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const sB = smem;                  // SB plane stages
   uint8_t* const sW = sB + SB * kBStage;     // DS weight stages
   uint8_t* const sS = sW + DS * kWStage;     // [kBM, nb] scale codes
-  __shared__ int32_t s_smin[kBM], s_rowok[kBM];
+  __shared__ int32_t s_smin[BM], s_rowok[BM];
   __shared__ int32_t s_tokrow[BT], s_tokemin[BT], s_tokst[BT], s_bad[BT];
   __shared__ int32_t s_nbad;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-  const int g = blockIdx.y, row0 = blockIdx.x * kBM;
+  const int g = blockIdx.y, row0 = blockIdx.x * BM;
   const int p0 = a.group_offsets[g], p1 = a.group_offsets[g + 1];
   if (p1 <= p0 || row0 >= a.N) return;
   if (tid <= is::kMaxWeightShift) s_tab[tid] = is::shifted_tables(tid);
   const Mxfp4ExpertView v = a.experts[g];
   const int K = a.K, nb = K / c::kBlock, Kp = rs_stride(K), nkt = Kp / kRsStage, nm = nkt / 2;
   const int r_lo = warp * 16 + gid, r_hi = r_lo + 8;
-  load_scale_codes(a, v, row0, nb, sS, tid, kThreads);
+  load_scale_codes(a, v, row0, nb, sS, tid, kThreads, BM);
   cp_commit();
   bool windows_done = false;
   // This lane's 32 bytes of rows r_lo and r_hi in the first 256 columns.
@@ -1431,7 +1433,7 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
       const int8_t* const src = (bpl ? a.planes.lo : a.planes.hi) + kt * kRsStage + bch * 16;
 #pragma unroll
       for (int q = 0; q < Tl::kChunks; q++) {
-        const int t = (tid >> 4) + 16 * q;
+        const int t = (tid >> 4) + (kThreads / 16) * q;
         if (t < cnt)
           cp16(d + (t >> 3) * kCoreGroup + (t & 7) * 16, src + size_t(s_tokrow[t]) * size_t(Kp));
       }
@@ -1444,7 +1446,7 @@ __global__ void __launch_bounds__(kThreads, MINB) rs_kernel(GemmArgs a) {
       if (8 * m + wch >= nb) return;  // past the row's end: never decoded (zero weights)
 #pragma unroll
       for (int q = 0; q < Tl::kWChunks; q++) {
-        const int r = (tid >> 3) + 32 * q;
+        const int r = (tid >> 3) + (kThreads / 8) * q;
         const uint8_t *pk, *sc;
         row_source(a, v, row0 + r, pk, sc);
         cp16(d + r * kWRow, pk + size_t(m) * (kRsSuper / 2) + wch * 16);
@@ -1806,14 +1808,15 @@ Status launch_wgmma(const GemmArgs& a, int G, int P, void* stream) {
   return launch_wgmma_tile<128, 3, 4, 3, 1>(a, G, stream);
 }
 
-template <int BT, int D, int SB, int PF, int MINB, int DS = 0>
+template <int BT, int D, int SB, int PF, int MINB, int DS = 0, int BM = kBM>
 Status launch_rs_tile(const GemmArgs& a, int G, void* stream) {
-  const size_t smem = RsTile<BT, SB, DS>::smem(a.K / c::kBlock);
-  if (Status st = rt::allow_dynamic_smem(rs_kernel<BT, D, SB, PF, MINB, DS>, int(smem)); !st.ok())
+  const size_t smem = RsTile<BT, SB, DS, BM>::smem(a.K / c::kBlock);
+  if (Status st = rt::allow_dynamic_smem(rs_kernel<BT, D, SB, PF, MINB, DS, BM>, int(smem));
+      !st.ok())
     return st;
-  const dim3 grid(unsigned((a.N + kBM - 1) / kBM), unsigned(G));
-  rs_kernel<BT, D, SB, PF, MINB, DS>
-      <<<grid, kThreads, smem, kernels::detail::as_stream(stream)>>>(a);
+  const dim3 grid(unsigned((a.N + BM - 1) / BM), unsigned(G));
+  rs_kernel<BT, D, SB, PF, MINB, DS, BM>
+      <<<grid, 2 * BM, smem, kernels::detail::as_stream(stream)>>>(a);
   return kernels::detail::launch_status();
 }
 
@@ -1829,6 +1832,9 @@ Status launch_rs(const GemmArgs& a, int G, int P, void* stream) {
     if (alt == 1) return launch_rs_tile<32, 1, 6, 2, 2, 3>(a, G, stream);
     if (alt == 2) return launch_rs_tile<32, 1, 6, 4, 2, 3>(a, G, stream);
     if (alt == 3) return launch_rs_tile<32, 1, 8, 2, 1, 4>(a, G, stream);
+    // 256-row CTAs (four warpgroups): each plane stage read once per 256 rows.
+    if (alt == 4) return launch_rs_tile<32, 1, 6, 2, 1, 3, 256>(a, G, stream);
+    if (alt == 5) return launch_rs_tile<32, 1, 6, 2, 1, 0, 256>(a, G, stream);
     return launch_rs_tile<32, 1, 6, 2, 2>(a, G, stream);
   }
   if (alt == 1) return launch_rs_tile<128, 1, 4, 2, 1, 3>(a, G, stream);
