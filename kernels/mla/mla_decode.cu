@@ -405,10 +405,10 @@ __device__ __forceinline__ void store_o_half(const Ws& ws, int64_t row0, int r_l
 // poison P·V. Shared memory: q_lat (9 boxes of 64 rows × 128 B), two 72 KB stages, the hand-over (P
 // 8 KB, factors 1 KB), the mbarriers.
 constexpr int kTThreads = 256;
-constexpr int kTBoxes = kCacheDim / 64;   // boxes of 64 bf16 columns per cache row
-constexpr uint32_t kTQBox = 64 * 128;     // a box of q_lat: 64 rows × 128 B
-constexpr int kTKeys = 64, kTStages = 2;  // cache rows per tile, tiles in the ring
-constexpr uint32_t kTRing = kTStages * uint32_t(kTBoxes) * kTKeys * 128;  // 147456 B
+constexpr int kTBoxes = kCacheDim / 64;  // boxes of 64 bf16 columns per cache row
+constexpr uint32_t kTQBox = 64 * 128;    // a box of q_lat: 64 rows × 128 B
+constexpr int kTStages = 2;              // tiles of kKeyTile cache rows in the ring
+constexpr uint32_t kTRing = kTStages * uint32_t(kTBoxes) * kKeyTile * 128;  // 147456 B
 constexpr uint32_t kTOffX = uint32_t(kTBoxes) * kTQBox + kTRing;  // after q_lat and the ring
 constexpr uint32_t kTOffBar = kTOffX + 128 * (64 + 8);
 constexpr size_t kTSmem = 1024 + kTOffBar + 128;
@@ -423,19 +423,18 @@ __global__ void __launch_bounds__(kTThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
   const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
-  constexpr int kKeys = kTKeys, kStages = kTStages;
-  constexpr uint32_t kBox = kKeys * 128, kTile = uint32_t(kTBoxes) * kBox;
-  const int n = se > sb ? int((se - sb + kKeys - 1) / kKeys) : 0;
+  constexpr uint32_t kBox = kKeyTile * 128, kTile = uint32_t(kTBoxes) * kBox;
+  const int n = se > sb ? int((se - sb + kKeyTile - 1) / kKeyTile) : 0;
   extern __shared__ uint8_t tsmem[];
   const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = tsmem + (base - raw);
   const uint32_t q_s = base, stage0 = base + uint32_t(kTBoxes) * kTQBox;
-  const uint32_t full = base + kTOffBar, empty = full + 8 * kStages, pfull = empty + 8 * kStages,
+  const uint32_t full = base + kTOffBar, empty = full + 8 * kTStages, pfull = empty + 8 * kTStages,
                  pempty = pfull + 8;
-  auto stage = [&](int j) { return stage0 + uint32_t(j % kStages) * kTile; };
-  auto phase = [&](int j) { return unsigned(j / kStages) & 1u; };
+  auto stage = [&](int j) { return stage0 + uint32_t(j % kTStages) * kTile; };
+  auto phase = [&](int j) { return unsigned(j / kTStages) & 1u; };
   if (tid == 0) {
-    for (int i = 0; i < kStages; i++) {
+    for (int i = 0; i < kTStages; i++) {
       mbar_init(full + 8 * i, 1);
       mbar_init(empty + 8 * i, 8 * cl);
     }
@@ -467,12 +466,12 @@ __global__ void __launch_bounds__(kTThreads, 1)
     if (lane == 0)
       for (unsigned rr = 0; rr < cl; rr++) {
         if (rr == rank)
-          mbar_arrive_local(empty + 8 * (j % kStages));
+          mbar_arrive_local(empty + 8 * (j % kTStages));
         else
-          mbar_arrive_cluster(empty + 8 * (j % kStages), rr);
+          mbar_arrive_cluster(empty + 8 * (j % kTStages), rr);
       }
   };
-  auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j % kStages), phase(j)); };
+  auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j % kTStages), phase(j)); };
   uint4* const xp = reinterpret_cast<uint4*>(gbase + kTOffX);                   // [4][128] P words
   float2* const xa = reinterpret_cast<float2*>(gbase + kTOffX + 4 * 128 * 16);  // [128] factors
   const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
@@ -480,10 +479,10 @@ __global__ void __launch_bounds__(kTThreads, 1)
   // Tile j into its stage (thread 128, warpgroup 1's first thread, is the producer: tiles 0 and
   // 1 up front, tile j + 2 once every consumer warp of the cluster is done with tile j).
   auto issue = [&](int j) {
-    const int rows = kKeys / int(cl);
-    const uint32_t bar = full + 8 * (j % kStages);
+    const int rows = kKeyTile / int(cl);
+    const uint32_t bar = full + 8 * (j % kTStages);
     mbar_arrive_expect_tx(bar, kTile);
-    const int y = int(sb) + j * kKeys + int(rank) * rows;
+    const int y = int(sb) + j * kKeyTile + int(rank) * rows;
     const uint32_t dst = stage(j) + rank * uint32_t(rows) * 128;
     for (int x = 0; x < kTBoxes; x++) {
       if (cl > 1)
@@ -494,8 +493,8 @@ __global__ void __launch_bounds__(kTThreads, 1)
   };
   // This CTA's part of tile j into L2 only (pf tiles ahead of the ring).
   auto prefetch = [&](int j) {
-    const int rows = kKeys / int(cl);
-    const int y = int(sb) + j * kKeys + int(rank) * rows;
+    const int rows = kKeyTile / int(cl);
+    const int y = int(sb) + j * kKeyTile + int(rank) * rows;
     for (int x = 0; x < kTBoxes; x++) tma_prefetch_l2(&tm, x * 64, y, b);
   };
   auto issue_ahead = [&](int j) {
@@ -503,13 +502,13 @@ __global__ void __launch_bounds__(kTThreads, 1)
     if (pf > 0 && j + pf < n) prefetch(j + pf);
   };
   if (tid == 128) {
-    for (int j = 0; j < min(kStages, n); j++) issue_ahead(j);
-    for (int j = kStages; j < min(pf, n); j++) prefetch(j);
+    for (int j = 0; j < min(kTStages, n); j++) issue_ahead(j);
+    for (int j = kTStages; j < min(pf, n); j++) prefetch(j);
   }
   if (warp < 4) {
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-    float oa[16][4], ob[16][4], sc[kKeys / 8][4];
-    uint32_t pa[kKeys / 16][4];
+    float oa[16][4], ob[16][4], sc[kKeyTile / 8][4];
+    uint32_t pa[kKeyTile / 16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; nt++)
       for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
@@ -517,11 +516,11 @@ __global__ void __launch_bounds__(kTThreads, 1)
     // Tile j's bytes landed; its rows at and past se zeroed (only a split's last tile has any).
     auto prep = [&](int j) {
       wait_full(j);
-      const int64_t s0 = sb + int64_t(j) * kKeys;
-      if (se - s0 < kKeys) {
+      const int64_t s0 = sb + int64_t(j) * kKeyTile;
+      if (se - s0 < kKeyTile) {
         const int r0 = int(se - s0);
         uint8_t* st = gbase + (stage(j) - base);
-        for (int i = tid; i < (kKeys - r0) * kRowChunks; i += 128) {
+        for (int i = tid; i < (kKeyTile - r0) * kRowChunks; i += 128) {
           const int r = r0 + i / kRowChunks, c = i % kRowChunks;
           *reinterpret_cast<uint4*>(st + (c / 8) * kBox + r * 128 + (c % 8) * 16) =
               make_uint4(0u, 0u, 0u, 0u);
@@ -545,7 +544,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
     auto pv = [&](int j) {
       const uint32_t v = stage(j);
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; kk++) {
+      for (int kk = 0; kk < kKeyTile / 16; kk++) {
         wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kBox, 1024));
         wgmma_m64n128k16_tb(ob, pa[kk], wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
       }
@@ -558,13 +557,13 @@ __global__ void __launch_bounds__(kTThreads, 1)
       reg_fence(oa);
       reg_fence(ob);
       float a_lo, a_hi;
-      softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, sb + int64_t(j) * kKeys, far, far,
+      softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, sb + int64_t(j) * kKeyTile, far, far,
                    far, se, t, qscale);
       scale_o(oa, a_lo, a_hi);
       scale_o(ob, a_lo, a_hi);
       if (j > 0) mbar_wait<false>(pempty, unsigned(j - 1) & 1u);
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; kk++)
+      for (int kk = 0; kk < kKeyTile / 16; kk++)
         xp[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
       xa[tid] = make_float2(a_lo, a_hi);
       __syncwarp();
@@ -612,14 +611,14 @@ __global__ void __launch_bounds__(kTThreads, 1)
   } else {
     const int u = tid - 128, w = warp - 4;
     float oa[16][4], ob[16][4];
-    uint32_t pa[kKeys / 16][4];
+    uint32_t pa[kKeyTile / 16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; nt++)
       for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
     for (int j = 0; j < n; j++) {
       mbar_wait<false>(pfull, unsigned(j) & 1u);
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; kk++) {
+      for (int kk = 0; kk < kKeyTile / 16; kk++) {
         const uint4 x = xp[kk * 128 + u];
         pa[kk][0] = x.x, pa[kk][1] = x.y, pa[kk][2] = x.z, pa[kk][3] = x.w;
       }
@@ -634,16 +633,16 @@ __global__ void __launch_bounds__(kTThreads, 1)
       wgmma_fence();
       const uint32_t v = stage(j) + 4 * kBox;
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; kk++) {
+      for (int kk = 0; kk < kKeyTile / 16; kk++) {
         wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kBox, 1024));
         wgmma_m64n128k16_tb(ob, pa[kk], wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
       }
       wgmma_commit();
       wgmma_wait<0>();
       if (j + 1 < n) release(j);
-      if (tid == 128 && j + kStages < n) {
-        mbar_wait<true>(empty + 8 * (j % kStages), phase(j));
-        issue_ahead(j + kStages);
+      if (tid == 128 && j + kTStages < n) {
+        mbar_wait<true>(empty + 8 * (j % kTStages), phase(j));
+        issue_ahead(j + kTStages);
       }
     }
     reg_fence(oa);
@@ -818,7 +817,7 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
     const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
     const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
                                   cuuint64_t(B > 1 ? cache_stride : max_len * kCacheDim) * 2};
-    const cuuint32_t box[3] = {64, cuuint32_t(kTKeys / int(cl)), 1};
+    const cuuint32_t box[3] = {64, cuuint32_t(kKeyTile / int(cl)), 1};
     if (Status st = encode_map(encode, &tm, 3, cache, dim, stride, box,
                                "mla decode: cuTensorMapEncodeTiled failed");
         !st.ok())

@@ -11,21 +11,19 @@ namespace strata::kernels::mla {
 
 constexpr int kKeyTile = 64;  // keys per tile
 
-// One tile of 8·NT keys (64 or 32) of the online softmax for this thread's two rows (pos_lo,
-// pos_hi): masks the scores on the diagonal tile (or at and past `end`, the end of the cache tile),
-// updates the running max m (scaled, log2 domain) and the per-thread partial sums l, and returns P
-// as bf16 A fragments. It leaves O alone and returns the factors a_lo, a_hi that rescale it
-// (scale_o), so a kernel whose P·V of the previous tile is still in flight can apply them once it
-// has landed.
-template <int NT>
-__device__ __forceinline__ void softmax_tile(float (&sc)[NT][4], uint32_t (&pa)[NT / 2][4],
-                                             float& m_lo, float& m_hi, float& l_lo, float& l_hi,
-                                             float& a_lo, float& a_hi, int64_t s0, int64_t wpos0,
-                                             int64_t pos_lo, int64_t pos_hi, int64_t end, int t,
-                                             float qscale) {
-  if (s0 + 8 * NT - 1 > wpos0 || s0 + 8 * NT > end) {  // the diagonal (or the end of the tile)
+// One 64-key tile of the online softmax for this thread's two rows (pos_lo, pos_hi): masks the
+// scores on the diagonal tile (or at and past `end`, the end of the cache tile), updates the
+// running max m (scaled, log2 domain) and the per-thread partial sums l, and returns P as bf16 A
+// fragments. It leaves O alone and returns the factors a_lo, a_hi that rescale it (scale_o), so a
+// kernel whose P·V of the previous tile is still in flight can apply them once it has landed.
+__device__ __forceinline__ void softmax_tile(float (&sc)[kKeyTile / 8][4],
+                                             uint32_t (&pa)[kKeyTile / 16][4], float& m_lo,
+                                             float& m_hi, float& l_lo, float& l_hi, float& a_lo,
+                                             float& a_hi, int64_t s0, int64_t wpos0, int64_t pos_lo,
+                                             int64_t pos_hi, int64_t end, int t, float qscale) {
+  if (s0 + kKeyTile - 1 > wpos0 || s0 + kKeyTile > end) {  // the diagonal (or the end of the tile)
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
+    for (int nt = 0; nt < kKeyTile / 8; nt++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int64_t sp = s0 + nt * 8 + 2 * t + e;
@@ -36,7 +34,7 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[NT][4], uint32_t (&pa)[
   }
   float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-  for (int nt = 0; nt < NT; nt++) {
+  for (int nt = 0; nt < kKeyTile / 8; nt++) {
     mx_lo = fmaxf(mx_lo, fmaxf(sc[nt][0], sc[nt][1]));
     mx_hi = fmaxf(mx_hi, fmaxf(sc[nt][2], sc[nt][3]));
   }
@@ -53,7 +51,7 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[NT][4], uint32_t (&pa)[
   m_lo = mn_lo, m_hi = mn_hi;
   float ps_lo = 0.f, ps_hi = 0.f;
 #pragma unroll
-  for (int nt = 0; nt < NT; nt++) {
+  for (int nt = 0; nt < kKeyTile / 8; nt++) {
     const float p0 = fast_exp2(fmaf(sc[nt][0], qscale, -sub_lo));
     const float p1 = fast_exp2(fmaf(sc[nt][1], qscale, -sub_lo));
     const float p2 = fast_exp2(fmaf(sc[nt][2], qscale, -sub_hi));
