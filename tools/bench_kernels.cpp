@@ -282,6 +282,7 @@ void bench_kda(const KernelBenchContext& ctx, BenchReport& r) {
 // Two cases, "mla/decode" and "mla/prefill", so that --filter selects either (--filter mla both).
 void bench_mla_decode(const KernelBenchContext& ctx, BenchReport& r) {
   namespace mla = kernels::mla;
+  namespace rt = kernels::rt;
   const int H = 96;
   const size_t kvb_elems = size_t(H) * 256 * mla::kLatent;
   Dev kvb(kvb_elems * 2);
@@ -301,16 +302,21 @@ void bench_mla_decode(const KernelBenchContext& ctx, BenchReport& r) {
     std::vector<int32_t> lens(c.B, int32_t(c.S));
     const size_t wsb = mla::decode_workspace_bytes(H, c.B, c.S);
     Dev ws(wsb);
+    // A created stream, as the engine's: the decode chain's programmatic dependent launches
+    // apply only there.
+    void* stream = rt::stream_create();
+    ok(stream ? kernels::Status{} : kernels::Status{-1, "stream_create failed"}, "mla decode");
     auto run = [&] {
       ok(mla::decode(H, q.as<uint16_t>(), cache.as<uint16_t>(), c.S * mla::kCacheDim, lens.data(),
-                     c.B, kvb.as<uint16_t>(), out.as<uint16_t>(), ws.p, wsb, nullptr),
+                     c.B, kvb.as<uint16_t>(), out.as<uint16_t>(), ws.p, wsb, stream),
          "mla decode");
     };
     BenchLine l;
     l.name = "mla/decode B=" + std::to_string(c.B) + " S=" + std::to_string(c.S);
     l.shape = std::string("H=96 latent 512+64, absorbed, ") +
               mla::decode_kernel_name(mla::default_decode_kernel()) + " kernel";
-    l.time = stats(kernels::gpu_time(run, nullptr, ctx.repeats, 1));
+    l.time = stats(kernels::gpu_time(run, stream, ctx.repeats, 1));
+    rt::stream_destroy(stream);
     l.bytes = double(cache_elems) * 2 + double(kvb_elems) * 2;
     l.flops = 2.0 * c.B * double(c.S) * H * (mla::kCacheDim + mla::kLatent);
     l.peak_name = "D2D copy (measured)";

@@ -65,12 +65,6 @@ __device__ __forceinline__ void st_cluster(float* p, uint32_t rank, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
 }
 
-// Programmatic dependent launch (sm_90): wait for the previous grid's writes to be visible
-// (returns at once in a plain launch).
-__device__ __forceinline__ void grid_dependency_wait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
 template <int kSplit>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
     decode_step(Params p, Inputs in, State st, uint16_t* y, uint16_t* o_raw) {
@@ -225,33 +219,14 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<kSplit>())
 template <int kSplit>
 Status launch(const Params& p, const Inputs& in, int B, State st, uint16_t* y, uint16_t* o_raw,
               cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.H * kSplit, B);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (kSplit > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = kSplit;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
   // A programmatic dependent launch on a created stream (the legacy stream serializes anyway):
   // the launch and ramp-up of the grid overlap the previous kernel's tail; every CTA waits in
   // grid_dependency_wait before its first read. The grid itself does not trigger its dependents
   // early (they launch at its end): H100 machine, bench kernels --filter kda, B=1 graph x20
   // (2026-12-06, two rounds interleaved): plain 5.39 / 5.37 us, PDL 5.08 / 5.10, PDL with the
   // next launch allowed at each CTA's start 5.20 / 5.17.
-  if (stream) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return status_of(cudaLaunchKernelEx(&cfg, decode_step<kSplit>, p, in, st, y, o_raw));
+  return launch_ex(decode_step<kSplit>, dim3(p.H * kSplit, B), dim3(kThreads), 0, unsigned(kSplit),
+                   stream != nullptr, stream, p, in, st, y, o_raw);
 }
 
 }  // namespace

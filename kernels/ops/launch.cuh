@@ -32,42 +32,49 @@ inline Status invalid(const char* what) {
   return {static_cast<int>(cudaErrorInvalidValue), what};
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...). dependent: launched as a programmatic dependent of
-// the kernel before it in the stream — it may start while that one still runs, so it must wait
-// (griddepcontrol.wait) before reading that kernel's results.
+// kernel<<<grid, block, smem, stream>>>(args...), in clusters of `cluster` CTAs along x when
+// cluster > 1 (sm_90; grid.x a multiple of cluster, cluster ≤ 8, the portable limit). dependent:
+// launched as a programmatic dependent of the kernel before it in the stream — it may start while
+// that one still runs, so it must wait (grid_dependency_wait) before reading that kernel's results.
 template <typename... Params, typename... Args>
-Status launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream, bool dependent,
-                  Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = as_stream(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent ? 1 : 0;
-  return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs along x (sm_90;
-// grid.x a multiple of cluster, cluster ≤ 8, the portable limit).
-template <typename... Params, typename... Args>
-Status launch_clustered_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                             unsigned cluster, void* stream, Args&&... args) {
+Status launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
+                 bool dependent, void* stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = as_stream(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (dependent) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n;
   return status_of(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), a programmatic dependent if `dependent`.
+template <typename... Params, typename... Args>
+Status launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream, bool dependent,
+                  Args&&... args) {
+  return launch_ex(kernel, grid, block, 0, 1, dependent, stream, std::forward<Args>(args)...);
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster` CTAs along x.
+template <typename... Params, typename... Args>
+Status launch_clustered_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                             unsigned cluster, void* stream, Args&&... args) {
+  return launch_ex(kernel, grid, block, smem, cluster, false, stream, std::forward<Args>(args)...);
 }
 // The same without dynamic shared memory.
 template <typename... Params, typename... Args>
@@ -75,6 +82,17 @@ Status launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsign
                         void* stream, Args&&... args) {
   return launch_clustered_smem(kernel, grid, block, 0, cluster, stream,
                                std::forward<Args>(args)...);
+}
+
+// Programmatic dependent launch (sm_90). grid_dependency_wait: wait until the grid before this
+// one in the stream has completed and its writes are visible (returns at once in a plain launch).
+// grid_launch_dependents: once every CTA of this grid has called it (or exited), the next grid,
+// if launched as a dependent, may start.
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

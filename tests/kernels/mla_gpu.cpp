@@ -163,13 +163,17 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
     DevBuf<uint8_t> ws(wsb);
     ws.fill_bytes(0xff);
     kernels::Status s;
+    // A created stream, as the engine's: the chain's programmatic dependent launches run there
+    // (the legacy stream below, for the bitwise comparison, runs the kernels plainly).
+    void* stream = kernels::rt::stream_create();
+    REQUIRE(stream != nullptr);
     if (cap > 0) {
       DevBuf<int32_t> d_pos(pos);
       const size_t wsd = km::decode_workspace_bytes(H, B, cap);
       DevBuf<uint8_t> wsc(wsd);
       wsc.fill_bytes(0xff);
       s = km::decode_device(H, d_q.p, d_cache.p, stride, d_pos.p, B, cap, d_kvb.p, d_out.p, wsc.p,
-                            wsd, nullptr, kernel);
+                            wsd, stream, kernel);
       INFO(s.message);
       REQUIRE(s.ok());
       CUDA_REQUIRE(cudaDeviceSynchronize());
@@ -183,11 +187,12 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
       }
     } else {
       s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb,
-                     nullptr, kernel);
+                     stream, kernel);
       INFO(s.message);
       REQUIRE(s.ok());
       CUDA_REQUIRE(cudaDeviceSynchronize());
     }
+    kernels::rt::stream_destroy(stream);
     return widen(d_out.download());
   };
   const std::vector<float> got_mma = run(km::DecodeKernel::mma);
