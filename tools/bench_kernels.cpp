@@ -306,6 +306,7 @@ void bench_mla_decode(const KernelBenchContext& ctx, BenchReport& r) {
     // apply only there.
     void* stream = rt::stream_create();
     ok(stream ? kernels::Status{} : kernels::Status{-1, "stream_create failed"}, "mla decode");
+    cuda_ok(cudaDeviceSynchronize(), "fills");  // the created stream does not wait for them
     auto run = [&] {
       ok(mla::decode(H, q.as<uint16_t>(), cache.as<uint16_t>(), c.S * mla::kCacheDim, lens.data(),
                      c.B, kvb.as<uint16_t>(), out.as<uint16_t>(), ws.p, wsb, stream),

@@ -164,7 +164,8 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
     ws.fill_bytes(0xff);
     kernels::Status s;
     // A created stream, as the engine's: the chain's programmatic dependent launches run there
-    // (the legacy stream below, for the bitwise comparison, runs the kernels plainly).
+    // (the legacy stream below, for the bitwise comparison, runs the kernels plainly). It does
+    // not wait for the legacy stream's fills: the device is synchronized first.
     void* stream = kernels::rt::stream_create();
     REQUIRE(stream != nullptr);
     if (cap > 0) {
@@ -172,6 +173,7 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
       const size_t wsd = km::decode_workspace_bytes(H, B, cap);
       DevBuf<uint8_t> wsc(wsd);
       wsc.fill_bytes(0xff);
+      CUDA_REQUIRE(cudaDeviceSynchronize());
       s = km::decode_device(H, d_q.p, d_cache.p, stride, d_pos.p, B, cap, d_kvb.p, d_out.p, wsc.p,
                             wsd, stream, kernel);
       INFO(s.message);
@@ -186,6 +188,7 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
         CHECK(d_host.download() == d_out.download());  // bit for bit
       }
     } else {
+      CUDA_REQUIRE(cudaDeviceSynchronize());
       s = km::decode(H, d_q.p, d_cache.p, stride, lens.data(), B, d_kvb.p, d_out.p, ws.p, wsb,
                      stream, kernel);
       INFO(s.message);
