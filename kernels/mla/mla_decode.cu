@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(256)
     absorb_q(int H, int B, const uint16_t* q, const uint16_t* kv_b, uint16_t* qlat) {
   const int h = blockIdx.x, quarter = blockIdx.y, tid = threadIdx.x, dg = tid / 16, c16 = tid % 16;
   __shared__ float qs[kNope];
-  grid_launch_dependents();  // the attention kernel may launch and start loading cache tiles
   __shared__ __align__(16) float red[16][128];
+  grid_launch_dependents();  // the attention kernel may launch and start loading cache tiles
   uint4 w[8];
   const uint16_t* wk = kv_b + (int64_t(h) * kKv + dg * 8) * kLatent + quarter * 128 + c16 * 8;
 #pragma unroll
@@ -197,6 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
   const int ntiles = se > sb ? int((se - sb + BK - 1) / BK) : 0;
   const uint16_t* cb = cache + int64_t(b) * cache_stride;
+
   auto load_tile = [&](int stage, int64_t s0) {
     uint16_t* dst = Ks + stage * BK * KSTR;
     for (int idx = tid; idx < BK * (kCacheDim / 8); idx += kThreads) {

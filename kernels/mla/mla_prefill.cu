@@ -982,7 +982,7 @@ PrefillKernel default_prefill_kernel() {
     const char* e = std::getenv("STRATA_MLA_PREFILL");
     for (const NamedPrefillKernel& n : kPrefillKernelNames)
       if (e && std::strcmp(e, n.name) == 0) return n.kernel;
-    return PrefillKernel::tma_fa3_pp;
+    return kPrefillKernels[0];  // the default
   }();
   return k;
 }

@@ -66,7 +66,7 @@ constexpr int kQuantWarps = 8;
 __global__ void quantize_kernel(const float* x, int rows, int K, QuantRows out) {
   // The GEMV launched after this one may start (and load its weights) now; it waits for this
   // grid's results itself.
-  asm volatile("griddepcontrol.launch_dependents;");
+  kernels::detail::grid_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int nb = K / c::kBlock;
   const size_t blk = size_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
@@ -84,8 +84,8 @@ constexpr int kGluElems = 64;
 __global__ void __launch_bounds__(3 * kGluElems)
     glu_quantize_kernel(const float* gu, int rows, int K, GluParams glu, QuantRows out) {
   // Launched as a programmatic dependent (GEMV path): gu is complete only after the wait.
-  asm volatile("griddepcontrol.launch_dependents;");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  kernels::detail::grid_launch_dependents();
+  kernels::detail::grid_dependency_wait();
   __shared__ double part[3][kGluElems];
   const int t = threadIdx.x, k = t / kGluElems, e = t % kGluElems;
   const size_t n = size_t(rows) * K, i = size_t(blockIdx.x) * kGluElems + e;

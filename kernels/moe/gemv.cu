@@ -247,7 +247,7 @@ template <int MAXI>
 __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 4 : 3) gemv_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
   const int nb = a.K / c::kBlock;
-  asm volatile("griddepcontrol.launch_dependents;");
+  kernels::detail::grid_launch_dependents();
   long long v0, v1;
   warp_range(a, v0, v1);
   if (v0 >= v1) return;
@@ -260,10 +260,10 @@ __global__ void __launch_bounds__(kWarps * 32, MAXI <= 4 ? 4 : 3) gemv_kernel(Ge
   int p0, p1;
   if (a.rows_per_unit > 0) {  // persistent: the first row's loads overlap the producer's tail
     load(cc, cw, cs);
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    kernels::detail::grid_dependency_wait();
     p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
   } else {  // strip of one group: an empty group (device groups pad to g_cap) reads no weights
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    kernels::detail::grid_dependency_wait();
     p0 = __ldg(a.group_offsets + cc.g), p1 = __ldg(a.group_offsets + cc.g + 1);
     if (p0 == p1) return;
     load(cc, cw, cs);
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a
   __shared__ int claimed;
   if (threadIdx.x == 0) claimed = 0;
   __syncthreads();
-  asm volatile("griddepcontrol.launch_dependents;");
+  kernels::detail::grid_launch_dependents();
   const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const int nb = a.K / c::kBlock;
   const int b0 = blockIdx.x * a.rows_per_unit;
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kSmMaxWarps * 32, 1) gemv_sm_kernel(GemvArgs a
   auto load = [&](const Cursor& cu, uint4* w, int* s) { load_row<MAXI>(cu, nb, lane, w, s); };
   load(cc, w0, s0);
   int pending = lane == 0 ? claim_chunk(&claimed) : 0;
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  kernels::detail::grid_dependency_wait();
   // The group's tokens [p0, p1); qoff: the first token's activations relative to a.in.q, the lane
   // included (its block exponents are at a.in.e + qoff / 32, as K is a multiple of 32).
   int p0, p1;
