@@ -668,6 +668,303 @@ __global__ void __launch_bounds__(kTThreads, 1)
   }
 }
 
+// ---- attn_tma_t: attn_tma with S transposed, no padded heads ----
+// The same grid, cluster, ring, loads and prefetch as attn_tma, but the 48 heads of a group are the
+// wgmma N dimension instead of a 64-row M tile a quarter of which is padding: each warpgroup
+// computes Sᵀ = K·Qᵀ for 24 heads (64 keys as M, m64n24k16 with the tile and q_lat both read from
+// shared memory), runs the online softmax down the columns (a head's max over the 64 keys crosses
+// the four warps through shared memory), writes Pᵀ (48 heads × 64 keys, bf16, 128-byte swizzle) and
+// its rescale factors to shared memory, and after a barrier of both warpgroups computes its 256
+// value columns of Oᵀ = Vᵀ·Pᵀ for all 48 heads (m64n48k16, Vᵀ read MN-major from the tile's
+// boxes). Per tile and CTA 1.77 M + 1.57 M multiply-adds against attn_tma's 2.36 M + 2.10 M. Pᵀ and
+// the factors are double-buffered: a buffer is rewritten only after the barrier of the next tile,
+// which both warpgroups pass after their P·V of the tile before is complete. Heads per group ≤ 48.
+constexpr int kUHeads = 48, kUWgHeads = 24;
+constexpr uint32_t kUQBox = kUHeads * 128;                  // a box of q_lat: 48 rows × 128 B
+constexpr uint32_t kUOffRing = uint32_t(kTBoxes) * kUQBox;  // 55296, 1024-aligned
+constexpr uint32_t kUOffP = kUOffRing + kTRing;             // Pᵀ buffers, 1024-aligned
+constexpr uint32_t kUPBuf = kUHeads * 128;                  // 6144
+constexpr uint32_t kUOffA = kUOffP + 2 * kUPBuf;            // factors [2][48]
+constexpr uint32_t kUOffR = kUOffA + 2 * kUHeads * 4;       // reductions [2][4][24]
+constexpr uint32_t kUOffBar = kUOffR + 2 * 4 * kUWgHeads * 4;
+constexpr size_t kUSmem = 1024 + kUOffBar + 64;
+static_assert(kUOffRing % 1024 == 0 && kUOffP % 1024 == 0, "attn_tma_t operand alignment");
+static_assert(kUSmem <= 227 * 1024, "attn_tma_t shared memory");
+
+__global__ void __launch_bounds__(kTThreads, 1)
+    attn_tma_t(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
+               const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws,
+               int pf) {
+  const unsigned rank = cluster_ctarank(), cl = cluster_nctarank();
+  const int hb = blockIdx.x * G, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
+  const int wg = tid / 128, wq = warp % 4;
+  const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
+  const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
+  constexpr uint32_t kBox = kKeyTile * 128, kTile = uint32_t(kTBoxes) * kBox;
+  const int n = se > sb ? int((se - sb + kKeyTile - 1) / kKeyTile) : 0;
+  extern __shared__ uint8_t tsmem[];
+  const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
+  uint8_t* const gbase = tsmem + (base - raw);
+  const uint32_t q_s = base, stage0 = base + kUOffRing, p_s = base + kUOffP;
+  const uint32_t full = base + kUOffBar, empty = full + 8 * kTStages;
+  float* const xa = reinterpret_cast<float*>(gbase + kUOffA);  // [2][48] rescale factors
+  float* const xr = reinterpret_cast<float*>(gbase + kUOffR);  // [2 wg][4 warps][24]
+  auto stage = [&](int j) { return stage0 + uint32_t(j % kTStages) * kTile; };
+  auto phase = [&](int j) { return unsigned(j / kTStages) & 1u; };
+  if (tid == 0) {
+    for (int i = 0; i < kTStages; i++) {
+      mbar_init(full + 8 * i, 1);
+      mbar_init(empty + 8 * i, 8 * cl);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (cl > 1) {  // the peer's barriers initialised before any multicast or remote arrival
+    cluster_arrive_relaxed();
+    cluster_wait();
+  }
+  auto release = [&](int j) {
+    __syncwarp();
+    if (lane == 0)
+      for (unsigned rr = 0; rr < cl; rr++) {
+        if (rr == rank)
+          mbar_arrive_local(empty + 8 * (j % kTStages));
+        else
+          mbar_arrive_cluster(empty + 8 * (j % kTStages), rr);
+      }
+  };
+  auto issue = [&](int j) {
+    const int rows = kKeyTile / int(cl);
+    const uint32_t bar = full + 8 * (j % kTStages);
+    mbar_arrive_expect_tx(bar, kTile);
+    const int y = int(sb) + j * kKeyTile + int(rank) * rows;
+    const uint32_t dst = stage(j) + rank * uint32_t(rows) * 128;
+    for (int x = 0; x < kTBoxes; x++) {
+      if (cl > 1)
+        tma_load_mc(dst + x * kBox, &tm, x * 64, y, b, bar, uint16_t((1u << cl) - 1));
+      else
+        tma_load(dst + x * kBox, &tm, x * 64, y, b, bar);
+    }
+  };
+  auto prefetch = [&](int j) {
+    const int rows = kKeyTile / int(cl);
+    const int y = int(sb) + j * kKeyTile + int(rank) * rows;
+    for (int x = 0; x < kTBoxes; x++) tma_prefetch_l2(&tm, x * 64, y, b);
+  };
+  auto issue_ahead = [&](int j) {
+    issue(j);
+    if (pf > 0 && j + pf < n) prefetch(j + pf);
+  };
+  if (tid == 128) {
+    for (int j = 0; j < min(kTStages, n); j++) issue_ahead(j);
+    for (int j = kTStages; j < min(pf, n); j++) prefetch(j);
+  }
+  grid_dependency_wait();  // q_lat is absorb_q's output
+  for (int i = tid; i < kUHeads * kRowChunks; i += kTThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks;
+    const bool ok = r < G && hb + r < H;
+    const uint32_t dst =
+        q_s + uint32_t(c / 8) * kUQBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
+    cp_async16_at(dst, ws.qlat + (int64_t(b) * H + (ok ? hb + r : 0)) * kCacheDim + c * 8,
+                  ok ? 16u : 0u);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  grid_launch_dependents();
+
+  // This thread: Sᵀ rows (keys) kr and kr + 8 of the tile, heads wg·24 + 8i + 2t + e (i < 3,
+  // e < 2) for the softmax; Oᵀ rows (value columns) (4wg + mt)·64 + kr (+ 8), heads 8i + 2t + e
+  // (i < 6) of all 48.
+  const int kr = 16 * wq + lane / 4;
+  float o[4][kUHeads / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; mt++)
+    for (int i = 0; i < kUHeads / 8; i++)
+      for (int e = 0; e < 4; e++) o[mt][i][e] = 0.f;
+  float m[3][2], l[3][2], sc[3][4];
+#pragma unroll
+  for (int i = 0; i < 3; i++)
+    for (int e = 0; e < 2; e++) m[i][e] = -INFINITY, l[i][e] = 0.f;
+  auto prep = [&](int j) {
+    mbar_wait<false>(full + 8 * (j % kTStages), phase(j));
+    const int64_t s0 = sb + int64_t(j) * kKeyTile;
+    if (se - s0 < kKeyTile) {  // rows at and past the split's end: zero (0·NaN would poison P·V)
+      const int r0 = int(se - s0);
+      uint8_t* st = gbase + (stage(j) - base);
+      for (int i = tid; i < (kKeyTile - r0) * kRowChunks; i += kTThreads) {
+        const int r = r0 + i / kRowChunks, c = i % kRowChunks;
+        *reinterpret_cast<uint4*>(st + (c / 8) * kBox + r * 128 + (c % 8) * 16) =
+            make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();
+      named_bar(3, kTThreads);
+    }
+  };
+  auto issue_s = [&](int j) {
+    const uint32_t st = stage(j), qw = q_s + uint32_t(wg * kUWgHeads) * 128;
+    zero_for_wgmma(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ks++) {
+      const uint32_t col = uint32_t(ks % 4) * 32;
+      wgmma_m64n24k16_ss(sc, wgmma_desc_sw128(st + uint32_t(ks / 4) * kBox + col),
+                         wgmma_desc_sw128(qw + uint32_t(ks / 4) * kUQBox + col));
+    }
+    wgmma_commit();
+  };
+  // Softmax of tile j down this warpgroup's 24 columns; Pᵀ and the factors into buffer j % 2.
+  auto soft = [&](int j) {
+    reg_fence(sc);
+    const int64_t s0 = sb + int64_t(j) * kKeyTile;
+    if (s0 + kKeyTile > se) {
+      const bool lo_out = s0 + kr >= se, hi_out = s0 + kr + 8 >= se;
+#pragma unroll
+      for (int i = 0; i < 3; i++) {
+        if (lo_out) sc[i][0] = sc[i][1] = -INFINITY;
+        if (hi_out) sc[i][2] = sc[i][3] = -INFINITY;
+      }
+    }
+    float mx[3][2];
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+      for (int e = 0; e < 2; e++) {
+        float v = fmaxf(sc[i][e], sc[i][2 + e]);
+        for (int o2 = 4; o2 < 32; o2 <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o2));
+        mx[i][e] = v;
+      }
+    float* const red = xr + wg * 4 * kUWgHeads;
+    if (lane < 4) {
+#pragma unroll
+      for (int i = 0; i < 3; i++)
+        for (int e = 0; e < 2; e++) red[wq * kUWgHeads + 8 * i + 2 * t + e] = mx[i][e];
+    }
+    named_bar(4 + wg, 128);
+    const int pb = j % 2;
+    uint8_t* const pt = gbase + kUOffP + pb * kUPBuf;
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+      for (int e = 0; e < 2; e++) {
+        const int c = 8 * i + 2 * t + e;
+        const float tmx = fmaxf(fmaxf(red[c], red[kUWgHeads + c]),
+                                fmaxf(red[2 * kUWgHeads + c], red[3 * kUWgHeads + c]));
+        const float mn = fmaxf(m[i][e], tmx * qscale);
+        const float sub = mn == -INFINITY ? 0.f : mn;
+        const float a = fast_exp2(m[i][e] - sub);
+        m[i][e] = mn;
+        const float p_lo = fast_exp2(fmaf(sc[i][e], qscale, -sub));
+        const float p_hi = fast_exp2(fmaf(sc[i][2 + e], qscale, -sub));
+        l[i][e] = l[i][e] * a + (p_lo + p_hi);
+        // Pᵀ row h (a head), keys kr and kr + 8: byte 2k of the row, its 16-byte chunk swizzled.
+        const int h = wg * kUWgHeads + c;
+        uint8_t* const row = pt + h * 128;
+        const int k_lo = kr, k_hi = kr + 8;
+        *reinterpret_cast<uint16_t*>(row + (((k_lo / 8) ^ (h % 8)) * 16) + (k_lo % 8) * 2) =
+            to_bf(p_lo);
+        *reinterpret_cast<uint16_t*>(row + (((k_hi / 8) ^ (h % 8)) * 16) + (k_hi % 8) * 2) =
+            to_bf(p_hi);
+        if (wq == 0 && lane < 4) xa[pb * kUHeads + h] = a;
+      }
+    fence_proxy_async();
+    named_bar(2, kTThreads);  // both halves of Pᵀ and the factors in place
+  };
+  auto rescale = [&](int j) {
+    const float* al = xa + (j % 2) * kUHeads;
+#pragma unroll
+    for (int i = 0; i < kUHeads / 8; i++) {
+      const float a0 = al[8 * i + 2 * t], a1 = al[8 * i + 2 * t + 1];
+#pragma unroll
+      for (int mt = 0; mt < 4; mt++) {
+        o[mt][i][0] *= a0;
+        o[mt][i][1] *= a1;
+        o[mt][i][2] *= a0;
+        o[mt][i][3] *= a1;
+      }
+    }
+  };
+  auto pv = [&](int j) {
+    const uint32_t v = stage(j) + uint32_t(4 * wg) * kBox, pt = p_s + uint32_t(j % 2) * kUPBuf;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+      for (int kk = 0; kk < kKeyTile / 16; kk++)
+        wgmma_m64n48k16_ts(o[mt], wgmma_desc_sw128_mn(v + mt * kBox + kk * 2048, kBox, 1024),
+                           wgmma_desc_sw128(pt + kk * 32));
+    wgmma_commit();
+  };
+  if (n > 0) {
+    prep(0);
+    issue_s(0);
+    wgmma_wait<0>();
+  }
+  for (int j = 0; j + 1 < n; j++) {
+    soft(j);
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++) reg_fence(o[mt]);
+    rescale(j);
+    wgmma_fence();
+    pv(j);
+    prep(j + 1);
+    issue_s(j + 1);
+    wgmma_wait<1>();
+    release(j);
+    if (tid == 128 && j + kTStages < n) {
+      mbar_wait<true>(empty + 8 * (j % kTStages), phase(j));
+      issue_ahead(j + kTStages);
+    }
+    wgmma_wait<0>();
+  }
+  if (n > 0) {
+    soft(n - 1);
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++) reg_fence(o[mt]);
+    rescale(n - 1);
+    wgmma_fence();
+    pv(n - 1);
+    wgmma_wait<0>();
+  }
+#pragma unroll
+  for (int mt = 0; mt < 4; mt++) reg_fence(o[mt]);
+  // The split's state: l summed over the keys (lanes, then the four warps in order), m, Oᵀ.
+  float* const red = xr + wg * 4 * kUWgHeads;
+  named_bar(4 + wg, 128);  // every warp of this warpgroup is past its last read of red
+#pragma unroll
+  for (int i = 0; i < 3; i++)
+    for (int e = 0; e < 2; e++) {
+      float v = l[i][e];
+      for (int o2 = 4; o2 < 32; o2 <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o2);
+      if (lane < 4) red[wq * kUWgHeads + 8 * i + 2 * t + e] = v;
+    }
+  named_bar(4 + wg, 128);
+  const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
+  if (wq == 0 && lane < 4) {
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+      for (int e = 0; e < 2; e++) {
+        const int c = 8 * i + 2 * t + e, h = wg * kUWgHeads + c;
+        const float L =
+            red[c] + red[kUWgHeads + c] + red[2 * kUWgHeads + c] + red[3 * kUWgHeads + c];
+        if (h < G && hb + h < H)
+          *reinterpret_cast<float2*>(ws.ml + (row0 + h) * 2) = make_float2(m[i][e], L);
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+    for (int i = 0; i < kUHeads / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int h = 8 * i + 2 * t + (e & 1), vc = (4 * wg + mt) * 64 + kr + (e >> 1) * 8;
+        if (h < G && hb + h < H) ws.part[(row0 + h) * kLatent + vc] = o[mt][i][e];
+      }
+  if (cl > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
 // Block (h, b, quarter), 128 threads: thread (grp = tid / 32, c = tid % 32) sums splits ≡ grp mod 4
 // for columns quarter·128 + 4c .. +3; the four groups are added in a fixed order.
 __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
@@ -770,13 +1067,14 @@ DecodeKernel default_decode_kernel() {
   static const DecodeKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_DECODE");
     if (e && std::strcmp(e, "mma") == 0) return DecodeKernel::mma;
+    if (e && std::strcmp(e, "tma_t") == 0) return DecodeKernel::tma_t;
     return DecodeKernel::tma;
   }();
   return k;
 }
 
 const char* decode_kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::mma ? "mma" : "tma";
+  return k == DecodeKernel::mma ? "mma" : k == DecodeKernel::tma_t ? "tma_t" : "tma";
 }
 
 // attn_tma's heads per block: the fewest blocks of at most 64 heads, as even as they go (96: 2 ×
@@ -805,11 +1103,15 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   // attn_tma reads whole 64-row tiles of each sequence up to max_len through one tensor map: it
   // needs cuTensorMapEncodeTiled, a 16-byte aligned cache and (B > 1) sequences of at least
   // max_len rows; otherwise the mma kernel runs (the same math).
-  const EncodeTiled encode = kernel == DecodeKernel::tma ? encode_tiled() : nullptr;
-  if (kernel == DecodeKernel::tma && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
-                                      (B > 1 && cache_stride / kCacheDim < max_len)))
+  // attn_tma_t takes head groups of at most 48 (attn_tma the others).
+  if (kernel == DecodeKernel::tma_t && tma_group(H) > kUHeads) kernel = DecodeKernel::tma;
+  const bool tma_kind = kernel == DecodeKernel::tma || kernel == DecodeKernel::tma_t;
+  const EncodeTiled encode = tma_kind ? encode_tiled() : nullptr;
+  if (tma_kind && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
+                   (B > 1 && cache_stride / kCacheDim < max_len)))
     kernel = DecodeKernel::mma;
-  const int heads = kernel == DecodeKernel::tma ? tma_group(H) : HC;  // per attention block
+  const bool use_tma = kernel != DecodeKernel::mma;
+  const int heads = use_tma ? tma_group(H) : HC;  // per attention block
   const Plan plan = plan_splits(H, B, max_len, heads);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
@@ -825,8 +1127,11 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   constexpr int kPrefetch = 2;
   const unsigned cl = groups % 2 == 0 ? 2 : 1;
   CUtensorMap tm{};
-  if (kernel == DecodeKernel::tma) {
-    if (Status a = rt::allow_dynamic_smem(attn_tma, int(kTSmem)); !a.ok()) return a;
+  if (use_tma) {
+    if (Status a = kernel == DecodeKernel::tma_t ? rt::allow_dynamic_smem(attn_tma_t, int(kUSmem))
+                                                 : rt::allow_dynamic_smem(attn_tma, int(kTSmem));
+        !a.ok())
+      return a;
     // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
     const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
     const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
@@ -849,7 +1154,13 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   // B = 16 and 1M positions within ±1 %.
   const bool dep = stream != nullptr;
   // attn_tma: the head groups of a split innermost, a cluster sharing each tile's loads.
-  if (kernel == DecodeKernel::tma) {
+  if (kernel == DecodeKernel::tma_t) {
+    if (Status st = launch_ex(attn_tma_t, dim3(groups, plan.splits, B), dim3(kTThreads), kUSmem, cl,
+                              dep, stream, tm, H, heads, lens, pos_dev, int(max_len), plan.chunk,
+                              plan.splits, qscale, ws, kPrefetch);
+        !st.ok())
+      return st;
+  } else if (kernel == DecodeKernel::tma) {
     if (Status st = launch_ex(attn_tma, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl,
                               dep, stream, tm, H, heads, lens, pos_dev, int(max_len), plan.chunk,
                               plan.splits, qscale, ws, kPrefetch);

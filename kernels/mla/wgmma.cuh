@@ -140,6 +140,34 @@ __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+// D[64×24] += A[64×16] · B[16×24], both from shared memory (K-major descriptors): Sᵀ = K·Qᵀ of
+// the transposed decode kernel (64 keys as M, 24 heads as N); D in the m16n8 C layout per 8-column
+// block.
+__device__ __forceinline__ void wgmma_m64n24k16_ss(float (&d)[3][4], uint64_t desc_a,
+                                                   uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, %12, %13, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// D[64×48] += A[64×16] · B[16×48]: A from shared memory MN-major (imm-trans-a = 1: Vᵀ, value
+// columns as M, keys along the rows), B K-major (Pᵀ: 48 heads as N); D in the m16n8 C layout.
+__device__ __forceinline__ void wgmma_m64n48k16_ts(float (&d)[6][4], uint64_t desc_a,
+                                                   uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, "
+      "%24, %25, 1, 1, 1, 1, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
 // 16-byte global → shared copy by shared-memory address, bypassing L1; src_bytes 0 writes 16 zero
 // bytes (src must still be a valid address).
 __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src, uint32_t src_bytes) {
