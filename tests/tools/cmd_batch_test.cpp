@@ -493,6 +493,9 @@ size_t committed(const fs::path& part) {
 
 TEST_CASE("strata batch under mpirun -np 2: shards, merge in input order, a dead rank resumes",
           "[tools][batch][mpi]") {
+#if !STRATA_HAVE_MPI
+  STRATA_SKIP("strata was built without MPI (scripts/install-deps.sh installs libopenmpi-dev)");
+#endif
   const std::string mpirun = which("mpirun");
   if (mpirun.empty())
     STRATA_SKIP("mpirun not found (scripts/install-deps.sh installs openmpi-bin)");
