@@ -498,15 +498,14 @@ __global__ void __launch_bounds__(kTThreads, 1)
   // before q_lat (absorb_q's output) is ready.
   grid_dependency_wait();
   // q_lat rows hb .. hb + G − 1 (zero past G or H), chunk c of row r at box c / 8, swizzled.
-  if (tid < 256)
-    for (int i = tid; i < 64 * kRowChunks; i += 256) {
-      const int r = i / kRowChunks, c = i % kRowChunks;
-      const bool ok = r < G && hb + r < H;
-      const uint32_t dst =
-          q_s + uint32_t(c / 8) * kTQBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
-      cp_async16_at(dst, ws.qlat + (int64_t(b) * H + (ok ? hb + r : 0)) * kCacheDim + c * 8,
-                    ok ? 16u : 0u);
-    }
+  for (int i = tid; i < 64 * kRowChunks; i += kTThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks;
+    const bool ok = r < G && hb + r < H;
+    const uint32_t dst =
+        q_s + uint32_t(c / 8) * kTQBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
+    cp_async16_at(dst, ws.qlat + (int64_t(b) * H + (ok ? hb + r : 0)) * kCacheDim + c * 8,
+                  ok ? 16u : 0u);
+  }
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async();
@@ -815,7 +814,6 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
     return invalid("mla decode: more than 128 splits (internal plan error)");
   if (workspace_bytes < ws_bytes(H, B, plan.splits))
     return invalid("mla decode: workspace smaller than decode_workspace_bytes(H, B, max_len)");
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Ws ws = carve(workspace, H, B, plan.splits);
   const unsigned groups = unsigned((H + heads - 1) / heads);
   // attn_tma: pairs of head groups share each tile's loads (multicast); every CTA prefetches its
@@ -839,7 +837,10 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   } else if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) {
     return a;
   }
-  absorb_q<<<dim3(H, kLatent / 128), 256, 0, s>>>(H, B, q, kv_b, ws.qlat);
+  if (Status st = launch_pdl(absorb_q, dim3(H, kLatent / 128), dim3(256), stream, false, H, B, q,
+                             kv_b, ws.qlat);
+      !st.ok())
+    return st;
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
   // The three kernels after absorb_q are programmatic dependents of the one before them on a
   // created stream (the legacy stream serializes anyway): each launches while the one before runs
