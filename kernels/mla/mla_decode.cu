@@ -451,14 +451,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
   }
   // Warp lane 0 of every consumer warp: this warp is done with tile j's stage, in every CTA.
   auto release = [&](int j) {
-    __syncwarp();
-    if (lane == 0)
-      for (unsigned rr = 0; rr < cl; rr++) {
-        if (rr == rank)
-          mbar_arrive_local(empty + 8 * (j % kTStages));
-        else
-          mbar_arrive_cluster(empty + 8 * (j % kTStages), rr);
-      }
+    release_slot_in_cluster(empty + 8 * (j % kTStages), rank, cl, lane);
   };
   auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j % kTStages), phase(j)); };
   uint4* const xp = reinterpret_cast<uint4*>(gbase + kTOffX);                   // [4][128] P words

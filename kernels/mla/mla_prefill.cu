@@ -641,14 +641,7 @@ __global__ void __launch_bounds__(kThreads2, 1)
   // This warp is done with tile j's stage: one arrival on its `empty` in every CTA of the cluster
   // (a plain local arrival for this CTA's own: the cluster form to itself costs ≈ 15 %).
   auto release = [&](int j) {
-    __syncwarp();
-    if (lane == 0)
-      for (unsigned rr = 0; rr < cl; rr++) {
-        if (rr == rank)
-          mbar_arrive_local(empty + 8 * (j % kStages3));
-        else
-          mbar_arrive_cluster(empty + 8 * (j % kStages3), rr);
-      }
+    release_slot_in_cluster(empty + 8 * (j % kStages3), rank, cl, lane);
   };
   auto wait_full = [&](int j) {  // every warp, every tile, in order
     mbar_wait<false>(full + 8 * (j % kStages3), unsigned(j / kStages3) & 1u);

@@ -57,6 +57,19 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, unsigned rank)
 __device__ __forceinline__ void mbar_arrive_local(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// A consumer warp is done with a ring slot: its lane 0 arrives on the slot's `empty` barrier in
+// every CTA of the cluster (this CTA, rank `rank` of `cl`, locally; the others remotely).
+__device__ __forceinline__ void release_slot_in_cluster(uint32_t empty_bar, unsigned rank,
+                                                        unsigned cl, int lane) {
+  __syncwarp();
+  if (lane == 0)
+    for (unsigned rr = 0; rr < cl; rr++) {
+      if (rr == rank)
+        mbar_arrive_local(empty_bar);
+      else
+        mbar_arrive_cluster(empty_bar, rr);
+    }
+}
 // Waits until the phase of the given parity has completed; `cluster`: acquire at cluster scope
 // (the arrivals came from both CTAs and the waiter then writes into both).
 template <bool kCluster>
