@@ -410,6 +410,7 @@ constexpr int kTThreads = 256;
 constexpr int kTBoxes = kCacheDim / 64;  // boxes of 64 bf16 columns per cache row
 constexpr uint32_t kTQBox = 64 * 128;    // a box of q_lat: 64 rows × 128 B
 constexpr int kTStages = 2;              // tiles of kKeyTile cache rows in the ring
+constexpr int kWuvAhead = 4;             // W_UV's L2 prefetch: this many tiles before the last
 constexpr uint32_t kTRing = kTStages * uint32_t(kTBoxes) * kKeyTile * 128;  // 147456 B
 constexpr uint32_t kTOffX = uint32_t(kTBoxes) * kTQBox + kTRing;  // after q_lat and the ring
 constexpr uint32_t kTOffBar = kTOffX + 128 * (64 + 8);
@@ -419,7 +420,7 @@ static_assert(kTSmem <= 227 * 1024, "attn_tma shared memory");
 __global__ void __launch_bounds__(kTThreads, 1)
     attn_tma(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
              const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws,
-             int pf) {
+             int pf, const uint16_t* kv_b) {
   const unsigned rank = cluster_ctarank(), cl = cluster_nctarank();
   const int hb = blockIdx.x * G, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
@@ -483,10 +484,23 @@ __global__ void __launch_bounds__(kTThreads, 1)
     issue(j);
     if (pf > 0 && j + pf < n) prefetch(j + pf);
   };
-  if (tid == 128) {
-    for (int j = 0; j < min(kTStages, n); j++) issue_ahead(j);
-    for (int j = kTStages; j < min(pf, n); j++) prefetch(j);
-  }
+  // W_UV (out_uv's weights, a contiguous 128 KB per head) into L2, CTA c taking heads c, c +
+  // #CTAs, …: issued a few tiles before this CTA's last, while the loads leave DRAM time idle,
+  // instead of from DRAM at out_uv's start beside merge_ctx.
+  auto prefetch_wuv = [&] {
+    if (!kv_b) return;  // not 16-byte aligned (launch_decode passes null then)
+    const unsigned nctas = gridDim.x * gridDim.y * gridDim.z;
+    for (unsigned h = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+         h < unsigned(H); h += nctas) {
+      const uint16_t* w = kv_b + (int64_t(h) * kKv + kNope) * kLatent;
+      for (int part = 0; part < kV * kLatent * 2 / 32768; part++)
+        bulk_prefetch_l2(w + part * 16384, 32768u);
+    }
+  };
+  // Tiles 0 and 1 before q_lat is ready; the L2 prefetches of the next tiles only after q_lat's
+  // copy, which they would otherwise queue ahead of.
+  if (tid == 128)
+    for (int j = 0; j < min(kTStages, n); j++) issue(j);
   // Launched as a programmatic dependent of absorb_q: the cache's first tiles are on their way
   // before q_lat (absorb_q's output) is ready.
   grid_dependency_wait();
@@ -503,6 +517,10 @@ __global__ void __launch_bounds__(kTThreads, 1)
   cp_async_wait<0>();
   fence_proxy_async();
   __syncthreads();
+  if (tid == 128) {
+    for (int j = kTStages; j < min(kTStages + pf, n); j++) prefetch(j);
+    if (n <= kWuvAhead) prefetch_wuv();
+  }
   // merge_ctx may launch now (it waits for this grid's end): measured on the H100 (B = 1, 128K
   // positions) 111.7 / 112.2 µs against 113.0 / 113.0 with the trigger after the last tile.
   grid_launch_dependents();
@@ -639,6 +657,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
         wgmma_m64n128k16_tb(ob, pa[kk], wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
       }
       wgmma_commit();
+      if (tid == 160 && j == n - 1 - kWuvAhead) prefetch_wuv();
       wgmma_wait<0>();
       if (j + 1 < n) release(j);
       if (tid == 128 && j + kTStages < n) {
@@ -846,7 +865,8 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   if (kernel == DecodeKernel::tma) {
     if (Status st = launch_ex(attn_tma, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl,
                               dep, stream, tm, H, heads, lens, pos_dev, int(max_len), plan.chunk,
-                              plan.splits, qscale, ws, kPrefetch);
+                              plan.splits, qscale, ws, kPrefetch,
+                              reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 ? kv_b : nullptr);
         !st.ok())
       return st;
   } else if (Status st = launch_ex(attn_split, dim3(plan.splits, groups, B), dim3(kThreads),
