@@ -34,6 +34,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cstdio>
+#include <vector>
 #include "kernels/kda/cuda_util.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mma.cuh"
@@ -41,6 +43,26 @@
 #include "kernels/mla/tma.cuh"
 #include "kernels/mla/wgmma.cuh"
 #include "kernels/ops/row_cluster.cuh"
+
+// DIAGNOSTIC (branch wip/mla-trace): STRATA_MLA_TRACE=1 prints each decode chain's timeline
+// (%globaltimer, µs after absorb_q's first block) to stderr.
+namespace strata::kernels::mla {
+namespace {
+__device__ unsigned long long g_tr[16];
+__device__ unsigned long long g_end[1024];
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void tr_min(int i) {
+  atomicMin(&g_tr[i], gtime());
+}
+__device__ __forceinline__ void tr_max(int i) {
+  atomicMax(&g_tr[i], gtime());
+}
+}  // namespace
+}  // namespace strata::kernels::mla
 
 namespace strata::kernels::mla {
 namespace {
@@ -141,6 +163,7 @@ __global__ void __launch_bounds__(256)
   const int h = blockIdx.x, quarter = blockIdx.y, tid = threadIdx.x, dg = tid / 16, c16 = tid % 16;
   __shared__ float qs[kNope];
   __shared__ __align__(16) float red[16][128];
+  if (tid == 0) tr_min(0);
   grid_launch_dependents();  // the attention kernel may launch and start loading cache tiles
   uint4 w[8];
   const uint16_t* wk = kv_b + (int64_t(h) * kKv + dg * 8) * kLatent + quarter * 128 + c16 * 8;
@@ -175,6 +198,7 @@ __global__ void __launch_bounds__(256)
     }
     __syncthreads();
   }
+  if (tid == 0) tr_max(1);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -427,6 +451,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
   const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
   constexpr uint32_t kBox = kKeyTile * 128, kTile = uint32_t(kTBoxes) * kBox;
   const int n = se > sb ? int((se - sb + kKeyTile - 1) / kKeyTile) : 0;
+  if (threadIdx.x == 0) tr_min(2), tr_max(3);
   extern __shared__ uint8_t tsmem[];
   const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = tsmem + (base - raw);
@@ -510,6 +535,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
   cp_async_wait<0>();
   fence_proxy_async();
   __syncthreads();
+  if (tid == 0) tr_min(4), tr_max(5);
   // merge_ctx may launch now (it waits for this grid's end): measured on the H100 (B = 1, 128K
   // positions) 111.7 / 112.2 µs against 113.0 / 113.0 with the trigger after the last tile.
   grid_launch_dependents();
@@ -579,6 +605,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
     };
     if (n > 0) {
       prep(0);
+      if (tid == 0) tr_min(6), tr_max(7);
       issue_s(0);
       wgmma_wait<0>();
     }
@@ -664,6 +691,13 @@ __global__ void __launch_bounds__(kTThreads, 1)
   if (cl > 1) {
     cluster_arrive();
     cluster_wait();
+  } else {
+    __syncthreads();
+  }
+  if (tid == 0) {
+    tr_min(8), tr_max(9);
+    const unsigned id = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (id < 1024) g_end[id] = gtime();
   }
 }
 
@@ -677,8 +711,10 @@ __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
   __shared__ __align__(16) float4 red[4][32];
   // A programmatic dependent of the attention kernel; out_uv may launch at once (it loads W_UV
   // while this block merges).
+  if (tid == 0) tr_min(10);
   grid_launch_dependents();
   grid_dependency_wait();
+  if (tid == 0) tr_min(11);
   if (warp == 0) {
     float M = -INFINITY;
     for (int i = lane; i < splits; i += 32)
@@ -719,6 +755,7 @@ __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
     reinterpret_cast<float4*>(ws.ctx + (int64_t(b) * H + h) * kLatent)[c4] =
         make_float4(s.x * il, s.y * il, s.z * il, s.w * il);
   }
+  if (tid == 0) tr_max(12);
 }
 
 // Block (h, quarter), 256 threads: warp w owns rows quarter·32 + 4w .. +3 of W_UV_h; lane holds
@@ -734,7 +771,9 @@ __global__ void __launch_bounds__(256)
     w[i][0] = *reinterpret_cast<const uint4*>(wuv + int64_t(i) * kLatent);
     w[i][1] = *reinterpret_cast<const uint4*>(wuv + int64_t(i) * kLatent + 256);
   }
+  if (tid == 0) tr_min(13);
   grid_dependency_wait();  // a programmatic dependent of merge_ctx: ctx below is its output
+  if (tid == 0) tr_min(14);
   for (int b = 0; b < B; b++) {
     const float* c = ctx + (int64_t(b) * H + h) * kLatent + lane * 8;
     float x[16];
@@ -761,6 +800,8 @@ __global__ void __launch_bounds__(256)
       if (lane == 0) out[(int64_t(b) * H + h) * kV + v0 + i] = to_bf(a);
     }
   }
+  __syncthreads();
+  if (tid == 0) tr_max(15);
 }
 
 }  // namespace
@@ -837,6 +878,20 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   } else if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) {
     return a;
   }
+  static const bool trace = std::getenv("STRATA_MLA_TRACE") != nullptr;
+  if (trace) {
+    unsigned long long init[16];
+    for (int i = 0; i < 16; i++)
+      init[i] = (i == 0 || i == 2 || i == 4 || i == 6 || i == 8 || i == 10 || i == 11 || i == 13 ||
+                 i == 14)
+                    ? ~0ull
+                    : 0ull;
+    cudaDeviceSynchronize();
+    cudaMemcpyToSymbol(g_tr, init, sizeof init);
+    std::vector<unsigned long long> z(1024, 0ull);
+    cudaMemcpyToSymbol(g_end, z.data(), 1024 * 8);
+    cudaDeviceSynchronize();
+  }
   if (Status st = launch_pdl(absorb_q, dim3(H, kLatent / 128), dim3(256), stream, false, H, B, q,
                              kv_b, ws.qlat);
       !st.ok())
@@ -870,6 +925,29 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
                              static_cast<const float*>(ws.ctx), out);
       !st.ok())
     return st;
+  if (trace) {
+    cudaDeviceSynchronize();
+    unsigned long long t[16];
+    std::vector<unsigned long long> e(1024);
+    cudaMemcpyFromSymbol(t, g_tr, sizeof t);
+    cudaMemcpyFromSymbol(e.data(), g_end, 1024 * 8);
+    std::vector<double> ends;
+    for (unsigned long long x : e)
+      if (x) ends.push_back(double(x - t[0]) * 1e-3);
+    std::sort(ends.begin(), ends.end());
+    auto us = [&](int i) { return double(t[i] - t[0]) * 1e-3; };
+    auto pct = [&](double p) {
+      return ends.empty() ? 0.0 : ends[size_t(p * double(ends.size() - 1))];
+    };
+    std::fprintf(stderr,
+                 "mla-trace B=%d len=%d splits=%d: absorb end %.2f | attn start %.2f..%.2f qready "
+                 "%.2f..%.2f tile0 %.2f..%.2f end %.2f..%.2f (p10 %.2f p50 %.2f p90 %.2f, %zu "
+                 "CTAs) | merge start %.2f wait-ret %.2f end %.2f | out_uv start %.2f wait-ret "
+                 "%.2f end %.2f\n",
+                 B, int(max_len), plan.splits, us(1), us(2), us(3), us(4), us(5), us(6), us(7),
+                 us(8), us(9), pct(0.1), pct(0.5), pct(0.9), ends.size(), us(10), us(11), us(12),
+                 us(13), us(14), us(15));
+  }
   return launch_status();
 }
 
