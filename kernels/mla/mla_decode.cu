@@ -48,7 +48,7 @@
 // (%globaltimer, µs after absorb_q's first block) to stderr.
 namespace strata::kernels::mla {
 namespace {
-__device__ unsigned long long g_tr[16];
+__device__ unsigned long long g_tr[20];
 __device__ unsigned long long g_end[1024];
 __device__ __forceinline__ unsigned long long gtime() {
   unsigned long long t;
@@ -444,7 +444,8 @@ static_assert(kTSmem <= 227 * 1024, "attn_tma shared memory");
 __global__ void __launch_bounds__(kTThreads, 1)
     attn_tma(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
              const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws,
-             int pf, const uint16_t* kv_b) {
+             int pf_flags, const uint16_t* kv_b) {
+  const int xflags = pf_flags >> 8, pf = pf_flags & 0xff;  // DIAGNOSTIC: STRATA_MLA_EXP bits
   const unsigned rank = cluster_ctarank(), cl = cluster_nctarank();
   const int hb = blockIdx.x * G, split = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(kTThreads, 1)
   };
   // Tiles 0 and 1 before q_lat is ready; the L2 prefetches of the next tiles only after q_lat's
   // copy, which they would otherwise queue ahead of.
-  if (tid == 128)
+  if (tid == 128 && !(xflags & 1))
     for (int j = 0; j < min(kTStages, n); j++) issue(j);
   // Launched as a programmatic dependent of absorb_q: the cache's first tiles are on their way
   // before q_lat (absorb_q's output) is ready.
@@ -539,6 +540,8 @@ __global__ void __launch_bounds__(kTThreads, 1)
                   ok ? 16u : 0u);
   }
   cp_async_commit();
+  if (tid == 128 && (xflags & 1))  // EXP 1: the tiles after q_lat's copy is issued
+    for (int j = 0; j < min(kTStages, n); j++) issue(j);
   cp_async_wait<0>();
   fence_proxy_async();
   __syncthreads();
@@ -743,6 +746,7 @@ __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
     if (lane == 0) inv_l = 1.0f / L;
   }
   __syncthreads();
+  if (tid == 0) tr_max(16);
   const int c4 = blockIdx.z * 32 + lane;
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
@@ -754,6 +758,7 @@ __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
       a.x += w * x.x, a.y += w * x.y, a.z += w * x.z, a.w += w * x.w;
     }
   }
+  if (tid == 0) tr_max(17);
   red[warp][lane] = a;
   __syncthreads();
   if (warp == 0) {
@@ -766,6 +771,76 @@ __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
     }
     reinterpret_cast<float4*>(ws.ctx + (int64_t(b) * H + h) * kLatent)[c4] =
         make_float4(s.x * il, s.y * il, s.z * il, s.w * il);
+  }
+  if (tid == 0) tr_max(12);
+}
+
+// DIAGNOSTIC (STRATA_MLA_EXP=2): merge_ctx with every load issued first, each warp its own split
+// weights, one barrier (splits <= 64).
+__global__ void __launch_bounds__(128) merge_ctx_x(int H, int splits, Ws ws) {
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  __shared__ float inv_l;
+  __shared__ __align__(16) float4 red[4][32];
+  if (tid == 0) tr_min(10);
+  grid_launch_dependents();
+  grid_dependency_wait();
+  if (tid == 0) tr_min(11);
+  const int c4x = blockIdx.z * 32 + lane;
+  float4 xs[16];
+  float2 mlv[2];
+#pragma unroll
+  for (int k = 0; k < 16; k++) {
+    const int i = warp + 4 * k;
+    if (i < splits)
+      xs[k] = reinterpret_cast<const float4*>(ws.part +
+                                              ((int64_t(b) * splits + i) * H + h) * kLatent)[c4x];
+  }
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int i = lane + 32 * k;
+    if (i < splits)
+      mlv[k] = *reinterpret_cast<const float2*>(ws.ml + ((int64_t(b) * splits + i) * H + h) * 2);
+  }
+  float M = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < 2; k++)
+    if (lane + 32 * k < splits) M = fmaxf(M, mlv[k].x);
+  M = warp_max(M);
+  float L = 0.f, wk[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    wk[k] = lane + 32 * k < splits && mlv[k].y > 0.f ? exp2f(mlv[k].x - M) : 0.f;
+    L += wk[k] * (lane + 32 * k < splits ? mlv[k].y : 0.f);
+  }
+  L = warp_sum(L);
+  float4 ax = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < 16; k++) {
+    const int i = warp + 4 * k;
+    float w = 0.f;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      const float v = __shfl_sync(0xffffffffu, wk[q], i % 32);
+      if (q == i / 32) w = v;
+    }
+    if (i < splits && w != 0.f)
+      ax.x += w * xs[k].x, ax.y += w * xs[k].y, ax.z += w * xs[k].z, ax.w += w * xs[k].w;
+  }
+  if (tid == 0) tr_max(17);
+  red[warp][lane] = ax;
+  if (tid == 0) inv_l = 1.0f / L;
+  __syncthreads();
+  if (warp == 0) {
+    const float il = inv_l;
+    float4 sx = red[0][lane];
+#pragma unroll
+    for (int k = 1; k < 4; k++) {
+      const float4 x = red[k][lane];
+      sx.x += x.x, sx.y += x.y, sx.z += x.z, sx.w += x.w;
+    }
+    reinterpret_cast<float4*>(ws.ctx + (int64_t(b) * H + h) * kLatent)[c4x] =
+        make_float4(sx.x * il, sx.y * il, sx.z * il, sx.w * il);
   }
   if (tid == 0) tr_max(12);
 }
@@ -891,9 +966,11 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
     return a;
   }
   static const bool trace = std::getenv("STRATA_MLA_TRACE") != nullptr;
+  static const int xflags =
+      std::getenv("STRATA_MLA_EXP") ? std::atoi(std::getenv("STRATA_MLA_EXP")) : 0;
   if (trace) {
-    unsigned long long init[16];
-    for (int i = 0; i < 16; i++)
+    unsigned long long init[20];
+    for (int i = 0; i < 20; i++)
       init[i] = (i == 0 || i == 2 || i == 4 || i == 6 || i == 8 || i == 10 || i == 11 || i == 13 ||
                  i == 14)
                     ? ~0ull
@@ -920,7 +997,7 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   if (kernel == DecodeKernel::tma) {
     if (Status st = launch_ex(attn_tma, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl,
                               dep, stream, tm, H, heads, lens, pos_dev, int(max_len), plan.chunk,
-                              plan.splits, qscale, ws, kPrefetch,
+                              plan.splits, qscale, ws, kPrefetch | (xflags << 8),
                               reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 ? kv_b : nullptr);
         !st.ok())
       return st;
@@ -930,8 +1007,8 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
              !st.ok()) {
     return st;
   }
-  if (Status st = launch_pdl(merge_ctx, dim3(H, B, kLatent / 128), dim3(128), stream, dep, H,
-                             plan.splits, ws);
+  if (Status st = launch_pdl((xflags & 2) && plan.splits <= 64 ? merge_ctx_x : merge_ctx,
+                             dim3(H, B, kLatent / 128), dim3(128), stream, dep, H, plan.splits, ws);
       !st.ok())
     return st;
   if (Status st = launch_pdl(out_uv, dim3(H, kV / 32), dim3(256), stream, dep, H, B, kv_b,
@@ -940,7 +1017,7 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
     return st;
   if (trace) {
     cudaDeviceSynchronize();
-    unsigned long long t[16];
+    unsigned long long t[20];
     std::vector<unsigned long long> e(1024);
     cudaMemcpyFromSymbol(t, g_tr, sizeof t);
     cudaMemcpyFromSymbol(e.data(), g_end, 1024 * 8);
@@ -955,11 +1032,11 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
     std::fprintf(stderr,
                  "mla-trace B=%d len=%d splits=%d: absorb end %.2f | attn start %.2f..%.2f qready "
                  "%.2f..%.2f tile0 %.2f..%.2f end %.2f..%.2f (p10 %.2f p50 %.2f p90 %.2f, %zu "
-                 "CTAs) | merge start %.2f wait-ret %.2f end %.2f | out_uv start %.2f wait-ret "
-                 "%.2f end %.2f\n",
+                 "CTAs) | merge start %.2f wait-ret %.2f phase1 %.2f loads %.2f end %.2f | out_uv "
+                 "start %.2f wait-ret %.2f end %.2f\n",
                  B, int(max_len), plan.splits, us(1), us(2), us(3), us(4), us(5), us(6), us(7),
-                 us(8), us(9), pct(0.1), pct(0.5), pct(0.9), ends.size(), us(10), us(11), us(12),
-                 us(13), us(14), us(15));
+                 us(8), us(9), pct(0.1), pct(0.5), pct(0.9), ends.size(), us(10), us(11),
+                 t[16] ? us(16) : 0.0, us(17), us(12), us(13), us(14), us(15));
   }
   return launch_status();
 }
