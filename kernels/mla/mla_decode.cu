@@ -414,7 +414,7 @@ constexpr int kWuvAhead = 4;             // W_UV's L2 prefetch: this many tiles 
 constexpr uint32_t kTRing = kTStages * uint32_t(kTBoxes) * kKeyTile * 128;  // 147456 B
 constexpr uint32_t kTOffX = uint32_t(kTBoxes) * kTQBox + kTRing;  // after q_lat and the ring
 constexpr uint32_t kTOffBar = kTOffX + 128 * (64 + 8);
-constexpr size_t kTSmem = 1024 + kTOffBar + 128;
+constexpr size_t kTSmem = 1024 + kTOffBar + 8 * (kTStages * (kTBoxes + 1) + 2);
 static_assert(kTSmem <= 227 * 1024, "attn_tma shared memory");
 
 __global__ void __launch_bounds__(kTThreads, 1)
@@ -432,15 +432,15 @@ __global__ void __launch_bounds__(kTThreads, 1)
   const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = tsmem + (base - raw);
   const uint32_t q_s = base, stage0 = base + uint32_t(kTBoxes) * kTQBox;
-  const uint32_t full = base + kTOffBar, empty = full + 8 * kTStages, pfull = empty + 8 * kTStages,
-                 pempty = pfull + 8;
+  // A full barrier per stage and box (S starts on a tile's first boxes while the others land), an
+  // empty barrier per stage, the P hand-over's two.
+  const uint32_t full = base + kTOffBar, empty = full + 8 * kTStages * kTBoxes,
+                 pfull = empty + 8 * kTStages, pempty = pfull + 8;
   auto stage = [&](int j) { return stage0 + uint32_t(j % kTStages) * kTile; };
   auto phase = [&](int j) { return unsigned(j / kTStages) & 1u; };
   if (tid == 0) {
-    for (int i = 0; i < kTStages; i++) {
-      mbar_init(full + 8 * i, 1);
-      mbar_init(empty + 8 * i, 8 * cl);
-    }
+    for (int i = 0; i < kTStages * kTBoxes; i++) mbar_init(full + 8 * i, 1);
+    for (int i = 0; i < kTStages; i++) mbar_init(empty + 8 * i, 8 * cl);
     mbar_init(pfull, 4);
     mbar_init(pempty, 4);
     fence_mbarrier_init();
@@ -454,7 +454,8 @@ __global__ void __launch_bounds__(kTThreads, 1)
   auto release = [&](int j) {
     release_slot_in_cluster(empty + 8 * (j % kTStages), rank, cl, lane);
   };
-  auto wait_full = [&](int j) { mbar_wait<false>(full + 8 * (j % kTStages), phase(j)); };
+  auto full_box = [&](int j, int x) { return full + 8 * uint32_t((j % kTStages) * kTBoxes + x); };
+  auto wait_box = [&](int j, int x) { mbar_wait<false>(full_box(j, x), phase(j)); };
   uint4* const xp = reinterpret_cast<uint4*>(gbase + kTOffX);                   // [4][128] P words
   float2* const xa = reinterpret_cast<float2*>(gbase + kTOffX + 4 * 128 * 16);  // [128] factors
   const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
@@ -463,11 +464,11 @@ __global__ void __launch_bounds__(kTThreads, 1)
   // 1 up front, tile j + 2 once every consumer warp of the cluster is done with tile j).
   auto issue = [&](int j) {
     const int rows = kKeyTile / int(cl);
-    const uint32_t bar = full + 8 * (j % kTStages);
-    mbar_arrive_expect_tx(bar, kTile);
     const int y = int(sb) + j * kKeyTile + int(rank) * rows;
     const uint32_t dst = stage(j) + rank * uint32_t(rows) * 128;
     for (int x = 0; x < kTBoxes; x++) {
+      const uint32_t bar = full_box(j, x);  // this CTA's rows of box x and the peer's
+      mbar_arrive_expect_tx(bar, kBox);
       if (cl > 1)
         tma_load_mc(dst + x * kBox, &tm, x * 64, y, b, bar, uint16_t((1u << cl) - 1));
       else
@@ -532,11 +533,12 @@ __global__ void __launch_bounds__(kTThreads, 1)
     for (int nt = 0; nt < 16; nt++)
       for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
     const int64_t far = INT64_MAX / 4;  // no causal mask: only the split's end masks keys
-    // Tile j's bytes landed; its rows at and past se zeroed (only a split's last tile has any).
+    // A split's last tile, if short: every box landed, its rows at and past se zeroed. Other tiles
+    // are waited for box by box as S reaches them.
     auto prep = [&](int j) {
-      wait_full(j);
       const int64_t s0 = sb + int64_t(j) * kKeyTile;
       if (se - s0 < kKeyTile) {
+        for (int x = 0; x < kTBoxes; x++) wait_box(j, x);
         const int r0 = int(se - s0);
         uint8_t* st = gbase + (stage(j) - base);
         for (int i = tid; i < (kKeyTile - r0) * kRowChunks; i += 128) {
@@ -554,6 +556,10 @@ __global__ void __launch_bounds__(kTThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ks++) {
+        if (ks % 4 == 0) {
+          wait_box(j, ks / 4);
+          wgmma_fence();  // after the wait's branch: no arrive injected in a divergent path
+        }
         const uint32_t col = uint32_t(ks % 4) * 32;
         wgmma_m64n64k16_ss(sc, wgmma_desc_sw128(q_s + uint32_t(ks / 4) * kTQBox + col),
                            wgmma_desc_sw128(st + uint32_t(ks / 4) * kBox + col));
@@ -648,7 +654,9 @@ __global__ void __launch_bounds__(kTThreads, 1)
       reg_fence(ob);
       scale_o(oa, a.x, a.y);
       scale_o(ob, a.x, a.y);
-      wait_full(j);  // seen complete by warpgroup 0 already; orders the TMA's bytes for this one
+      for (int x = 4; x < 8; x++)
+        wait_box(j, x);  // seen complete by warpgroup 0 already: orders
+                         // the TMA's bytes for this warpgroup
       wgmma_fence();
       const uint32_t v = stage(j) + 4 * kBox;
 #pragma unroll
