@@ -97,9 +97,9 @@ Status prefill(int H, const uint16_t* q, const uint16_t* cache, int64_t S, const
 // B > 1, cache_stride ≥ max_len rows — otherwise mma runs) or mma (48 heads per block on
 // mma.sync). Both give the same result up to fp32 summation order and the bf16 rounding flips it
 // causes; each is deterministic for a given (H, B, max_len) and lengths. The process default is
-// read once from the environment: STRATA_MLA_DECODE=mma selects mma, anything else (or unset)
-// tma.
-enum class DecodeKernel { mma, tma };
+// read once from the environment: STRATA_MLA_DECODE=mma selects mma, =ss the experimental ss
+// (attn_tma's tiles with the two warpgroups on alternate tiles), anything else (or unset) tma.
+enum class DecodeKernel { mma, tma, ss };
 DecodeKernel default_decode_kernel();
 const char* decode_kernel_name(DecodeKernel k);
 

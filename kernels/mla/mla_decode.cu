@@ -687,6 +687,264 @@ __global__ void __launch_bounds__(kTThreads, 1)
   }
 }
 
+// ---- attn_ss: attn_tma's tiles, ring and loads, the two warpgroups on alternate tiles ----
+// Warpgroup w owns the tiles j ≡ w (mod 2): it computes S(j) (box by box as the boxes land), the
+// online softmax of tile j and P·V(j) for its own half of O's value columns (w·256 .. +255) with P
+// from registers; it writes P(j) (bf16, 128-byte swizzle), the new row max and the rescale factors
+// to shared memory and signals the other warpgroup, which rescales its half of O and multiplies
+// the same P from shared memory by its half of V(j). So one warpgroup's softmax and the next
+// tile's load run under the other's products, and each warpgroup's chain spans two tiles. A stage
+// is released by each warp after its last P·V on it: the tile two ahead then loads into it. One P
+// buffer suffices: its writer (the owner of tile j) is the warpgroup that read the P before it
+// (the other's tile j − 1), after that read completed. Each warpgroup keeps its partial row sums
+// (its own tiles' P, rescaled at every tile of either); they are added at the end.
+constexpr uint32_t kSOffP = uint32_t(kTBoxes) * kTQBox + kTRing;  // P: 64 rows × 128 B, swizzled
+constexpr uint32_t kSOffM = kSOffP + 64 * 128;                    // row max after the last tile
+constexpr uint32_t kSOffA = kSOffM + 64 * 4;                      // [2][64] factors by tile parity
+constexpr uint32_t kSOffL = kSOffA + 2 * 64 * 4;                  // warpgroup 1's row sums
+constexpr uint32_t kSOffBar = kSOffL + 64 * 4;
+constexpr size_t kSSmem = 1024 + kSOffBar + 8 * (kTStages * (kTBoxes + 1) + 2);
+static_assert(kSOffP % 1024 == 0, "attn_ss P operand alignment");
+static_assert(kSSmem <= 227 * 1024, "attn_ss shared memory");
+
+__global__ void __launch_bounds__(kTThreads, 1)
+    attn_ss(const __grid_constant__ CUtensorMap tm, int H, int G, const Lens lens,
+            const int32_t* pos_dev, int max_len, int64_t chunk, int splits, float qscale, Ws ws,
+            int pf, const uint16_t* kv_b) {
+  const unsigned rank = cluster_ctarank(), cl = cluster_nctarank();
+  const int hb = blockIdx.x * G, split = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4;
+  const int wg = tid / 128, w4 = warp % 4;
+  const int len = pos_dev ? min(max(__ldg(pos_dev + b), 0) + 1, max_len) : lens.len[b];
+  const int64_t sb = int64_t(split) * chunk, se = std::min<int64_t>(sb + chunk, len);
+  constexpr uint32_t kBox = kKeyTile * 128, kTile = uint32_t(kTBoxes) * kBox;
+  const int n = se > sb ? int((se - sb + kKeyTile - 1) / kKeyTile) : 0;
+  extern __shared__ uint8_t tsmem[];
+  const uint32_t raw = smem_addr(tsmem), base = (raw + 1023u) & ~1023u;
+  uint8_t* const gbase = tsmem + (base - raw);
+  const uint32_t q_s = base, stage0 = base + uint32_t(kTBoxes) * kTQBox, p_s = base + kSOffP;
+  // A full barrier per stage and box, an empty barrier per stage, a signal per tile parity.
+  const uint32_t full = base + kSOffBar, empty = full + 8 * kTStages * kTBoxes,
+                 sig = empty + 8 * kTStages;
+  float* const sm = reinterpret_cast<float*>(gbase + kSOffM);
+  float* const sa = reinterpret_cast<float*>(gbase + kSOffA);
+  float* const sl = reinterpret_cast<float*>(gbase + kSOffL);
+  auto stage = [&](int j) { return stage0 + uint32_t(j % kTStages) * kTile; };
+  auto phase = [&](int j) { return unsigned(j / kTStages) & 1u; };
+  if (tid == 0) {
+    for (int i = 0; i < kTStages * kTBoxes; i++) mbar_init(full + 8 * i, 1);
+    for (int i = 0; i < kTStages; i++) mbar_init(empty + 8 * i, 8 * cl);
+    for (int i = 0; i < 2; i++) mbar_init(sig + 8 * i, 4);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (cl > 1) {  // the peer's barriers initialised before any multicast or remote arrival
+    cluster_arrive_relaxed();
+    cluster_wait();
+  }
+  auto release = [&](int j) {
+    release_slot_in_cluster(empty + 8 * (j % kTStages), rank, cl, lane);
+  };
+  auto full_box = [&](int j, int x) { return full + 8 * uint32_t((j % kTStages) * kTBoxes + x); };
+  auto wait_box = [&](int j, int x) { mbar_wait<false>(full_box(j, x), phase(j)); };
+  auto issue = [&](int j) {
+    const int rows = kKeyTile / int(cl);
+    const int y = int(sb) + j * kKeyTile + int(rank) * rows;
+    const uint32_t dst = stage(j) + rank * uint32_t(rows) * 128;
+    for (int x = 0; x < kTBoxes; x++) {
+      const uint32_t bar = full_box(j, x);  // this CTA's rows of box x and the peer's
+      mbar_arrive_expect_tx(bar, kBox);
+      if (cl > 1)
+        tma_load_mc(dst + x * kBox, &tm, x * 64, y, b, bar, uint16_t((1u << cl) - 1));
+      else
+        tma_load(dst + x * kBox, &tm, x * 64, y, b, bar);
+    }
+  };
+  auto prefetch = [&](int j) {
+    const int rows = kKeyTile / int(cl);
+    const int y = int(sb) + j * kKeyTile + int(rank) * rows;
+    for (int x = 0; x < kTBoxes; x++) tma_prefetch_l2(&tm, x * 64, y, b);
+  };
+  auto issue_ahead = [&](int j) {
+    issue(j);
+    if (pf > 0 && j + pf < n) prefetch(j + pf);
+  };
+  auto prefetch_wuv = [&] {  // out_uv's weights into L2, as attn_tma
+    if (!kv_b) return;
+    const unsigned nctas = gridDim.x * gridDim.y * gridDim.z;
+    for (unsigned h = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+         h < unsigned(H); h += nctas) {
+      const uint16_t* w = kv_b + (int64_t(h) * kKv + kNope) * kLatent;
+      for (int part = 0; part < kV * kLatent * 2 / 32768; part++)
+        bulk_prefetch_l2(w + part * 16384, 32768u);
+    }
+  };
+  if (tid == 128)
+    for (int j = 0; j < min(kTStages, n); j++) issue(j);
+  grid_dependency_wait();  // q_lat is absorb_q's output
+  for (int i = tid; i < 64 * kRowChunks; i += kTThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks;
+    const bool ok = r < G && hb + r < H;
+    const uint32_t dst =
+        q_s + uint32_t(c / 8) * kTQBox + uint32_t(r) * 128 + uint32_t(((c % 8) ^ (r % 8)) * 16);
+    cp_async16_at(dst, ws.qlat + (int64_t(b) * H + (ok ? hb + r : 0)) * kCacheDim + c * 8,
+                  ok ? 16u : 0u);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  if (tid == 128) {
+    for (int j = kTStages; j < min(kTStages + pf, n); j++) prefetch(j);
+    if (n <= kWuvAhead + kTStages) prefetch_wuv();  // its tile is loaded already
+  }
+  grid_launch_dependents();
+
+  // The producer (thread 128) after warpgroup 1 released tile j: tile j + 2 into that stage once
+  // every consumer warp of the cluster has.
+  auto produce = [&](int j) {
+    if (tid == 128 && j + kTStages < n) {
+      mbar_wait<true>(empty + 8 * (j % kTStages), phase(j));
+      issue_ahead(j + kTStages);
+      if (j + kTStages == n - 1 - kWuvAhead) prefetch_wuv();
+    }
+  };
+  const int r_lo = w4 * 16 + lane / 4, r_hi = r_lo + 8;
+  const uint32_t v_half = uint32_t(4 * wg) * kBox;  // this warpgroup's four boxes of V
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  float oa[16][4], ob[16][4], sc[kKeyTile / 8][4];
+  uint32_t pa[kKeyTile / 16][4];
+#pragma unroll
+  for (int nt = 0; nt < 16; nt++)
+    for (int e = 0; e < 4; e++) oa[nt][e] = ob[nt][e] = 0.f;
+  const int64_t far = INT64_MAX / 4;  // no causal mask: only the split's end masks keys
+  // The other warpgroup's tile j: its factors applied to this half of O and to l, then this half's
+  // P·V(j) with P from shared memory; the stage released when that is done.
+  auto remote = [&](int j) {
+    mbar_wait<false>(sig + 8 * (j % 2), unsigned(j / 2) & 1u);
+    const float a_lo = sa[(j % 2) * 64 + r_lo], a_hi = sa[(j % 2) * 64 + r_hi];
+    l_lo *= a_lo, l_hi *= a_hi;
+    reg_fence(oa);
+    reg_fence(ob);
+    scale_o(oa, a_lo, a_hi);
+    scale_o(ob, a_lo, a_hi);
+    for (int x = 4 * wg; x < 4 * wg + 4; x++) wait_box(j, x);  // orders the TMA's bytes here
+    wgmma_fence();
+    const uint32_t v = stage(j) + v_half;
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; kk++) {
+      const uint64_t pd = wgmma_desc_sw128(p_s + uint32_t(kk) * 32);
+      wgmma_m64n128k16_sb(oa, pd, wgmma_desc_sw128_mn(v + kk * 2048, kBox, 1024));
+      wgmma_m64n128k16_sb(ob, pd, wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(oa);
+    reg_fence(ob);
+    release(j);
+    if (wg == 1) produce(j);
+  };
+  // This warpgroup's tile j: S box by box, the softmax (the running max of tile j − 1 from shared
+  // memory), P and the factors out, the signal, then P·V(j) for this half.
+  auto own = [&](int j) {
+    const int64_t s0 = sb + int64_t(j) * kKeyTile;
+    if (se - s0 < kKeyTile) {  // a split's short last tile: rows at and past se zeroed
+      for (int x = 0; x < kTBoxes; x++) wait_box(j, x);
+      const int r0 = int(se - s0);
+      uint8_t* st = gbase + (stage(j) - base);
+      for (int i = tid % 128; i < (kKeyTile - r0) * kRowChunks; i += 128) {
+        const int r = r0 + i / kRowChunks, c = i % kRowChunks;
+        *reinterpret_cast<uint4*>(st + (c / 8) * kBox + r * 128 + (c % 8) * 16) =
+            make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();
+      named_bar(4 + wg, 128);
+    }
+    zero_for_wgmma(sc);
+    wgmma_fence();
+    const uint32_t st = stage(j);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ks++) {
+      if (ks % 4 == 0) {
+        wait_box(j, ks / 4);
+        wgmma_fence();  // after the wait's branch: no arrive injected in a divergent path
+      }
+      const uint32_t col = uint32_t(ks % 4) * 32;
+      wgmma_m64n64k16_ss(sc, wgmma_desc_sw128(q_s + uint32_t(ks / 4) * kTQBox + col),
+                         wgmma_desc_sw128(st + uint32_t(ks / 4) * kBox + col));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(sc);
+    if (j > 0) m_lo = sm[r_lo], m_hi = sm[r_hi];  // after the other's tile j − 1 (remote waited)
+    float a_lo, a_hi;
+    softmax_tile(sc, pa, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, s0, far, far, far, se, t, qscale);
+    // P(j) into the swizzled buffer (element (r, k) at r·128 + ((k / 8) ^ (r % 8))·16 + (k % 8)·2),
+    // the max and the factors; then the signal (its arrival releases them to the other).
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; kk++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = (e & 1) ? r_hi : r_lo, k = 16 * kk + 8 * (e >> 1) + 2 * t;
+        *reinterpret_cast<uint32_t*>(gbase + kSOffP + r * 128 + ((k / 8) ^ (r % 8)) * 16 +
+                                     (k % 8) * 2) = pa[kk][e];
+      }
+    if (t == 0) {
+      sm[r_lo] = m_lo, sm[r_hi] = m_hi;
+      sa[(j % 2) * 64 + r_lo] = a_lo, sa[(j % 2) * 64 + r_hi] = a_hi;
+    }
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) mbar_arrive_local(sig + 8 * (j % 2));
+    reg_fence(oa);
+    reg_fence(ob);
+    scale_o(oa, a_lo, a_hi);
+    scale_o(ob, a_lo, a_hi);
+    wgmma_fence();
+    const uint32_t v = st + v_half;
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; kk++) {
+      wgmma_m64n128k16_tb(oa, pa[kk], wgmma_desc_sw128_mn(v + kk * 2048, kBox, 1024));
+      wgmma_m64n128k16_tb(ob, pa[kk], wgmma_desc_sw128_mn(v + 2 * kBox + kk * 2048, kBox, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(oa);
+    reg_fence(ob);
+    release(j);
+    if (wg == 1) produce(j);
+  };
+  // Warpgroup w: before its own tile j the other's tile j − 1 (whose signal precedes the softmax
+  // of j: it carries the running max), and after its last own tile the other's last, if any.
+  for (int j = wg;; j += 2) {
+    if (j >= 1 && j - 1 < n) remote(j - 1);
+    if (j >= n) break;
+    own(j);
+  }
+  // The split's state: m from the last tile's owner, l summed over both warpgroups, O by halves.
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  if (wg == 1 && t == 0) sl[r_lo] = l_lo, sl[r_hi] = l_hi;
+  __syncthreads();
+  const int64_t row0 = (int64_t(b) * splits + split) * H + hb;
+  const bool lo_ok = r_lo < G && hb + r_lo < H, hi_ok = r_hi < G && hb + r_hi < H;
+  if (wg == 0 && t == 0) {
+    const float mf_lo = n > 0 ? sm[r_lo] : -INFINITY, mf_hi = n > 0 ? sm[r_hi] : -INFINITY;
+    if (lo_ok)
+      *reinterpret_cast<float2*>(ws.ml + (row0 + r_lo) * 2) = make_float2(mf_lo, l_lo + sl[r_lo]);
+    if (hi_ok)
+      *reinterpret_cast<float2*>(ws.ml + (row0 + r_hi) * 2) = make_float2(mf_hi, l_hi + sl[r_hi]);
+  }
+  store_o_half(ws, row0, r_lo, r_hi, lo_ok, hi_ok, 256 * wg, t, oa, ob);
+  if (cl > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
 // Block (h, b, quarter), 128 threads: thread (grp = tid / 32, c = tid % 32) sums splits ≡ grp mod 4
 // for columns quarter·128 + 4c .. +3; the four groups are added in a fixed order.
 __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
@@ -789,13 +1047,14 @@ DecodeKernel default_decode_kernel() {
   static const DecodeKernel k = [] {
     const char* e = std::getenv("STRATA_MLA_DECODE");
     if (e && std::strcmp(e, "mma") == 0) return DecodeKernel::mma;
+    if (e && std::strcmp(e, "ss") == 0) return DecodeKernel::ss;
     return DecodeKernel::tma;
   }();
   return k;
 }
 
 const char* decode_kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::mma ? "mma" : "tma";
+  return k == DecodeKernel::mma ? "mma" : k == DecodeKernel::ss ? "ss" : "tma";
 }
 
 // attn_tma's heads per block: the fewest blocks of at most 64 heads, as even as they go (96: 2 ×
@@ -824,11 +1083,14 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   // attn_tma reads whole 64-row tiles of each sequence up to max_len through one tensor map: it
   // needs cuTensorMapEncodeTiled, a 16-byte aligned cache and (B > 1) sequences of at least
   // max_len rows; otherwise the mma kernel runs (the same math).
-  const EncodeTiled encode = kernel == DecodeKernel::tma ? encode_tiled() : nullptr;
-  if (kernel == DecodeKernel::tma && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
-                                      (B > 1 && cache_stride / kCacheDim < max_len)))
+  // attn_ss (the alternate-tile schedule) has the same needs and grid.
+  const bool tma_kind = kernel != DecodeKernel::mma;
+  const EncodeTiled encode = tma_kind ? encode_tiled() : nullptr;
+  if (tma_kind && (!encode || reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
+                   (B > 1 && cache_stride / kCacheDim < max_len)))
     kernel = DecodeKernel::mma;
-  const int heads = kernel == DecodeKernel::tma ? tma_group(H) : HC;  // per attention block
+  const bool use_tma = kernel != DecodeKernel::mma;
+  const int heads = use_tma ? tma_group(H) : HC;  // per attention block
   const Plan plan = plan_splits(H, B, max_len, heads);
   if (plan.splits > kMaxSplits)
     return invalid("mla decode: more than 128 splits (internal plan error)");
@@ -843,8 +1105,11 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   constexpr int kPrefetch = 2;
   const unsigned cl = groups % 2 == 0 ? 2 : 1;
   CUtensorMap tm{};
-  if (kernel == DecodeKernel::tma) {
-    if (Status a = rt::allow_dynamic_smem(attn_tma, int(kTSmem)); !a.ok()) return a;
+  if (use_tma) {
+    if (Status a = kernel == DecodeKernel::ss ? rt::allow_dynamic_smem(attn_ss, int(kSSmem))
+                                              : rt::allow_dynamic_smem(attn_tma, int(kTSmem));
+        !a.ok())
+      return a;
     // The caches as [B][max_len][576]; boxes of 64 columns × 64/cl rows of one sequence.
     const cuuint64_t dim[3] = {cuuint64_t(kCacheDim), cuuint64_t(max_len), cuuint64_t(B)};
     const cuuint64_t stride[2] = {cuuint64_t(kCacheDim) * 2,
@@ -870,11 +1135,17 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   // B = 16 and 1M positions within ±1 %.
   const bool dep = stream != nullptr;
   // attn_tma: the head groups of a split innermost, a cluster sharing each tile's loads.
-  if (kernel == DecodeKernel::tma) {
+  const uint16_t* wuv = reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 ? kv_b : nullptr;
+  if (kernel == DecodeKernel::ss) {
+    if (Status st = launch_ex(attn_ss, dim3(groups, plan.splits, B), dim3(kTThreads), kSSmem, cl,
+                              dep, stream, tm, H, heads, lens, pos_dev, int(max_len), plan.chunk,
+                              plan.splits, qscale, ws, kPrefetch, wuv);
+        !st.ok())
+      return st;
+  } else if (kernel == DecodeKernel::tma) {
     if (Status st = launch_ex(attn_tma, dim3(groups, plan.splits, B), dim3(kTThreads), kTSmem, cl,
                               dep, stream, tm, H, heads, lens, pos_dev, int(max_len), plan.chunk,
-                              plan.splits, qscale, ws, kPrefetch,
-                              reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 ? kv_b : nullptr);
+                              plan.splits, qscale, ws, kPrefetch, wuv);
         !st.ok())
       return st;
   } else if (Status st = launch_ex(attn_split, dim3(plan.splits, groups, B), dim3(kThreads),

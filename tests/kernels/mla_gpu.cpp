@@ -200,6 +200,7 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
   };
   const std::vector<float> got_mma = run(km::DecodeKernel::mma);
   const std::vector<float> got_tma = run(km::DecodeKernel::tma);
+  const std::vector<float> got_ss = run(km::DecodeKernel::ss);
   const auto d = dims(H);
   std::vector<float> out_ref(int64_t(B) * H * km::kV);
   const auto kv_view = ref::WeightView::bf16(kvb.bits.data(), int64_t(H) * 256, km::kLatent);
@@ -217,6 +218,12 @@ void run_decode_case(int H, const std::vector<int32_t>& lens, uint32_t seed, int
   CHECK(ab.nonfinite_mismatch == 0);
   CHECK(ab.rel_l2 <= 2e-3);
   CHECK(ab.cosine >= 0.99999);
+  check_out(got_ss, out_ref, "decode out, ss kernel");
+  const Diff as = compare(got_ss, got_mma);
+  INFO("ss against mma: " << as.str());
+  CHECK(as.nonfinite_mismatch == 0);
+  CHECK(as.rel_l2 <= 2e-3);
+  CHECK(as.cosine >= 0.99999);
 }
 
 }  // namespace
