@@ -1,6 +1,7 @@
 // Absorbed MLA decode (see mla.h), four kernels:
-//   absorb_q  (grid: head × 128-column quarter) — q_lat = bf16(W_UKᵀ q_nope) for the whole batch;
-//             each thread keeps its 8×8 slice of W_UK_h in registers for all sequences; q_pe
+//   absorb_q  (grid: head × 128-column quarter × group of 4 sequences) — q_lat = bf16(W_UKᵀ
+//   q_nope);
+//             each thread keeps its 8×8 slice of W_UK_h in registers for its sequences; q_pe
 //             copied beside it, so q_lat rows are the 576-wide bf16 queries of the cache rows.
 //   attention over the splits of each sequence's cache, writing (m, l, unnormalised ctx) per
 //             split, fp32 online softmax in the exp2 domain, P rounded to bf16 for P·Ĉ — one of:
@@ -18,8 +19,8 @@
 //     second read hits L2 (attn_split) or shares the loads (attn_tma), so the cache is read from
 //     DRAM about once.
 //   merge_ctx (grid: head × sequence × 128-column quarter) — merges the splits' softmax states into
-//   ctx (fp32). out_uv    (grid: head × 32-row quarter of W_UV_h) — o = bf16(W_UV·ctx), weights in
-//   registers.
+//   ctx (fp32). out_uv    (grid: head × 32-row quarter of W_UV_h × group of 4 sequences) — o =
+//   bf16(W_UV·ctx), weights in registers.
 // Napkin (B = 1, S = 128K, 96 heads): 151 MB of cache, 27 GFLOP; the DRAM floor is 35 µs on an
 // H200 (50 µs on an H100), 60 % of copy 59 µs (84 µs). attn_split: every 16-head group re-reads
 // each cache tile from shared memory through ldmatrix (6 × (576 + 512) × 2 B per row = 1.7 GB at
@@ -47,6 +48,9 @@ namespace {
 
 using namespace strata::kernels::detail;
 
+// absorb_q and out_uv: a block per head, quarter and group of up to 4 sequences (each block holds
+// its slice of W_UK or W_UV in registers for its sequences; B = 16 runs 4 groups side by side).
+constexpr int kSeqsPerBlock = 4;
 constexpr int kKv = kNope + kV;
 constexpr int HC = 48;                  // heads per attention block
 constexpr int MT = HC / 16;             // 16-head m-tiles per block
@@ -133,9 +137,9 @@ Ws carve(void* base, int H, int B, int splits) {
   return w;
 }
 
-// Block (h, quarter): thread (dg = tid / 16, c16 = tid % 16) owns columns quarter·128 + 8·c16 .. +7
-// over d = 8·dg .. +7 (its 8×8 slice of W_UK_h stays in registers for every sequence); the 16
-// d-groups are added in a fixed order.
+// Block (h, quarter, z): thread (dg = tid / 16, c16 = tid % 16) owns columns quarter·128 + 8·c16 ..
+// +7 over d = 8·dg .. +7 (its 8×8 slice of W_UK_h stays in registers for sequences 4z .. 4z + 3);
+// the 16 d-groups are added in a fixed order.
 __global__ void __launch_bounds__(256)
     absorb_q(int H, int B, const uint16_t* q, const uint16_t* kv_b, uint16_t* qlat) {
   const int h = blockIdx.x, quarter = blockIdx.y, tid = threadIdx.x, dg = tid / 16, c16 = tid % 16;
@@ -146,7 +150,8 @@ __global__ void __launch_bounds__(256)
   const uint16_t* wk = kv_b + (int64_t(h) * kKv + dg * 8) * kLatent + quarter * 128 + c16 * 8;
 #pragma unroll
   for (int i = 0; i < 8; i++) w[i] = *reinterpret_cast<const uint4*>(wk + int64_t(i) * kLatent);
-  for (int b = 0; b < B; b++) {
+  const int b_end = min(B, int(blockIdx.z + 1) * kSeqsPerBlock);
+  for (int b = int(blockIdx.z) * kSeqsPerBlock; b < b_end; b++) {
     const uint16_t* qb = q + (int64_t(b) * H + h) * kQDim;
     if (tid < kNope) qs[tid] = bf(qb[tid]);
     __syncthreads();
@@ -733,8 +738,9 @@ __global__ void __launch_bounds__(128) merge_ctx(int H, int splits, Ws ws) {
   }
 }
 
-// Block (h, quarter), 256 threads: warp w owns rows quarter·32 + 4w .. +3 of W_UV_h; lane holds
-// columns 8·lane .. +7 and 256 + 8·lane .. +7 of each (in registers, reused for every sequence).
+// Block (h, quarter, z), 256 threads: warp w owns rows quarter·32 + 4w .. +3 of W_UV_h; lane holds
+// columns 8·lane .. +7 and 256 + 8·lane .. +7 of each (in registers, reused for sequences 4z ..
+// 4z + 3).
 __global__ void __launch_bounds__(256)
     out_uv(int H, int B, const uint16_t* kv_b, const float* ctx, uint16_t* out) {
   const int h = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -747,7 +753,8 @@ __global__ void __launch_bounds__(256)
     w[i][1] = *reinterpret_cast<const uint4*>(wuv + int64_t(i) * kLatent + 256);
   }
   grid_dependency_wait();  // a programmatic dependent of merge_ctx: ctx below is its output
-  for (int b = 0; b < B; b++) {
+  const int b_end = min(B, int(blockIdx.z + 1) * kSeqsPerBlock);
+  for (int b = int(blockIdx.z) * kSeqsPerBlock; b < b_end; b++) {
     const float* c = ctx + (int64_t(b) * H + h) * kLatent + lane * 8;
     float x[16];
 #pragma unroll
@@ -849,8 +856,9 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
   } else if (Status a = rt::allow_dynamic_smem(attn_split, int(kSplitSmem)); !a.ok()) {
     return a;
   }
-  if (Status st = launch_pdl(absorb_q, dim3(H, kLatent / 128), dim3(256), stream, false, H, B, q,
-                             kv_b, ws.qlat);
+  const unsigned seq_blocks = unsigned((B + kSeqsPerBlock - 1) / kSeqsPerBlock);
+  if (Status st = launch_pdl(absorb_q, dim3(H, kLatent / 128, seq_blocks), dim3(256), stream, false,
+                             H, B, q, kv_b, ws.qlat);
       !st.ok())
     return st;
   const float qscale = float(1.0 / std::sqrt(double(kQDim)) * 1.4426950408889634);
@@ -879,8 +887,8 @@ Status launch_decode(int H, const uint16_t* q, const uint16_t* cache, int64_t ca
                              plan.splits, ws);
       !st.ok())
     return st;
-  if (Status st = launch_pdl(out_uv, dim3(H, kV / 32), dim3(256), stream, dep, H, B, kv_b,
-                             static_cast<const float*>(ws.ctx), out);
+  if (Status st = launch_pdl(out_uv, dim3(H, kV / 32, seq_blocks), dim3(256), stream, dep, H, B,
+                             kv_b, static_cast<const float*>(ws.ctx), out);
       !st.ok())
     return st;
   return launch_status();
