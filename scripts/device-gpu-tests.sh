@@ -5,8 +5,9 @@
 #   TESTS=path/to/test_kernels ENGINE=path/to/test_engine bash scripts/device-gpu-tests.sh
 # or, without TESTS/ENGINE, the binaries of .device/bin.tgz (bin/test_kernels, bin/test_engine).
 # A case that skips fails (STRATA_REQUIRE_GPU=1 turns a missing device into a failure; with
-# REQUIRE_GPU=0, for a dry run without a GPU, the skips are reported and still fail the run). Logs under $OUT (default /tmp/gpu-tests). Exits 1 when a group fails or when the
-# groups did not run every [gpu] case the binaries list.
+# REQUIRE_GPU=0, for a dry run without a GPU, the skips are reported and still fail the run).
+# Logs under $OUT (default /tmp/gpu-tests). Exits 1 when a group fails or when the groups did not
+# run every [gpu] case the binaries list.
 DEVICE_OUT_DEFAULT=/tmp/gpu-tests
 source scripts/device-lib.sh
 if [ -z "${TESTS:-}" ]; then
